@@ -1,0 +1,36 @@
+# Two commands on a fresh machine:  `make demo`  and  `make test`.
+# Both create .venv if it is absent and reuse it afterwards; the install step reruns
+# only when pyproject.toml, setup.py or csrc/ change.
+
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+INSTALL_INPUTS := pyproject.toml setup.py Makefile $(shell find csrc -type f 2>/dev/null)
+# torch/torchvision pins come from pyproject.toml (one place), installed before the
+# project so that csrc/ builds against them without build isolation.
+TORCH_PINS := $(shell grep -oE '"torch(vision)?==[^"]+"' pyproject.toml | tr -d '"')
+TINY := -c configs/pipeline.yaml -c configs/presets/tiny.yaml
+
+.PHONY: install demo test clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip "setuptools>=69" wheel
+
+$(STAMP): $(BIN)/python $(INSTALL_INPUTS)
+	$(BIN)/pip install --quiet $(TORCH_PINS)
+	MAX_JOBS=2 $(BIN)/pip install --quiet --no-build-isolation -e ".[dev]"
+	touch $@
+
+install: $(STAMP)
+
+demo: install
+	$(BIN)/stack config $(TINY)
+
+test: install
+	$(BIN)/python -m pytest
+
+clean:
+	rm -rf build *.egg-info runs

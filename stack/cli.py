@@ -1,0 +1,77 @@
+"""The `stack` command line: `stack COMMAND [-c FILE ...] [key=value ...]`.
+
+Every command takes the same configuration arguments (config files, `key=value`
+overrides, `--print-config`) and nothing per field: the pipeline schema is the
+interface. Command modules are imported only when their command runs, so
+`stack config` stays instant and never loads a deep-learning framework.
+
+Each command lives in `stack/commands/<name>.py` and provides
+`add_arguments(parser)` (command-specific arguments only) and `run(args) -> int`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from stack.errors import StackError
+
+COMMANDS = {
+    "config": "validate the pipeline and print it resolved",
+}
+"""Command name -> one-line help. Add a command here only when it works end to end."""
+
+
+def add_config_arguments(parser: argparse.ArgumentParser) -> None:
+    """The configuration arguments shared by every command."""
+    parser.add_argument(
+        "-c", "--config", action="append", default=[], metavar="FILE",
+        help="pipeline YAML, merged in order onto the schema (repeatable; default: configs/pipeline.yaml)",
+    )
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="override any config key, e.g. train.max_epochs=5")
+    parser.add_argument("--print-config", action="store_true", help="print the resolved pipeline before running")
+
+
+def load_pipeline_from_args(args: argparse.Namespace):
+    """The validated pipeline for this invocation (printed first with --print-config)."""
+    from stack.config import load_pipeline, pipeline_to_yaml
+
+    pipeline = load_pipeline(args.config, args.overrides)
+    if args.print_config:
+        print(pipeline_to_yaml(pipeline), end="", flush=True)
+    return pipeline
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="stack",
+        description="End-to-end autonomy stack: rendered data -> multi-task BEV model -> quantized real-time engines.",
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, help_text in COMMANDS.items():
+        sub = subparsers.add_parser(name, help=help_text, description=help_text)
+        add_config_arguments(sub)
+        _command_module(name).add_arguments(sub)
+    return parser
+
+
+def _command_module(name: str):
+    return importlib.import_module(f"stack.commands.{name}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(_command_module(args.command).run(args) or 0)
+    except StackError as exc:
+        print(f"stack {args.command}: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print(f"stack {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

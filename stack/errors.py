@@ -1,0 +1,17 @@
+"""Errors a user can act on.
+
+A `StackError` is bad input or an unmet requirement, not a bug: the CLI prints its
+message (what was expected, what was found, what to do) without a traceback and
+exits with its `exit_code` (2 for bad input). Anything else is a bug and keeps its
+traceback.
+"""
+
+
+class StackError(Exception):
+    """Bad input: the message says what was expected, what was found and what to do."""
+
+    exit_code = 2
+
+
+class ConfigError(StackError):
+    """The pipeline configuration (files or overrides) is invalid."""

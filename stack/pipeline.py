@@ -1,0 +1,525 @@
+"""The one pipeline definition: a typed tree that every stage receives.
+
+`Pipeline` is the schema. `stack.config.load_pipeline` merges YAML files and
+`key=value` overrides onto it and returns a validated instance; only that object
+moves between stages (data → model → train → export → deploy), and every artifact
+carries its resolved YAML (`to_yaml`) so it can be rebuilt and audited.
+
+Every field has an attribute docstring: `stack config --describe KEY` prints them,
+and error messages quote them. Range and choice checks live in each section's
+`problems()` method, which returns (field, message) pairs instead of raising, so a
+bad config reports all of its mistakes at once, each under its full dotted key.
+
+This module imports no stage and nothing heavier than the standard library.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+SCHEMA_VERSION = 1
+"""Bumped whenever a field is renamed or its meaning changes; artifacts record it."""
+
+Problems = List[tuple]  # (field name, what is wrong and what is allowed)
+
+
+def _choice(problems: Problems, name: str, value: str, allowed: tuple) -> None:
+    if value not in allowed:
+        problems.append((name, f"got {value!r}; allowed: {', '.join(allowed)}"))
+
+
+def _positive(problems: Problems, name: str, value: float) -> None:
+    if not value > 0:
+        problems.append((name, f"got {value!r}; must be > 0"))
+
+
+def _in_range(problems: Problems, name: str, value: float, low: float, high: float) -> None:
+    if not low <= value <= high:
+        problems.append((name, f"got {value!r}; must be between {low} and {high}"))
+
+
+def _increasing(problems: Problems, name: str, values: List[float], count: int) -> None:
+    if len(values) != count or any(b <= a for a, b in zip(values, values[1:])):
+        problems.append((name, f"got {list(values)!r}; expected {count} increasing numbers"))
+
+
+# --------------------------------------------------------------------------- data
+
+
+@dataclass
+class Camera:
+    """One camera of the rig: a pinhole model mounted on the ego vehicle.
+
+    The ego frame is x forward, y left, z up, origin on the ground below the rear
+    axle (nuScenes convention). The camera frame is x right, y down, z forward.
+    """
+
+    name: str = "front"
+    """Unique name; shard keys and reports use it (e.g. `front.jpg`)."""
+    x: float = 1.5
+    """Mount position along ego x (forward), metres."""
+    y: float = 0.0
+    """Mount position along ego y (left), metres."""
+    z: float = 1.6
+    """Mount height above the ground, metres."""
+    yaw_deg: float = 0.0
+    """Heading of the optical axis, degrees counter-clockwise from ego x (0 = forward, 90 = left)."""
+    pitch_deg: float = 0.0
+    """Tilt of the optical axis, degrees; positive looks down."""
+    hfov_deg: float = 70.0
+    """Horizontal field of view, degrees; the focal length follows from it and the image width."""
+
+    def problems(self) -> Problems:
+        found: Problems = []
+        _in_range(found, "hfov_deg", self.hfov_deg, 10.0, 170.0)
+        _in_range(found, "pitch_deg", self.pitch_deg, -60.0, 60.0)
+        _positive(found, "z", self.z)
+        return found
+
+
+def _surround_rig() -> List[Camera]:
+    """Six surround cameras laid out like nuScenes' CAM_FRONT ... CAM_BACK_RIGHT."""
+    return [
+        Camera(name="front", x=1.7, y=0.0, yaw_deg=0.0, hfov_deg=70.0),
+        Camera(name="front_left", x=1.5, y=0.5, yaw_deg=55.0, hfov_deg=70.0),
+        Camera(name="front_right", x=1.5, y=-0.5, yaw_deg=-55.0, hfov_deg=70.0),
+        Camera(name="back", x=-0.5, y=0.0, yaw_deg=180.0, hfov_deg=110.0),
+        Camera(name="back_left", x=0.0, y=0.5, yaw_deg=110.0, hfov_deg=70.0),
+        Camera(name="back_right", x=0.0, y=-0.5, yaw_deg=-110.0, hfov_deg=70.0),
+    ]
+
+
+@dataclass
+class RigConfig:
+    """The camera rig: every camera shares one image size."""
+
+    image_width: int = 704
+    """Image width in pixels, for every camera."""
+    image_height: int = 256
+    """Image height in pixels, for every camera."""
+    cameras: List[Camera] = field(default_factory=_surround_rig)
+    """The cameras, in the order the model sees them."""
+
+    def problems(self) -> Problems:
+        found: Problems = []
+        for name in ("image_width", "image_height"):
+            value = getattr(self, name)
+            if value < 16 or value % 8:
+                found.append((name, f"got {value}; must be a multiple of 8 and at least 16"))
+        if not self.cameras:
+            found.append(("cameras", "got an empty list; the rig needs at least one camera"))
+        names = [c.name for c in self.cameras]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            found.append(("cameras", f"camera names must be unique; repeated: {', '.join(duplicates)}"))
+        return found
+
+
+@dataclass
+class WorldConfig:
+    """The procedural driving world that `stack data make` renders."""
+
+    seed: int = 0
+    """Master seed: the same config and seed give byte-identical shards."""
+    scenes: int = 40
+    """Number of independent scenes (towns and traffic) to render."""
+    frames_per_scene: int = 40
+    """Key frames rendered per scene."""
+    frame_rate_hz: float = 2.0
+    """Key frames per second (nuScenes annotates at 2 Hz)."""
+    agents_per_scene: int = 24
+    """Other road users (cars, trucks, pedestrians, cyclists) placed per scene."""
+    val_fraction: float = 0.2
+    """Fraction of scenes written to the validation split (whole scenes, never frames)."""
+
+    def problems(self) -> Problems:
+        found: Problems = []
+        for name in ("scenes", "frames_per_scene", "frame_rate_hz"):
+            _positive(found, name, getattr(self, name))
+        if self.agents_per_scene < 0:
+            found.append(("agents_per_scene", f"got {self.agents_per_scene}; must be >= 0"))
+        _in_range(found, "val_fraction", self.val_fraction, 0.0, 0.9)
+        return found
+
+
+@dataclass
+class AugmentConfig:
+    """Training-time augmentation; every transform keeps labels consistent."""
+
+    enabled: bool = True
+    """Master switch; evaluation and export never augment."""
+    resize_scale: List[float] = field(default_factory=lambda: [0.9, 1.1])
+    """Random image rescale range [low, high]; intrinsics are updated to match."""
+    bev_rotate_deg: float = 5.0
+    """Random yaw of the whole BEV scene, +/- degrees; boxes and trajectories rotate with it."""
+    color_jitter: float = 0.1
+    """Brightness/contrast/saturation jitter strength, 0 disables."""
+
+    def problems(self) -> Problems:
+        found: Problems = []
+        _increasing(found, "resize_scale", self.resize_scale, 2)
+        if self.resize_scale and min(self.resize_scale) <= 0:
+            found.append(("resize_scale", f"got {list(self.resize_scale)!r}; scales must be > 0"))
+        _in_range(found, "bev_rotate_deg", self.bev_rotate_deg, 0.0, 180.0)
+        _in_range(found, "color_jitter", self.color_jitter, 0.0, 1.0)
+        return found
+
+
+DATA_BACKENDS = ("torch", "dali")
+SHARD_LAYOUTS = ("frames", "clips")
+
+
+@dataclass
+class DataConfig:
+    """Where samples come from and how they are loaded."""
+
+    root: str = "runs/data"
+    """Folder that holds the shards (`train/`, `val/`) and their index files."""
+    layout: str = "frames"
+    """Shard layout: `frames` (JPEG per camera per sample) or `clips` (H.264 MP4 per camera per clip)."""
+    backend: str = "torch"
+    """Loader: `torch` (WebDataset + DataLoader) or `dali` (NVIDIA DALI; CPU decode without a GPU)."""
+    batch_size: int = 4
+    """Samples per batch on each rank."""
+    num_workers: int = 2
+    """Loader worker processes (torch) or threads (DALI) per rank."""
+    samples_per_shard: int = 64
+    """Samples written to each `.tar` shard."""
+    jpeg_quality: int = 90
+    """JPEG quality of the camera images in frame shards."""
+    skip_bad_samples: bool = False
+    """Skip (and count) corrupt samples instead of stopping with an error."""
+    rig: RigConfig = field(default_factory=RigConfig)
+    """The camera rig that renders (and is assumed by) the data."""
+    world: WorldConfig = field(default_factory=WorldConfig)
+    """The procedural world generator."""
+    augment: AugmentConfig = field(default_factory=AugmentConfig)
+    """Training-time augmentation."""
+
+    def problems(self) -> Problems:
+        found: Problems = []
+        _choice(found, "layout", self.layout, SHARD_LAYOUTS)
+        _choice(found, "backend", self.backend, DATA_BACKENDS)
+        _positive(found, "batch_size", self.batch_size)
+        _positive(found, "samples_per_shard", self.samples_per_shard)
+        _in_range(found, "num_workers", self.num_workers, 0, 64)
+        _in_range(found, "jpeg_quality", self.jpeg_quality, 1, 100)
+        return found
+
+
+# -------------------------------------------------------------------------- model
+
+
+@dataclass
+class BevGridConfig:
+    """The bird's-eye-view grid around the ego vehicle (ego frame, metres)."""
+
+    x_range: List[float] = field(default_factory=lambda: [-51.2, 51.2])
+    """[min, max] along ego x (forward)."""
+    y_range: List[float] = field(default_factory=lambda: [-51.2, 51.2])
+    """[min, max] along ego y (left)."""
+    z_range: List[float] = field(default_factory=lambda: [-2.0, 4.0])
+    """[min, max] height; points outside are dropped, the rest collapse into one cell."""
+    cell_size: float = 0.8
+    """Cell edge length, metres (102.4 m / 0.8 m = 128 cells)."""
+
+    def problems(self) -> Problems:
+        found: Problems = []
+        for name in ("x_range", "y_range", "z_range"):
+            _increasing(found, name, getattr(self, name), 2)
+        _positive(found, "cell_size", self.cell_size)
+        return found
+
+
+@dataclass
+class DepthBinsConfig:
+    """Discrete depth bins of the lift step (BEVDepth-style classification)."""
+
+    min_m: float = 1.0
+    """Depth of the first bin's lower edge, metres."""
+    max_m: float = 49.0
+    """Depth of the last bin's upper edge, metres."""
+    bins: int = 48
+    """Number of uniform bins between min_m and max_m."""
+
+    def problems(self) -> Problems:
+        found: Problems = []
+        _positive(found, "min_m", self.min_m)
+        if self.max_m <= self.min_m:
+            found.append(("max_m", f"got {self.max_m}; must be greater than min_m ({self.min_m})"))
+        _in_range(found, "bins", self.bins, 2, 512)
+        return found
+
+
+@dataclass
+class LossWeights:
+    """Weight of each task's loss in the total."""
+
+    detection: float = 1.0
+    """CenterPoint heatmap focal loss + box regression L1."""
+    depth: float = 1.0
+    """Depth-bin cross entropy against the rendered metric depth."""
+    segmentation: float = 1.0
+    """Per-pixel semantic cross entropy."""
+    planning: float = 1.0
+    """Winner-takes-all L2 + mode classification + collision term."""
+
+    def problems(self) -> Problems:
+        found: Problems = []
+        for name in ("detection", "depth", "segmentation", "planning"):
+            value = getattr(self, name)
+            if value < 0:
+                found.append((name, f"got {value}; loss weights must be >= 0"))
+        return found
+
+
+DETECTION_CLASSES = ["car", "truck", "pedestrian", "cyclist"]
+SEGMENTATION_CLASSES = [
+    "road", "lane_marking", "sidewalk", "building", "vegetation",
+    "sky", "car", "truck", "pedestrian", "cyclist",
+]
+
+
+@dataclass
+class ModelConfig:
+    """The multi-task network: image backbone, depth/seg heads, lift-splat, BEV heads, planner."""
+
+    backbone: str = "resnet18"
+    """timm model name, built with `features_only=True` and no download."""
+    backbone_checkpoint: Optional[str] = None
+    """Local path to backbone weights (no model hub is reachable); null trains from scratch."""
+    neck_channels: int = 64
+    """FPN output width, also the context width lifted into BEV."""
+    feature_stride: int = 16
+    """Stride of the image features that are lifted (image size / stride = feature size)."""
+    bev_channels: int = 64
+    """Width of the BEV encoder."""
+    bev: BevGridConfig = field(default_factory=BevGridConfig)
+    """The BEV grid."""
+    depth: DepthBinsConfig = field(default_factory=DepthBinsConfig)
+    """Depth bins of the lift step."""
+    detection_classes: List[str] = field(default_factory=lambda: list(DETECTION_CLASSES))
+    """3D detection classes, in heatmap channel order."""
+    segmentation_classes: List[str] = field(default_factory=lambda: list(SEGMENTATION_CLASSES))
+    """Semantic classes, in logit order."""
+    max_boxes: int = 64
+    """Boxes kept per sample after decoding (and padded to in batches)."""
+    planning_modes: int = 6
+    """Candidate trajectories (K) the planner proposes."""
+    planning_steps: int = 6
+    """Future waypoints (T) per trajectory, at 0.5 s steps (6 = 3 s)."""
+    loss_weights: LossWeights = field(default_factory=LossWeights)
+    """Per-task loss weights."""
+
+    def problems(self) -> Problems:
+        found: Problems = []
+        for name in ("neck_channels", "bev_channels", "max_boxes", "planning_modes", "planning_steps"):
+            _positive(found, name, getattr(self, name))
+        _choice(found, "feature_stride", self.feature_stride, (4, 8, 16, 32))
+        if not self.backbone:
+            found.append(("backbone", "got an empty name; give a timm model name such as resnet18"))
+        if not self.detection_classes:
+            found.append(("detection_classes", "got an empty list; name at least one class"))
+        if not self.segmentation_classes:
+            found.append(("segmentation_classes", "got an empty list; name at least one class"))
+        return found
+
+
+# -------------------------------------------------------------------------- train
+
+STRATEGIES = ("auto", "ddp", "fsdp")
+PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
+ACCELERATORS = ("auto", "cpu", "gpu")
+
+
+@dataclass
+class TrainConfig:
+    """How `stack train` fits the model (Lightning)."""
+
+    out_dir: str = "runs/train"
+    """Folder for checkpoints, logs and the resolved pipeline."""
+    seed: int = 0
+    """Seed for weights, data order and augmentation."""
+    max_epochs: int = 20
+    """Upper bound on epochs."""
+    max_steps: int = -1
+    """Upper bound on optimizer steps; -1 means no bound (epochs decide)."""
+    lr: float = 2e-3
+    """Peak learning rate (AdamW)."""
+    weight_decay: float = 0.01
+    """AdamW weight decay."""
+    warmup_steps: int = 50
+    """Linear warm-up steps before cosine decay."""
+    grad_clip: float = 5.0
+    """Gradient-norm clip; 0 disables."""
+    accelerator: str = "auto"
+    """`auto`, `cpu` or `gpu`."""
+    devices: int = 1
+    """Processes (GPUs, or CPU ranks) per node."""
+    num_nodes: int = 1
+    """Nodes in the job."""
+    strategy: str = "auto"
+    """`auto`, `ddp`, or `fsdp` (FSDP2 `fully_shard`)."""
+    precision: str = "bf16-mixed"
+    """`32-true`, `bf16-mixed` or `16-mixed`."""
+    activation_checkpointing: List[str] = field(default_factory=list)
+    """Module groups to recompute in backward (e.g. `backbone`, `bev_encoder`)."""
+    compile: bool = False
+    """Wrap the model in `torch.compile` (slow to compile on small CPUs)."""
+    checkpoint_every_n_steps: int = 200
+    """Write a resumable checkpoint every N optimizer steps."""
+    resume: Optional[str] = None
+    """Checkpoint to resume from; null starts fresh."""
+
+    def problems(self) -> Problems:
+        found: Problems = []
+        _positive(found, "max_epochs", self.max_epochs)
+        if self.max_steps == 0 or self.max_steps < -1:
+            found.append(("max_steps", f"got {self.max_steps}; use -1 (no bound) or a positive count"))
+        _positive(found, "lr", self.lr)
+        for name in ("weight_decay", "warmup_steps", "grad_clip"):
+            value = getattr(self, name)
+            if value < 0:
+                found.append((name, f"got {value}; must be >= 0"))
+        _choice(found, "accelerator", self.accelerator, ACCELERATORS)
+        _choice(found, "strategy", self.strategy, STRATEGIES)
+        _choice(found, "precision", self.precision, PRECISIONS)
+        _positive(found, "devices", self.devices)
+        _positive(found, "num_nodes", self.num_nodes)
+        _positive(found, "checkpoint_every_n_steps", self.checkpoint_every_n_steps)
+        return found
+
+
+# ------------------------------------------------------------------------- export
+
+
+@dataclass
+class ExportConfig:
+    """How `stack export` writes the ONNX graph and how it is quantized."""
+
+    out_dir: str = "runs/export"
+    """Folder for ONNX files and deploy bundles."""
+    opset: int = 17
+    """ONNX opset; 17 is read by TensorRT 8.6 (JetPack 5) and 10.x (JetPack 6)."""
+    batch_size: int = 1
+    """Static batch size baked into the graph (engines run one frame at a time)."""
+    calibration_samples: int = 64
+    """Validation samples used to calibrate INT8 activation ranges."""
+    parity_atol: float = 1e-3
+    """Largest allowed |ONNX Runtime - PyTorch| per fp32 output."""
+
+    def problems(self) -> Problems:
+        found: Problems = []
+        _in_range(found, "opset", self.opset, 13, 23)
+        _positive(found, "batch_size", self.batch_size)
+        _positive(found, "calibration_samples", self.calibration_samples)
+        _positive(found, "parity_atol", self.parity_atol)
+        return found
+
+
+# ------------------------------------------------------------------------ targets
+
+RUNTIMES = ("tensorrt", "onnxruntime")
+TARGET_PRECISIONS = ("fp32", "fp16", "int8", "best")
+QDQ_FLAVOURS = ("none", "tensorrt", "onnxruntime-cpu")
+
+
+@dataclass
+class AccuracyBudget:
+    """Largest drop allowed per head when quantizing (absolute, in the metric's units)."""
+
+    detection_map: float = 0.02
+    """Drop in detection mAP."""
+    segmentation_miou: float = 0.02
+    """Drop in segmentation mIoU."""
+    depth_abs_rel: float = 0.01
+    """Rise in depth AbsRel."""
+    planning_l2_3s_m: float = 0.10
+    """Rise in planning L2 at 3 s, metres."""
+
+    def problems(self) -> Problems:
+        found: Problems = []
+        for name in ("detection_map", "segmentation_miou", "depth_abs_rel", "planning_l2_3s_m"):
+            if getattr(self, name) < 0:
+                found.append((name, f"got {getattr(self, name)}; a budget must be >= 0"))
+        return found
+
+
+@dataclass
+class Target:
+    """A deploy target: the computer, its runtime, and the real-time bar it must clear."""
+
+    description: str = ""
+    """Human-readable name of the hardware."""
+    runtime: str = "onnxruntime"
+    """`tensorrt` or `onnxruntime`."""
+    precision: str = "int8"
+    """Engine precision: `fp32`, `fp16`, `int8` or `best` (int8 with fp16 fallback)."""
+    qdq_flavour: str = "onnxruntime-cpu"
+    """INT8 QDQ form: `tensorrt` (symmetric S8/S8, per-channel weights, zero points 0),
+    `onnxruntime-cpu` (U8 activations / S8 weights), or `none`."""
+    int8_tops: float = 0.0
+    """Dense INT8 peak, tera-ops/s (0 when the target has no INT8 path)."""
+    fp16_tflops: float = 0.0
+    """Dense FP16 peak, TFLOP/s."""
+    fp32_tflops: float = 0.0
+    """Dense FP32 peak, TFLOP/s."""
+    memory_bandwidth_gbs: float = 0.0
+    """DRAM bandwidth, GB/s."""
+    peaks_source: str = ""
+    """Where the peaks come from (datasheet, measurement)."""
+    min_fps: float = 10.0
+    """Real-time requirement: frames per second the model must sustain."""
+    max_p99_latency_ms: float = 100.0
+    """Real-time requirement: 99th-percentile latency of one frame."""
+    measured: bool = False
+    """True when the gate times the engine on this machine; false when it is predicted."""
+    dla_core: int = -1
+    """DLA core for TensorRT (-1: GPU only)."""
+    accuracy_budget: AccuracyBudget = field(default_factory=AccuracyBudget)
+    """Largest accuracy drop allowed per head."""
+
+    def problems(self) -> Problems:
+        found: Problems = []
+        _choice(found, "runtime", self.runtime, RUNTIMES)
+        _choice(found, "precision", self.precision, TARGET_PRECISIONS)
+        _choice(found, "qdq_flavour", self.qdq_flavour, QDQ_FLAVOURS)
+        for name in ("int8_tops", "fp16_tflops", "fp32_tflops", "memory_bandwidth_gbs"):
+            if getattr(self, name) < 0:
+                found.append((name, f"got {getattr(self, name)}; a peak must be >= 0"))
+        _positive(found, "min_fps", self.min_fps)
+        _positive(found, "max_p99_latency_ms", self.max_p99_latency_ms)
+        if self.precision in ("int8", "best") and self.qdq_flavour == "none":
+            found.append(("qdq_flavour", f"precision {self.precision} needs a QDQ flavour, got 'none'"))
+        return found
+
+
+# ----------------------------------------------------------------------- pipeline
+
+
+@dataclass
+class Pipeline:
+    """The whole run: data → model → train → export → deploy targets."""
+
+    name: str = "stack"
+    """Name of this pipeline; artifacts and reports carry it."""
+    schema_version: int = SCHEMA_VERSION
+    """Version of this schema the config was written for."""
+    data: DataConfig = field(default_factory=DataConfig)
+    """Sensor data: world generator, rig, shards, loaders."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The multi-task network."""
+    train: TrainConfig = field(default_factory=TrainConfig)
+    """Training."""
+    export: ExportConfig = field(default_factory=ExportConfig)
+    """ONNX export and quantization."""
+    targets: Dict[str, Target] = field(default_factory=dict)
+    """Deploy targets by name; `configs/targets/*.yaml` are loaded here under their file names."""
+
+    def problems(self) -> Problems:
+        found: Problems = []
+        if self.schema_version != SCHEMA_VERSION:
+            found.append(("schema_version",
+                          f"got {self.schema_version}; this stack reads schema {SCHEMA_VERSION}"))
+        return found

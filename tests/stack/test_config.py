@@ -1,0 +1,121 @@
+"""The pipeline definition: every shipped YAML loads, overrides apply, YAML round-trips."""
+
+import dataclasses
+import typing
+from pathlib import Path
+
+import pytest
+
+from stack import pipeline as schema
+from stack.config import (
+    CONFIG_DIR, _field_docs, describe, load_pipeline, load_target, pipeline_from_yaml,
+    pipeline_hash, pipeline_to_yaml,
+)
+from stack.errors import ConfigError
+
+DEFAULT = CONFIG_DIR / "pipeline.yaml"
+PRESETS = sorted((CONFIG_DIR / "presets").glob("*.yaml"))
+TARGETS = sorted((CONFIG_DIR / "targets").glob("*.yaml"))
+REQUIRED_TARGETS = {"orin", "orin-nano", "x86-gpu", "cpu", "ci-cpu"}
+
+
+def test_default_pipeline_loads_as_typed_object():
+    pipeline = load_pipeline([DEFAULT])
+    assert isinstance(pipeline, schema.Pipeline)
+    assert isinstance(pipeline.data.rig.cameras[0], schema.Camera)
+    assert isinstance(pipeline.targets["orin"], schema.Target)
+    assert len(pipeline.data.rig.cameras) == 6
+
+
+@pytest.mark.parametrize("preset", PRESETS, ids=lambda p: p.stem)
+def test_every_preset_loads_over_the_default(preset):
+    pipeline = load_pipeline([DEFAULT, preset])
+    assert pipeline.name == preset.stem
+
+
+def test_presets_exist():
+    assert {p.stem for p in PRESETS} >= {"tiny"}
+
+
+@pytest.mark.parametrize("target", TARGETS, ids=lambda p: p.stem)
+def test_every_target_validates_and_names_its_sources(target):
+    loaded = load_target(target.stem, load_pipeline([DEFAULT]))
+    assert loaded.description
+    assert loaded.peaks_source, "every target says where its peak figures come from"
+    if loaded.runtime == "tensorrt":
+        assert loaded.qdq_flavour == "tensorrt" and not loaded.measured
+        assert loaded.int8_tops > 0 and loaded.fp16_tflops > 0 and loaded.memory_bandwidth_gbs > 0
+
+
+def test_required_targets_are_shipped():
+    assert REQUIRED_TARGETS <= {p.stem for p in TARGETS}
+
+
+def test_overrides_apply_after_files():
+    pipeline = load_pipeline([DEFAULT], ["train.max_epochs=3", "data.rig.cameras.1.hfov_deg=90",
+                                         "targets.orin.min_fps=30", "train.activation_checkpointing=[backbone]"])
+    assert pipeline.train.max_epochs == 3
+    assert pipeline.data.rig.cameras[1].hfov_deg == 90.0
+    assert pipeline.targets["orin"].min_fps == 30.0
+    assert pipeline.train.activation_checkpointing == ["backbone"]
+
+
+def test_later_files_win(tmp_path):
+    first, second = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    first.write_text("train: {max_epochs: 2, lr: 0.5}\n")
+    second.write_text("train: {max_epochs: 7}\n")
+    pipeline = load_pipeline([first, second])
+    assert (pipeline.train.max_epochs, pipeline.train.lr) == (7, 0.5)
+
+
+def test_a_config_file_can_define_a_new_target(tmp_path):
+    path = tmp_path / "t.yaml"
+    path.write_text("targets:\n  thor:\n    runtime: tensorrt\n    qdq_flavour: tensorrt\n    min_fps: 30\n")
+    assert load_pipeline([path]).targets["thor"].min_fps == 30.0
+
+
+def test_yaml_round_trip_rebuilds_the_same_pipeline():
+    pipeline = load_pipeline([DEFAULT, CONFIG_DIR / "presets" / "tiny.yaml"], ["model.planning_modes=3"])
+    rebuilt = pipeline_from_yaml(pipeline_to_yaml(pipeline), "test")
+    assert rebuilt == pipeline
+    assert pipeline_hash(rebuilt) == pipeline_hash(pipeline)
+
+
+def test_hash_changes_with_any_value():
+    base = load_pipeline([DEFAULT])
+    assert pipeline_hash(base) != pipeline_hash(load_pipeline([DEFAULT], ["data.world.seed=1"]))
+
+
+def test_all_problems_are_reported_at_once():
+    with pytest.raises(ConfigError) as info:
+        load_pipeline([DEFAULT], ["train.lr=0", "data.backend=nope", "model.depth.max_m=0.5"])
+    text = str(info.value)
+    assert "train.lr" in text and "data.backend" in text and "model.depth.max_m" in text
+    assert "allowed: torch, dali" in text
+
+
+def test_artifact_yaml_from_another_schema_is_refused():
+    text = pipeline_to_yaml(load_pipeline([DEFAULT])).replace("schema_version: 1", "schema_version: 99")
+    with pytest.raises(ConfigError, match="schema_version"):
+        pipeline_from_yaml(text, "checkpoint x.ckpt")
+
+
+def _sections(cls):
+    yield cls
+    for hint in typing.get_type_hints(cls).values():
+        for inner in (hint, *typing.get_args(hint)):
+            if dataclasses.is_dataclass(inner):
+                yield from _sections(inner)
+
+
+@pytest.mark.parametrize("section", sorted({c for c in _sections(schema.Pipeline)}, key=lambda c: c.__name__),
+                         ids=lambda c: c.__name__)
+def test_every_field_has_a_docstring(section):
+    docs = _field_docs(section)
+    undocumented = [f.name for f in dataclasses.fields(section) if not docs.get(f.name)]
+    assert not undocumented, f"{section.__name__} fields without a docstring: {undocumented}"
+
+
+def test_describe_lists_keys_with_docs():
+    text = describe("train.precision")
+    assert "train.precision" in text and "bf16-mixed" in text
