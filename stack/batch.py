@@ -1,0 +1,88 @@
+"""`Batch`: the one typed structure that every loader yields and every model consumes.
+
+Both data backends (WebDataset + DataLoader, and DALI) produce exactly this: same
+fields, shapes and dtypes, so the model and trainer never know which backend ran.
+B = batch, N = cameras, H x W = image size of the rig, M = `model.max_boxes`
+(padded), T = `model.planning_steps`, P = past steps (4 = 2 s at 0.5 s).
+
+Conventions (ego frame, camera frame, z-depth) are those of `stack.rig`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # torch is imported by callers; keeping it out keeps `import stack` lean
+    import torch
+
+    from stack.pipeline import Pipeline
+
+IGNORE_INDEX = 255
+"""Semantic label of pixels that carry no class (excluded from loss and metrics)."""
+COMMANDS = ("left", "straight", "right")
+"""High-level driving commands, by index."""
+BOX_FIELDS = ("x", "y", "z", "length", "width", "height", "yaw", "vx", "vy")
+"""Columns of `Batch.boxes`: centre (m), size (m), yaw (rad, CCW from ego x), velocity (m/s), ego frame."""
+EGO_STATUS_FIELDS = ("speed", "acceleration", "yaw_rate")
+"""Columns of `Batch.ego_status`: m/s, m/s^2, rad/s."""
+PAST_STEPS = 4
+"""Past ego positions carried per sample (-2.0 s ... -0.5 s)."""
+
+
+@dataclass
+class Batch:
+    """A batch of multi-camera frames with labels for all four tasks."""
+
+    images: "torch.Tensor"
+    """uint8 (B, N, 3, H, W) RGB; the model normalises (so export keeps the same input)."""
+    intrinsics: "torch.Tensor"
+    """float32 (B, N, 3, 3) pinhole K in pixels of `images` (after any resize/crop)."""
+    cam_to_ego: "torch.Tensor"
+    """float32 (B, N, 4, 4) camera frame -> ego frame (after any BEV augmentation)."""
+    depth: "torch.Tensor"
+    """float32 (B, N, H, W) metric z-depth; 0 where there is no surface (sky) or no label."""
+    semantic: "torch.Tensor"
+    """int64 (B, N, H, W) index into `model.segmentation_classes`; IGNORE_INDEX where unlabelled."""
+    boxes: "torch.Tensor"
+    """float32 (B, M, 9) 3D boxes in the ego frame, columns BOX_FIELDS; padding rows are zero."""
+    box_labels: "torch.Tensor"
+    """int64 (B, M) index into `model.detection_classes`; -1 marks padding."""
+    ego_status: "torch.Tensor"
+    """float32 (B, 3) columns EGO_STATUS_FIELDS."""
+    command: "torch.Tensor"
+    """int64 (B,) index into COMMANDS."""
+    past_trajectory: "torch.Tensor"
+    """float32 (B, PAST_STEPS, 2) past ego xy in the current ego frame, oldest first."""
+    future_trajectory: "torch.Tensor"
+    """float32 (B, T, 2) future ego xy in the current ego frame at 0.5 s steps (the planning target)."""
+    future_valid: "torch.Tensor"
+    """bool (B, T) False where the scene ends before that waypoint."""
+
+    def to(self, device, non_blocking: bool = False) -> "Batch":
+        """The same batch with every tensor on `device`."""
+        return Batch(**{f.name: getattr(self, f.name).to(device, non_blocking=non_blocking) for f in fields(self)})
+
+    def expected_shapes(self, pipeline: "Pipeline") -> dict[str, tuple]:
+        """Shape and dtype name of every field for this pipeline, with B taken from `images`."""
+        b, n = self.images.shape[0], len(pipeline.data.rig.cameras)
+        h, w = pipeline.data.rig.image_height, pipeline.data.rig.image_width
+        m, t = pipeline.model.max_boxes, pipeline.model.planning_steps
+        return {
+            "images": ((b, n, 3, h, w), "uint8"), "intrinsics": ((b, n, 3, 3), "float32"),
+            "cam_to_ego": ((b, n, 4, 4), "float32"), "depth": ((b, n, h, w), "float32"),
+            "semantic": ((b, n, h, w), "int64"), "boxes": ((b, m, len(BOX_FIELDS)), "float32"),
+            "box_labels": ((b, m), "int64"), "ego_status": ((b, len(EGO_STATUS_FIELDS)), "float32"),
+            "command": ((b,), "int64"), "past_trajectory": ((b, PAST_STEPS, 2), "float32"),
+            "future_trajectory": ((b, t, 2), "float32"), "future_valid": ((b, t), "bool"),
+        }
+
+    def mismatches(self, pipeline: "Pipeline") -> list[str]:
+        """Fields whose shape or dtype differ from what `pipeline` implies (empty when all agree)."""
+        found = []
+        for name, (shape, dtype) in self.expected_shapes(pipeline).items():
+            tensor = getattr(self, name)
+            actual = (tuple(tensor.shape), str(tensor.dtype).removeprefix("torch."))
+            if actual != (shape, dtype):
+                found.append(f"{name}: expected {dtype} {shape}, found {actual[1]} {actual[0]}")
+        return found
