@@ -17,7 +17,7 @@ TINY := -c configs/pipeline.yaml -c configs/presets/tiny.yaml
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip "setuptools>=69" wheel
+	$(BIN)/pip install --quiet --upgrade pip "setuptools>=77" wheel
 
 $(STAMP): $(BIN)/python $(INSTALL_INPUTS)
 	$(BIN)/pip install --quiet $(TORCH_PINS)
