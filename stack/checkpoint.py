@@ -1,0 +1,208 @@
+"""The model checkpoint contract between `stack train` and `stack export`/`stack deploy`.
+
+A checkpoint is what the trainer leaves behind and the only thing deploy starts from,
+so it carries the resolved pipeline YAML that made it (and its hash): deploy rebuilds
+exactly that network through `stack.models`, never through the trainer.
+
+Two formats are read:
+
+- the plain format written by `save_model_checkpoint` (a dict with `format` =
+  "stack-model", `pipeline_yaml`, `pipeline_hash`, `schema_version`, `state_dict`,
+  `extra`), written atomically (temp file, then `os.replace`) so a crash never leaves
+  half a file where a good checkpoint was;
+- a Lightning `.ckpt` whose LightningModule stored `pipeline_yaml` (and
+  `pipeline_hash`) in the checkpoint dict (`on_save_checkpoint`) or in its
+  `hyper_parameters`; the `model.` prefix of its state-dict keys is stripped.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from stack.errors import StackError
+from stack.pipeline import SCHEMA_VERSION, Pipeline
+
+FORMAT = "stack-model"
+"""Value of the `format` key of a plain checkpoint."""
+MODEL_PREFIX = "model."
+"""Prefix of the network's weights inside a Lightning checkpoint's state_dict."""
+MODEL_SECTIONS = ("model", "data.rig")
+"""Pipeline sections that define the network's weights and inputs: they must agree
+between a checkpoint and the pipeline it is deployed with."""
+
+
+class CheckpointError(StackError):
+    """A checkpoint is missing, unreadable, or does not fit the pipeline."""
+
+
+def save_model_checkpoint(path: str | Path, pipeline: Pipeline, state_dict: dict, extra: dict | None = None) -> Path:
+    """Write the network's `state_dict` with its resolved pipeline to `path`, atomically."""
+    import torch
+
+    from stack.config import pipeline_hash, pipeline_to_yaml
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "format": FORMAT, "schema_version": SCHEMA_VERSION,
+        "pipeline_yaml": pipeline_to_yaml(pipeline), "pipeline_hash": pipeline_hash(pipeline),
+        "state_dict": {k: v.detach().cpu() for k, v in state_dict.items()}, "extra": dict(extra or {}),
+    }
+    handle, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(handle)
+    try:
+        torch.save(payload, temp)
+        os.replace(temp, path)
+    finally:
+        if os.path.exists(temp):
+            os.unlink(temp)
+    return path
+
+
+def load_model_checkpoint(path: str | Path) -> tuple[Pipeline, dict, dict]:
+    """(pipeline, state_dict, meta) from a plain or Lightning checkpoint, or a `CheckpointError`.
+
+    `meta` holds `pipeline_hash`, `format` ("stack-model" or "lightning") and `extra`
+    (the plain format's extras, or Lightning's epoch/global_step).
+    """
+    from stack.config import pipeline_from_yaml
+
+    path = Path(path)
+    raw = _read(path)
+    text, stored_hash = _pipeline_text(raw, path)
+    _check_schema_version(text, path)
+    pipeline = pipeline_from_yaml(text, source=f"the pipeline stored in checkpoint {str(path)!r}")
+    if raw.get("format") == FORMAT:
+        state_dict, kind, extra = raw["state_dict"], FORMAT, raw.get("extra", {})
+    else:
+        state_dict, kind = _strip_prefix(raw["state_dict"]), "lightning"
+        extra = {k: raw[k] for k in ("epoch", "global_step") if k in raw}
+    return pipeline, state_dict, {"pipeline_hash": stored_hash, "format": kind, "extra": extra}
+
+
+def load_for_deploy(path: str | Path, files: list, overrides: list) -> tuple[Pipeline, dict, dict]:
+    """The checkpoint with the pipeline a deploy command runs under.
+
+    With no config files, the checkpoint's own pipeline is used (with `overrides`
+    applied to it); with files, that pipeline must describe the same network.
+    """
+    from stack.config import load_pipeline, pipeline_to_yaml
+
+    stored, state_dict, meta = load_model_checkpoint(path)
+    if files:
+        pipeline = load_pipeline(files, overrides)
+        check_same_network(stored, pipeline, path)
+        return pipeline, state_dict, meta
+    with tempfile.TemporaryDirectory() as folder:
+        copy = Path(folder) / "checkpoint_pipeline.yaml"
+        copy.write_text(pipeline_to_yaml(stored))
+        return load_pipeline([copy], overrides), state_dict, meta
+
+
+def check_same_network(checkpoint: Pipeline, given: Pipeline, path: str | Path) -> None:
+    """Raise when `given` describes another network than the one `checkpoint` was trained as."""
+    differences = model_differences(checkpoint, given)
+    if differences:
+        shown = "\n".join(f"  {key}: checkpoint has {a!r}, the pipeline given has {b!r}" for key, a, b in differences[:12])
+        more = f"\n  ... and {len(differences) - 12} more" if len(differences) > 12 else ""
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} was trained with another pipeline than the one given "
+            f"(sections {', '.join(MODEL_SECTIONS)} must agree):\n{shown}{more}\n"
+            f"Pass the config files it was trained with (-c ...), or none to use the pipeline stored in the checkpoint."
+        )
+
+
+def model_differences(a: Pipeline, b: Pipeline) -> list[tuple[str, Any, Any]]:
+    """(dotted key, value in a, value in b) for every model-relevant key that differs."""
+    import dataclasses
+
+    found = []
+    for section in MODEL_SECTIONS:
+        left, right = _section(dataclasses.asdict(a), section), _section(dataclasses.asdict(b), section)
+        found.extend(_diff(left, right, section))
+    return found
+
+
+# ------------------------------------------------------------------- helpers
+
+
+def _read(path: Path) -> dict:
+    import pickle
+
+    import torch
+
+    if not path.is_file():
+        what = "is a folder" if path.is_dir() else "does not exist"
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} {what} (working directory {os.getcwd()}). "
+            f"Give the .ckpt/.pt file that `stack train` wrote (under train.out_dir)."
+        )
+    try:
+        try:
+            raw = torch.load(path, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError:  # Lightning stores hyper-parameters as arbitrary objects
+            raw = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as exc:  # noqa: BLE001 - any failure to unpickle means "not a checkpoint"
+        raise CheckpointError(
+            f"{str(path)!r} is not a checkpoint torch can read ({type(exc).__name__}: {str(exc)[:200]}). "
+            f"Give the file that `stack train` wrote."
+        ) from None
+    if not isinstance(raw, dict) or not isinstance(raw.get("state_dict"), dict):
+        found = f"a dict with keys {sorted(raw)[:8]}" if isinstance(raw, dict) else f"a {type(raw).__name__}"
+        raise CheckpointError(
+            f"{str(path)!r} is not a model checkpoint: expected a dict with a 'state_dict', found {found}. "
+            f"Give the file that `stack train` wrote."
+        )
+    return raw
+
+
+def _pipeline_text(raw: dict, path: Path) -> tuple[str, str | None]:
+    hyper = raw.get("hyper_parameters") if isinstance(raw.get("hyper_parameters"), dict) else {}
+    for source in (raw, hyper):
+        if isinstance(source.get("pipeline_yaml"), str):
+            return source["pipeline_yaml"], source.get("pipeline_hash")
+    raise CheckpointError(
+        f"checkpoint {str(path)!r} carries no pipeline: expected the resolved pipeline YAML under "
+        f"'pipeline_yaml' (top level or hyper_parameters), found keys {sorted(raw)[:10]}. "
+        f"Checkpoints written by `stack train` (or save_model_checkpoint) carry it; retrain or re-save with it."
+    )
+
+
+def _check_schema_version(text: str, path: Path) -> None:
+    try:
+        version = (yaml.safe_load(text) or {}).get("schema_version", SCHEMA_VERSION)
+    except yaml.YAMLError:
+        return  # pipeline_from_yaml reports the syntax error with its location
+    if version != SCHEMA_VERSION:
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} was written with pipeline schema {version}; this stack reads schema "
+            f"{SCHEMA_VERSION}. Export it with the stack version that trained it, or retrain."
+        )
+
+
+def _strip_prefix(state_dict: dict) -> dict:
+    if any(k.startswith(MODEL_PREFIX) for k in state_dict):
+        return {k[len(MODEL_PREFIX):]: v for k, v in state_dict.items() if k.startswith(MODEL_PREFIX)}
+    return dict(state_dict)
+
+
+def _section(tree: dict, dotted: str) -> Any:
+    for part in dotted.split("."):
+        tree = tree[part]
+    return tree
+
+
+def _diff(left: Any, right: Any, prefix: str) -> list[tuple[str, Any, Any]]:
+    if isinstance(left, dict) and isinstance(right, dict):
+        found = []
+        for key in sorted(set(left) | set(right)):
+            found.extend(_diff(left.get(key), right.get(key), f"{prefix}.{key}"))
+        return found
+    if isinstance(left, list) and isinstance(right, list) and len(left) == len(right):
+        return [d for i, (a, b) in enumerate(zip(left, right)) for d in _diff(a, b, f"{prefix}.{i}")]
+    return [] if left == right else [(prefix, left, right)]

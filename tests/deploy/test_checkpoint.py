@@ -1,0 +1,78 @@
+"""The checkpoint contract: plain and Lightning formats, atomic writes, and every bad-input error."""
+
+import pytest
+import torch
+
+from stack.checkpoint import (CheckpointError, check_same_network, load_for_deploy, load_model_checkpoint,
+                              save_model_checkpoint)
+from stack.config import load_pipeline, pipeline_hash, pipeline_to_yaml
+
+TINY = ["configs/pipeline.yaml", "configs/presets/tiny.yaml"]
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_pipeline(TINY)
+
+
+def test_plain_round_trip_is_atomic(tmp_path, tiny):
+    state = {"conv.weight": torch.randn(4, 3, 3, 3)}
+    path = save_model_checkpoint(tmp_path / "m.pt", tiny, state, extra={"step": 7})
+    assert [p.name for p in tmp_path.iterdir()] == ["m.pt"]  # no temp file left behind
+    pipeline, loaded, meta = load_model_checkpoint(path)
+    assert pipeline == tiny
+    assert torch.equal(loaded["conv.weight"], state["conv.weight"])
+    assert meta == {"pipeline_hash": pipeline_hash(tiny), "format": "stack-model", "extra": {"step": 7}}
+
+
+def test_lightning_checkpoint_strips_model_prefix(tmp_path, tiny):
+    path = tmp_path / "last.ckpt"
+    torch.save({"state_dict": {"model.head.bias": torch.ones(2), "ema.x": torch.zeros(1)}, "epoch": 3,
+                "hyper_parameters": {"pipeline_yaml": pipeline_to_yaml(tiny), "pipeline_hash": "abc"}}, path)
+    pipeline, state, meta = load_model_checkpoint(path)
+    assert pipeline.name == "tiny" and list(state) == ["head.bias"]
+    assert meta["format"] == "lightning" and meta["extra"] == {"epoch": 3}
+
+
+def test_missing_checkpoint(tmp_path):
+    with pytest.raises(CheckpointError, match="does not exist"):
+        load_model_checkpoint(tmp_path / "nope.ckpt")
+
+
+def test_not_a_checkpoint(tmp_path):
+    path = tmp_path / "junk.ckpt"
+    path.write_bytes(b"not a pickle at all")
+    with pytest.raises(CheckpointError, match="not a checkpoint"):
+        load_model_checkpoint(path)
+    torch.save([1, 2], path)
+    with pytest.raises(CheckpointError, match="expected a dict with a 'state_dict'"):
+        load_model_checkpoint(path)
+
+
+def test_checkpoint_without_pipeline(tmp_path):
+    path = tmp_path / "bare.ckpt"
+    torch.save({"state_dict": {}}, path)
+    with pytest.raises(CheckpointError, match="carries no pipeline"):
+        load_model_checkpoint(path)
+
+
+def test_checkpoint_of_another_schema_version(tmp_path, tiny):
+    path = tmp_path / "old.ckpt"
+    text = pipeline_to_yaml(tiny).replace("schema_version: 1", "schema_version: 0")
+    torch.save({"state_dict": {}, "pipeline_yaml": text}, path)
+    with pytest.raises(CheckpointError, match="schema 0; this stack reads schema 1"):
+        load_model_checkpoint(path)
+
+
+def test_checkpoint_from_another_pipeline(tmp_path, tiny):
+    path = save_model_checkpoint(tmp_path / "m.pt", tiny, {})
+    default = load_pipeline(["configs/pipeline.yaml"])
+    with pytest.raises(CheckpointError, match="model.backbone: checkpoint has 'resnet10t'"):
+        check_same_network(tiny, default, path)
+    with pytest.raises(CheckpointError, match="another pipeline"):
+        load_for_deploy(path, ["configs/pipeline.yaml"], [])
+    # deploy-only keys may differ; with no files the checkpoint's own pipeline is used
+    pipeline, _, _ = load_for_deploy(path, TINY, ["export.opset=18", "targets.orin.min_fps=30"])
+    assert pipeline.export.opset == 18 and pipeline.targets["orin"].min_fps == 30
+    pipeline, _, _ = load_for_deploy(path, [], ["export.opset=18"])
+    assert pipeline.model == tiny.model and pipeline.export.opset == 18
