@@ -331,6 +331,7 @@ class ModelConfig:
 STRATEGIES = ("auto", "ddp", "fsdp")
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
 ACCELERATORS = ("auto", "cpu", "gpu")
+LAUNCHERS = ("local", "slurm", "torchrun")
 
 
 @dataclass
@@ -370,7 +371,31 @@ class TrainConfig:
     checkpoint_every_n_steps: int = 200
     """Write a resumable checkpoint every N optimizer steps."""
     resume: Optional[str] = None
-    """Checkpoint to resume from; null starts fresh."""
+    """Checkpoint to resume from (a `.ckpt` file, a sharded checkpoint folder, or a run's out_dir
+    to take its latest checkpoint); null starts fresh."""
+    keep_checkpoints: int = 2
+    """Most recent checkpoints kept on disk; older ones are deleted after a newer one is complete."""
+    fsdp_units: List[str] = field(default_factory=lambda: ["*"])
+    """FSDP2 sharding policy: module-name patterns, one `.`-separated glob per level, each match
+    sharded as its own unit (`*` = every top-level part, `backbone.*` = each backbone stage,
+    `backbone.*.*` = each block); the whole model is the outer unit."""
+    launcher: str = "local"
+    """`local` (this machine; Lightning starts the ranks), `slurm` (write an sbatch script that
+    runs the same command under srun, and submit it) or `torchrun` (multi-node rendezvous)."""
+    rendezvous: str = "localhost:29500"
+    """host:port of the torchrun rendezvous (launcher=torchrun): run the same command on every node."""
+    slurm_partition: str = ""
+    """SLURM partition for launcher=slurm; empty uses the cluster's default."""
+    slurm_time: str = "04:00:00"
+    """SLURM wall-time limit (HH:MM:SS) for launcher=slurm."""
+    slurm_extra: List[str] = field(default_factory=list)
+    """Extra `#SBATCH` options for launcher=slurm, e.g. `--account=perception`."""
+    log_every_n_steps: int = 10
+    """Steps between metric log rows (TensorBoard, CSV, progress bar)."""
+    peak_tflops: float = 0.0
+    """Peak dense TFLOP/s used for MFU; 0 measures it once per run with a matmul at the training precision."""
+    profile_steps: int = 6
+    """Steps `stack profile` records (after 2 warm-up steps)."""
 
     def problems(self) -> Problems:
         found: Problems = []
@@ -388,6 +413,16 @@ class TrainConfig:
         _positive(found, "devices", self.devices)
         _positive(found, "num_nodes", self.num_nodes)
         _positive(found, "checkpoint_every_n_steps", self.checkpoint_every_n_steps)
+        _choice(found, "launcher", self.launcher, LAUNCHERS)
+        for name in ("keep_checkpoints", "log_every_n_steps", "profile_steps"):
+            _positive(found, name, getattr(self, name))
+        if self.peak_tflops < 0:
+            found.append(("peak_tflops", f"got {self.peak_tflops}; use 0 (measure) or a positive peak"))
+        if not self.fsdp_units:
+            found.append(("fsdp_units", "got an empty list; use [\"*\"] to shard each top-level part"))
+        host, _, port = self.rendezvous.rpartition(":")
+        if not host or not port.isdigit():
+            found.append(("rendezvous", f"got {self.rendezvous!r}; expected host:port, e.g. node001:29500"))
         return found
 
 
