@@ -1,0 +1,93 @@
+"""A small two-headed network that stands in for the real model in deploy tests.
+
+conv+bn+relu stem, two residual blocks, a `segmentation` head (per-pixel logits)
+and a `speed` head (a regression from pooled features and an ego input), named
+outputs, and a module called `bev_pool` whose nodes must stay fp32. `outlier=True`
+plants one layer whose activations span a huge range: per-tensor INT8 destroys it,
+so the accuracy gate has to find it and keep it in fp32.
+"""
+
+import numpy as np
+import torch
+from torch import nn
+
+
+class Block(nn.Module):
+    def __init__(self, channels: int, scale: float = 1.0):
+        super().__init__()
+        self.conv1, self.bn1 = nn.Conv2d(channels, channels, 3, padding=1, bias=False), nn.BatchNorm2d(channels)
+        self.conv2, self.bn2 = nn.Conv2d(channels, channels, 3, padding=1, bias=False), nn.BatchNorm2d(channels)
+        self.scale = scale
+
+    def forward(self, x):
+        y = torch.relu(self.bn1(self.conv1(x)))
+        return torch.relu(x + self.bn2(self.conv2(y)))
+
+
+class Outlier(nn.Module):
+    """1x1 conv whose first output channel is 1000x the others, then scaled back."""
+
+    def __init__(self, channels: int):
+        super().__init__()
+        self.conv = nn.Conv2d(channels, channels, 1)
+        with torch.no_grad():
+            self.conv.weight[0] *= 1000.0
+            self.conv.bias[0] = 0.0
+        self.register_buffer("rescale", torch.ones(1, channels, 1, 1))
+        self.rescale[0, 0] = 1e-3
+
+    def forward(self, x):
+        return self.conv(x) * self.rescale
+
+
+class BevPool(nn.Module):
+    """Stands in for the fixed-geometry BEV pooling: a MatMul by a constant table."""
+
+    def __init__(self, pixels: int):
+        super().__init__()
+        generator = torch.Generator().manual_seed(1)
+        self.register_buffer("table", torch.rand(pixels, pixels, generator=generator) / pixels)
+
+    def forward(self, x):
+        b, c, h, w = x.shape
+        return torch.matmul(x.reshape(b, c, h * w), self.table).reshape(b, c, h, w)
+
+
+class TwoHeads(nn.Module):
+    def __init__(self, channels: int = 16, classes: int = 4, outlier: bool = False, size: int = 16):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, channels, 3, padding=1, bias=False), nn.BatchNorm2d(channels), nn.ReLU())
+        self.blocks = nn.Sequential(Block(channels), Block(channels))
+        self.outlier = Outlier(channels) if outlier else nn.Identity()
+        self.bev_pool = BevPool(size * size)
+        self.seg = nn.Conv2d(channels, classes, 1)
+        self.speed_head = nn.Linear(channels + 1, 1)
+
+    def forward(self, images, ego_speed):
+        x = self.stem(images.float() / 255.0)
+        x = self.bev_pool(self.outlier(self.blocks(x)))
+        pooled = torch.cat([x.mean((2, 3)), ego_speed], dim=1)
+        return {"segmentation": self.seg(x), "speed": self.speed_head(pooled)}
+
+
+def make_net(outlier: bool = False, seed: int = 0) -> TwoHeads:
+    torch.manual_seed(seed)
+    net = TwoHeads(outlier=outlier).eval()
+    with torch.no_grad():  # non-trivial batch-norm statistics, so folding is exercised
+        for module in net.modules():
+            if isinstance(module, nn.BatchNorm2d):
+                module.running_mean.uniform_(-0.2, 0.2)
+                module.running_var.uniform_(0.5, 2.0)
+    return net
+
+
+def make_samples(count: int, seed: int = 0) -> list:
+    rng = np.random.default_rng(seed)
+    return [{"images": rng.integers(0, 256, (1, 3, 16, 16), dtype=np.uint8),
+             "ego_speed": rng.uniform(0, 20, (1, 1)).astype(np.float32)} for _ in range(count)]
+
+
+def example_inputs() -> dict:
+    return {name: torch.from_numpy(value) for name, value in make_samples(1, seed=99)[0].items()}
+
+

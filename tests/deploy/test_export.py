@@ -1,0 +1,45 @@
+"""Export: named outputs, metadata, full checker, ONNX Runtime parity with PyTorch, op checks."""
+
+import onnx
+import pytest
+from onnx import helper
+
+from stack.deploy.export import check_parity, read_metadata
+from stack.deploy.trt_ops import SUPPORTED, tensorrt_problems
+
+from deploy_fixture_net import make_samples
+
+
+def test_export_names_outputs_and_carries_metadata(fixture_onnx):
+    path, _ = fixture_onnx
+    model = onnx.load(str(path))
+    assert [o.name for o in model.graph.output] == ["segmentation", "speed"]
+    assert [i.name for i in model.graph.input] == ["images", "ego_speed"]
+    assert read_metadata(path) == {"pipeline_hash": "x"}
+    assert not any(n.op_type == "BatchNormalization" for n in model.graph.node)  # folded into conv
+    assert {n.op_type for n in model.graph.node} <= SUPPORTED
+
+
+def test_onnxruntime_matches_pytorch_per_output(fixture_onnx):
+    path, net = fixture_onnx
+    rows = check_parity(net, path, make_samples(4, seed=5), ["segmentation", "speed"], atol=1e-4)
+    assert [r.output for r in rows] == ["segmentation", "speed"]
+    assert all(r.passed for r in rows), rows
+    assert all(r.max_abs_value > 0 for r in rows)
+
+
+def test_parity_catches_a_different_network(fixture_onnx):
+    from deploy_fixture_net import make_net
+
+    path, _ = fixture_onnx
+    rows = check_parity(make_net(seed=3), path, make_samples(2), ["segmentation", "speed"], atol=1e-4)
+    assert not all(r.passed for r in rows)
+
+
+def test_tensorrt_check_flags_scatter_with_reduction():
+    node = helper.make_node("ScatterND", ["d", "i", "u"], ["o"], name="pool", reduction="add")
+    odd = helper.make_node("NonZero", ["d"], ["n"], name="nz")
+    graph = helper.make_graph([node, odd], "g", [], [])
+    problems = tensorrt_problems(helper.make_model(graph))
+    assert any("reduction" in p and "pool" in p for p in problems)
+    assert any(p.startswith("NonZero") for p in problems)
