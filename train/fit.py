@@ -1,0 +1,93 @@
+"""`fit(pipeline)`: everything `stack train` does on each rank, in one place.
+
+The Trainer is assembled from the pipeline alone: strategy (`stack.train.parallel`),
+precision, loggers (TensorBoard + CSV under `train.out_dir`), the rich progress bar,
+step statistics, atomic rolling checkpoints, and the resumable loaders. Lightning
+starts the other local ranks itself (re-running the same command) or, under SLURM
+and torchrun, picks up the ranks their launchers created.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from pathlib import Path
+from typing import Callable
+
+import lightning.pytorch as pl
+from torch import nn
+
+from stack.pipeline import Pipeline
+from stack.train.callbacks import LoaderPosition, StepStats
+from stack.train.checkpoints import RollingCheckpoints, resolve_resume
+from stack.train.module import TrainModule
+from stack.train.parallel import accelerator_name, build_strategy
+
+LoaderFactory = Callable[[str, int, int], object]
+"""(split, rank, world_size) -> iterable of batches for that rank (training: a ResumableLoader)."""
+
+
+def build_trainer(pipeline: Pipeline, progress: bool = True, validate: bool = True) -> tuple[pl.Trainer, StepStats]:
+    """The Lightning Trainer for `pipeline.train`, and its step-statistics callback."""
+    from lightning.pytorch.callbacks import RichProgressBar
+    from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+
+    train = pipeline.train
+    out = Path(train.out_dir)
+    stats = StepStats(train.log_every_n_steps, train.peak_tflops, train.precision)
+    callbacks = [LoaderPosition(), stats,
+                 RollingCheckpoints(out, train.checkpoint_every_n_steps, train.keep_checkpoints)]
+    if progress:
+        callbacks.append(RichProgressBar(leave=True))
+    trainer = pl.Trainer(
+        accelerator=accelerator_name(train), devices=train.devices, num_nodes=train.num_nodes,
+        strategy=build_strategy(train), precision=train.precision,
+        max_epochs=train.max_epochs, max_steps=train.max_steps,
+        logger=[TensorBoardLogger(out, name="tensorboard", version=""), CSVLogger(out, name="csv", version="")],
+        callbacks=callbacks, enable_checkpointing=False, enable_progress_bar=progress,
+        log_every_n_steps=train.log_every_n_steps, use_distributed_sampler=False,
+        num_sanity_val_steps=0, limit_val_batches=1.0 if validate else 0, deterministic=False,
+        enable_model_summary=False,
+    )
+    return trainer, stats
+
+
+def fit(pipeline: Pipeline, model: nn.Module | None = None, loaders: LoaderFactory | None = None,
+        progress: bool = True) -> tuple[TrainModule, pl.Trainer, StepStats]:
+    """Train `model` (default: `stack.models.build_model(pipeline)`) on `loaders` (default: `stack.data`)."""
+    _quiet_known_warnings()
+    pl.seed_everything(pipeline.train.seed, workers=True, verbose=False)
+    module = TrainModule(pipeline, model)
+    trainer, stats = build_trainer(pipeline, progress=progress, validate=True)
+    make = loaders or _pipeline_loaders(pipeline)
+    rank, world = trainer.global_rank, trainer.world_size
+    train_loader, val_loader = make("train", rank, world), make("val", rank, world)
+    resume = str(resolve_resume(pipeline.train.resume)) if pipeline.train.resume else None
+    _write_pipeline(pipeline, trainer)
+    trainer.fit(module, train_dataloaders=train_loader, val_dataloaders=val_loader, ckpt_path=resume)
+    return module, trainer, stats
+
+
+def _pipeline_loaders(pipeline: Pipeline) -> LoaderFactory:
+    from stack.train.data import pipeline_loader
+
+    def make(split: str, rank: int, world: int):
+        return pipeline_loader(pipeline, split, rank, world)
+    return make
+
+
+def _write_pipeline(pipeline: Pipeline, trainer: pl.Trainer) -> None:
+    from stack.config import pipeline_to_yaml
+
+    if trainer.is_global_zero:
+        out = Path(pipeline.train.out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "pipeline.yaml").write_text(pipeline_to_yaml(pipeline))
+
+
+def _quiet_known_warnings() -> None:
+    """Silence Lightning notes that do not apply (our loaders shard by rank themselves)."""
+    for pattern in (".*does not have many workers.*", ".*`IterableDataset` has `__len__`.*",
+                    ".*ModelParallelStrategy.*experimental.*", ".*sync_dist=True.*", ".*LeafSpec.*"):
+        warnings.filterwarnings("ignore", message=pattern)
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.WARNING)

@@ -1,0 +1,159 @@
+"""The LightningModule: any multi-task network with the `stack.models` contract, trained with AdamW.
+
+The contract the trainer relies on (and nothing more): `model(batch) -> dict` of named
+outputs and `model.loss(outputs, batch) -> dict` of named loss terms including
+`total`. Everything about distribution (DDP, FSDP2), precision and checkpoints stays
+here and in `stack.train.parallel`, so models stay plain `nn.Module`s.
+
+A non-finite loss term or gradient norm stops the run with `TrainingDiverged`,
+naming the step and the term; every rank agrees before stopping, so no rank is left
+waiting in a collective, and no checkpoint is written after the bad step.
+"""
+
+from __future__ import annotations
+
+import math
+
+import lightning.pytorch as pl
+import torch
+from torch import nn
+
+from stack.errors import StackError
+from stack.pipeline import Pipeline
+from stack.train.parallel import apply_activation_checkpointing, apply_fsdp
+
+
+class TrainingDiverged(StackError):
+    """A loss term or the gradient became NaN/Inf; the last good checkpoint is kept."""
+
+    exit_code = 3
+
+
+class TrainModule(pl.LightningModule):
+    """Wraps `model` (built from the pipeline when not given) for Lightning."""
+
+    def __init__(self, pipeline: Pipeline, model: nn.Module | None = None):
+        super().__init__()
+        self.pipeline = pipeline
+        if model is None:
+            from stack.models import build_model
+
+            model = build_model(pipeline)
+        self.model = model
+        self.sharded_units: list[str] = []
+        self.checkpointed_units: list[str] = []
+        self.last_good_checkpoint: str | None = None
+        self._parallel_applied = False
+
+    # ---------------------------------------------------------------- setup
+
+    def configure_model(self) -> None:
+        """Activation checkpointing, then FSDP2 sharding when the strategy provides a device mesh."""
+        if self._parallel_applied:
+            return
+        self._parallel_applied = True
+        train = self.pipeline.train
+        if train.activation_checkpointing:
+            self.checkpointed_units = apply_activation_checkpointing(self.model, train.activation_checkpointing)
+        mesh = getattr(self, "_device_mesh", None)
+        if mesh is not None:
+            self.sharded_units = apply_fsdp(self.model, train.fsdp_units, mesh["data_parallel"])
+        if train.compile:
+            self.model.compile()
+
+    def configure_optimizers(self):
+        train = self.pipeline.train
+        decay, no_decay = [], []
+        for name, param in self.model.named_parameters():
+            if param.requires_grad:
+                (no_decay if param.ndim <= 1 else decay).append(param)
+        optimizer = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": train.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=train.lr, betas=(0.9, 0.999), foreach=True)
+        total = self._total_steps()
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(train.warmup_steps, total))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+    def _total_steps(self) -> int:
+        if self.pipeline.train.max_steps > 0:
+            return self.pipeline.train.max_steps
+        trainer = getattr(self, "_trainer", None)
+        estimated = getattr(trainer, "estimated_stepping_batches", None) if trainer is not None else None
+        return int(estimated) if estimated and math.isfinite(estimated) else 10_000
+
+    # ------------------------------------------------------------- training
+
+    def forward(self, batch):
+        return self.model(batch)
+
+    def training_step(self, batch, batch_idx):
+        losses = self.model.loss(self.model(batch), batch)
+        self._stop_if_not_finite({name: value.detach() for name, value in losses.items()}, "loss term")
+        size = batch.images.shape[0]
+        self.log_dict({f"train/loss_{k}": v.detach().float() for k, v in losses.items()},
+                      batch_size=size, on_step=True, on_epoch=False, prog_bar=False)
+        self.log("loss", losses["total"].detach().float(), batch_size=size, prog_bar=True, on_step=True)
+        return losses["total"]
+
+    def validation_step(self, batch, batch_idx):
+        losses = self.model.loss(self.model(batch), batch)
+        self.log_dict({f"val/loss_{k}": v.float() for k, v in losses.items()}, batch_size=batch.images.shape[0],
+                      on_step=False, on_epoch=True, sync_dist=True, prog_bar=False)
+
+    def on_before_optimizer_step(self, optimizer) -> None:
+        """Clip gradients (also under FSDP2, where Lightning's clipping is not offered) and check them."""
+        train = self.pipeline.train
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        if not params:
+            return
+        norm = torch.nn.utils.clip_grad_norm_(params, train.grad_clip if train.grad_clip > 0 else math.inf)
+        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+        self.log("train/grad_norm", norm.float(), on_step=True, on_epoch=False)
+        if train.precision != "16-mixed":  # fp16's grad scaler skips non-finite steps on purpose
+            self._stop_if_not_finite({"gradient norm": norm.detach()}, "")
+
+    def _stop_if_not_finite(self, values: dict[str, torch.Tensor], what: str) -> None:
+        bad = [name for name, value in values.items() if not torch.isfinite(value).all()]
+        flag = torch.tensor(float(bool(bad)), device=self.device)
+        if self.trainer.world_size > 1:  # every rank stops together, or the others hang in a collective
+            flag = self.trainer.strategy.reduce(flag, reduce_op="max")
+        if flag.item() == 0:
+            return
+        shown = ", ".join(f"{name}={values[name].float().flatten()[0].item()}" for name in bad) or "on another rank"
+        kept = self.last_good_checkpoint or "none was written yet"
+        raise TrainingDiverged(
+            f"training diverged at step {self.global_step}: {what + ' ' if what else ''}{shown} is not finite. "
+            f"Last good checkpoint: {kept}. Lower train.lr, raise train.warmup_steps or set "
+            f"train.grad_clip, then resume with train.resume=<that checkpoint>.")
+
+    # ---------------------------------------------------------- checkpoints
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        """Carry the resolved pipeline (deploy rebuilds the model from it) and the RNG states."""
+        from stack.config import pipeline_hash, pipeline_to_yaml
+
+        checkpoint["pipeline_yaml"] = pipeline_to_yaml(self.pipeline)
+        checkpoint["pipeline_hash"] = pipeline_hash(self.pipeline)
+        checkpoint["rng_torch"] = torch.get_rng_state()
+        if torch.cuda.is_available():
+            checkpoint["rng_cuda"] = torch.cuda.get_rng_state_all()
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        if "rng_torch" in checkpoint:
+            torch.set_rng_state(checkpoint["rng_torch"])
+        if "rng_cuda" in checkpoint and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(checkpoint["rng_cuda"])
+
+    def transfer_batch_to_device(self, batch, device, dataloader_idx):
+        return batch.to(device, non_blocking=True) if hasattr(batch, "to") else super().transfer_batch_to_device(
+            batch, device, dataloader_idx)
+
+
+def warmup_cosine(warmup_steps: int, total_steps: int):
+    """LR multiplier: linear warm-up to 1, then cosine decay to 5% at `total_steps`."""
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+        return 0.05 + 0.95 * 0.5 * (1.0 + math.cos(math.pi * progress))
+    return factor
