@@ -1,1 +1,24 @@
-"""stack.models: the multi-task BEV perception/planning network (plain nn.Modules, export-friendly)."""
+"""stack.models: the multi-task BEV perception/planning network (plain nn.Modules, export-friendly).
+
+`build_model(pipeline)` returns a `BevNet`; its named outputs are described in
+`stack.models.outputs`, decoders live in `stack.models.decoders`, losses in
+`stack.models.losses`, and `stack.models.testing.random_batch` makes synthetic Batches.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from stack.models.network import BevNet
+    from stack.pipeline import Pipeline
+
+
+def build_model(pipeline: "Pipeline") -> "BevNet":
+    """The network for `pipeline.model` and `pipeline.data.rig`, freshly initialised."""
+    from stack.models.network import BevNet
+
+    return BevNet(pipeline)
+
+
+__all__ = ["build_model"]

@@ -311,12 +311,26 @@ class ModelConfig:
     """Future waypoints (T) per trajectory, at 0.5 s steps (6 = 3 s)."""
     loss_weights: LossWeights = field(default_factory=LossWeights)
     """Per-task loss weights."""
+    segmentation_stride: int = 8
+    """Stride of the segmentation logits (image size / stride); at most feature_stride."""
+    score_threshold: float = 0.1
+    """Detections scoring below this are dropped by the box decoder."""
+    nms_iou: float = 0.2
+    """Bird's-eye-view IoU above which the decoder suppresses the lower-scoring box of a class."""
 
     def problems(self) -> Problems:
         found: Problems = []
         for name in ("neck_channels", "bev_channels", "max_boxes", "planning_modes", "planning_steps"):
             _positive(found, name, getattr(self, name))
         _choice(found, "feature_stride", self.feature_stride, (4, 8, 16, 32))
+        _choice(found, "segmentation_stride", self.segmentation_stride, (4, 8, 16, 32))
+        if self.segmentation_stride > self.feature_stride:
+            found.append(("segmentation_stride", f"got {self.segmentation_stride}; must be <= feature_stride "
+                                                 f"({self.feature_stride})"))
+        if self.bev_channels % 4:
+            found.append(("bev_channels", f"got {self.bev_channels}; must be a multiple of 4 (planning attention heads)"))
+        _in_range(found, "score_threshold", self.score_threshold, 0.0, 1.0)
+        _in_range(found, "nms_iou", self.nms_iou, 0.0, 1.0)
         if not self.backbone:
             found.append(("backbone", "got an empty name; give a timm model name such as resnet18"))
         if not self.detection_classes:

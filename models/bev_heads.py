@@ -1,0 +1,114 @@
+"""BEV encoder, CenterPoint-style detection head, and the attention planning head.
+
+Detection follows CenterPoint (Yin et al., arXiv:2006.11275): one heatmap channel
+per class marks object centres; at each centre cell a regression map gives the
+sub-cell offset, height, log size, yaw as (sin, cos) and velocity
+(REGRESSION_FIELDS). `stack.models.detection` encodes targets and decodes boxes.
+
+Planning: K mode queries, each the ego embedding (ego status + high-level command)
+plus a learned mode embedding, cross-attend to pooled BEV tokens with
+`scaled_dot_product_attention` and regress T waypoint displacements (cumulated
+into positions, metres, ego frame) and a score per mode (as in VAD/UniAD's
+ego query, arXiv:2303.12077).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from stack.models.layers import ConvNormAct, ResidualBlock
+
+REGRESSION_FIELDS = ("dx", "dy", "z", "log_length", "log_width", "log_height", "sin_yaw", "cos_yaw", "vx", "vy")
+"""Channels of the `box_regression` output, in order (offsets in cells, the rest metres, m/s)."""
+HEATMAP_PRIOR = 0.1
+"""Initial foreground probability of the heatmap (CenterNet's -2.19 logit bias)."""
+PLAN_TOKEN_SIDE = 16
+"""BEV is average-pooled to about this many tokens per side before planning attention."""
+PLAN_HEADS = 4
+"""Attention heads in the planning head (bev_channels must divide by it)."""
+
+
+class BevEncoder(nn.Module):
+    """Two-scale residual encoder on the BEV grid (BEVDet-style): full res → 1/2 → back, concatenated."""
+
+    def __init__(self, in_channels: int, channels: int):
+        super().__init__()
+        self.stem = ResidualBlock(in_channels, channels)
+        self.down = nn.Sequential(ResidualBlock(channels, 2 * channels, stride=2), ResidualBlock(2 * channels, 2 * channels))
+        self.fuse = ConvNormAct(3 * channels, channels)
+
+    def forward(self, bev: torch.Tensor) -> torch.Tensor:
+        full = self.stem(bev)
+        half = self.down(full)
+        up = F.interpolate(half, size=full.shape[-2:], mode="bilinear", align_corners=False)
+        return self.fuse(torch.cat([full, up], dim=1))
+
+
+class DetectionHead(nn.Module):
+    """BEV features → class heatmap logits (B, C, X, Y) and box regression (B, 10, X, Y)."""
+
+    def __init__(self, channels: int, classes: int):
+        super().__init__()
+        self.shared = ConvNormAct(channels, channels)
+        self.heatmap = nn.Sequential(ConvNormAct(channels, channels), nn.Conv2d(channels, classes, 1))
+        self.regression = nn.Sequential(ConvNormAct(channels, channels), nn.Conv2d(channels, len(REGRESSION_FIELDS), 1))
+        nn.init.constant_(self.heatmap[-1].bias, -math.log((1 - HEATMAP_PRIOR) / HEATMAP_PRIOR))
+
+    def forward(self, bev: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        shared = self.shared(bev)
+        return self.heatmap(shared), self.regression(shared)
+
+
+class CrossAttentionLayer(nn.Module):
+    """Pre-norm cross attention (queries → BEV tokens) + MLP, with residuals."""
+
+    def __init__(self, dim: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.norm_q, self.norm_kv, self.norm_mlp = nn.LayerNorm(dim), nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.q, self.kv, self.proj = nn.Linear(dim, dim), nn.Linear(dim, 2 * dim), nn.Linear(dim, dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+
+    def _split(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, d = x.shape
+        return x.view(b, n, self.heads, d // self.heads).transpose(1, 2)
+
+    def forward(self, queries: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        b, k, d = queries.shape
+        key, value = self.kv(self.norm_kv(tokens)).chunk(2, dim=-1)
+        attended = F.scaled_dot_product_attention(self._split(self.q(self.norm_q(queries))), self._split(key), self._split(value))
+        queries = queries + self.proj(attended.transpose(1, 2).reshape(b, k, d))
+        return queries + self.mlp(self.norm_mlp(queries))
+
+
+class PlanningHead(nn.Module):
+    """BEV features + ego status (B, 3) + command (B,) → trajectories (B, K, T, 2) and mode logits (B, K)."""
+
+    def __init__(self, channels: int, grid: tuple[int, int], modes: int, steps: int, commands: int, layers: int = 2):
+        super().__init__()
+        self.modes, self.steps = modes, steps
+        self.pool = max(1, math.ceil(max(grid) / PLAN_TOKEN_SIDE))
+        tokens = math.ceil(grid[0] / self.pool) * math.ceil(grid[1] / self.pool)
+        self.token_pos = nn.Parameter(torch.randn(1, tokens, channels) * 0.02)
+        self.ego = nn.Sequential(nn.Linear(3, channels), nn.ReLU(inplace=True), nn.Linear(channels, channels))
+        self.command = nn.Embedding(commands, channels)
+        self.mode = nn.Parameter(torch.randn(1, modes, channels) * 0.02)
+        self.layers = nn.ModuleList(CrossAttentionLayer(channels, PLAN_HEADS) for _ in range(layers))
+        self.norm = nn.LayerNorm(channels)
+        self.waypoints = nn.Linear(channels, steps * 2)
+        self.score = nn.Linear(channels, 1)
+
+    def forward(self, bev: torch.Tensor, ego_status: torch.Tensor, command: torch.Tensor):
+        pooled = F.avg_pool2d(bev, self.pool, self.pool, ceil_mode=True) if self.pool > 1 else bev
+        tokens = pooled.flatten(2).transpose(1, 2) + self.token_pos
+        ego = self.ego(ego_status.float()) + self.command(command)
+        queries = ego[:, None, :] + self.mode
+        for layer in self.layers:
+            queries = layer(queries, tokens)
+        queries = self.norm(queries)
+        steps = self.waypoints(queries).view(-1, self.modes, self.steps, 2)
+        return steps.cumsum(dim=2), self.score(queries).squeeze(-1)

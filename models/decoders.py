@@ -1,0 +1,103 @@
+"""Decoders: the network's raw outputs → boxes, metric depth, class maps and one plan.
+
+These run after the network (outside the exported graph), so they may use
+data-dependent control flow. Detection decoding is CenterPoint's: sigmoid heatmap,
+3x3 max-pool peak extraction, top-k over classes x cells, box fields from the
+regression map at each peak, score threshold, then per-class BEV NMS
+(torchvision's `batched_nms` on each box's axis-aligned BEV footprint).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from stack.ops.bev_pool import depth_bin_centres
+from stack.pipeline import Pipeline
+from stack.models.image_heads import expected_depth
+
+
+@dataclass
+class Detections:
+    """Decoded boxes of one sample; all fields share the first dimension n."""
+
+    boxes: torch.Tensor
+    """(n, 9) float32 in BOX_FIELDS order (ego frame, metres, radians, m/s)."""
+    scores: torch.Tensor
+    """(n,) float32 in [0, 1], descending."""
+    labels: torch.Tensor
+    """(n,) int64 index into model.detection_classes."""
+
+
+def boxes_from_regression(regression: torch.Tensor, cell_x: torch.Tensor, cell_y: torch.Tensor,
+                          pipeline: Pipeline) -> torch.Tensor:
+    """Box fields (n, 9) from regression vectors (n, 10) found at cells (cell_x, cell_y)."""
+    bev = pipeline.model.bev
+    x = bev.x_range[0] + (cell_x + regression[:, 0]) * bev.cell_size
+    y = bev.y_range[0] + (cell_y + regression[:, 1]) * bev.cell_size
+    size = regression[:, 3:6].clamp(max=10.0).exp()
+    yaw = torch.atan2(regression[:, 6], regression[:, 7])
+    return torch.stack([x, y, regression[:, 2], size[:, 0], size[:, 1], size[:, 2], yaw,
+                        regression[:, 8], regression[:, 9]], dim=-1)
+
+
+def bev_footprint_xyxy(boxes: torch.Tensor) -> torch.Tensor:
+    """Axis-aligned BEV rectangle (x1, y1, x2, y2) enclosing each rotated box (n, 9)."""
+    cos, sin = torch.cos(boxes[:, 6]).abs(), torch.sin(boxes[:, 6]).abs()
+    half_x = (boxes[:, 3] * cos + boxes[:, 4] * sin) / 2
+    half_y = (boxes[:, 3] * sin + boxes[:, 4] * cos) / 2
+    return torch.stack([boxes[:, 0] - half_x, boxes[:, 1] - half_y, boxes[:, 0] + half_x, boxes[:, 1] + half_y], -1)
+
+
+@torch.no_grad()
+def decode_detections(outputs: dict[str, torch.Tensor], pipeline: Pipeline) -> list[Detections]:
+    """Boxes, scores and labels per sample (at most model.max_boxes, scores descending)."""
+    from torchvision.ops import batched_nms
+
+    model = pipeline.model
+    heat = torch.sigmoid(outputs["heatmap"].float())
+    batch, classes, grid_x, grid_y = heat.shape
+    peaks = heat * (F.max_pool2d(heat, 3, stride=1, padding=1) == heat)
+    k = min(4 * model.max_boxes, classes * grid_x * grid_y)
+    scores, flat = peaks.flatten(1).topk(k, dim=1)
+    regression = outputs["box_regression"].float().flatten(2)  # (B, 10, X*Y)
+    results = []
+    for sample in range(batch):
+        keep = scores[sample] >= max(model.score_threshold, 1e-6)
+        score, index = scores[sample][keep], flat[sample][keep]
+        label, cell = index // (grid_x * grid_y), index % (grid_x * grid_y)
+        boxes = boxes_from_regression(regression[sample][:, cell].T, (cell // grid_y).float(),
+                                      (cell % grid_y).float(), pipeline)
+        kept = batched_nms(bev_footprint_xyxy(boxes), score, label, model.nms_iou)[: model.max_boxes]
+        results.append(Detections(boxes[kept], score[kept], label[kept]))
+    return results
+
+
+def decode_depth(outputs: dict[str, torch.Tensor], pipeline: Pipeline) -> torch.Tensor:
+    """Metric z-depth (B, N, H, W) at image resolution: the bin expectation, bilinearly upsampled."""
+    depth_cfg, rig = pipeline.model.depth, pipeline.data.rig
+    logits = outputs["depth_logits"]
+    centres = depth_bin_centres(depth_cfg, device=logits.device, dtype=torch.float32)
+    depth = expected_depth(logits, centres, dim=2)  # (B, N, h, w)
+    size = (rig.image_height, rig.image_width)
+    return F.interpolate(depth.flatten(0, 1)[:, None], size=size, mode="bilinear", align_corners=False
+                         ).view(*depth.shape[:2], *size)
+
+
+def decode_segmentation(outputs: dict[str, torch.Tensor], pipeline: Pipeline) -> torch.Tensor:
+    """Class index (B, N, H, W) int64 at image resolution: argmax of bilinearly upsampled logits."""
+    rig = pipeline.data.rig
+    logits = outputs["seg_logits"].float()
+    size = (rig.image_height, rig.image_width)
+    upsampled = F.interpolate(logits.flatten(0, 1), size=size, mode="bilinear", align_corners=False)
+    return upsampled.argmax(dim=1).view(*logits.shape[:2], *size)
+
+
+def decode_plan(outputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(best trajectory (B, T, 2), its probability (B,)): the highest-scoring mode."""
+    probs = outputs["plan_scores"].float().softmax(dim=1)
+    confidence, best = probs.max(dim=1)
+    trajectories = outputs["plan_trajectories"].float()
+    return trajectories[torch.arange(len(best), device=best.device), best], confidence

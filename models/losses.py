@@ -1,0 +1,99 @@
+"""The multi-task loss: detection, depth, segmentation and planning terms, weighted from config.
+
+- detection: CenterNet's Gaussian focal loss on the heatmap (arXiv:1904.07850) +
+  L1 on the box regression at GT centre cells (CenterPoint weights: velocity 0.2,
+  regression 0.25 of the heatmap term);
+- depth: cross entropy over depth bins (BEVDepth), unknown depth ignored;
+- segmentation: cross entropy, IGNORE_INDEX pixels ignored;
+- planning: winner-takes-all L2 over the K modes (best mode by mean L2 over valid
+  waypoints), cross entropy pushing the mode scores to that winner, and a soft
+  collision penalty — the squared penetration of the winner's waypoints into the GT
+  boxes (`stack.metrics.collision`), so gradients push the plan out of boxes.
+
+Every term is averaged so its scale does not depend on batch size or box count.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from stack.batch import IGNORE_INDEX, Batch
+from stack.metrics.collision import penetration
+from stack.models.targets import downsample_labels, encode_depth, encode_detections
+from stack.ops.bev_pool import grid_cells
+from stack.pipeline import Pipeline
+
+REGRESSION_WEIGHTS = (1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.2, 0.2)
+"""Per-field L1 weights of the box regression (CenterPoint's code_weights)."""
+BOX_LOSS_WEIGHT = 0.25
+COLLISION_LOSS_WEIGHT = 1.0
+
+
+def focal_heatmap_loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """CenterNet focal loss (alpha 2, beta 4), normalised by the number of centre cells."""
+    logits = logits.float()
+    positive = target.eq(1).float()
+    log_p, log_not_p = F.logsigmoid(logits), F.logsigmoid(-logits)
+    p = torch.sigmoid(logits)
+    pos = log_p * (1 - p) ** 2 * positive
+    neg = log_not_p * p**2 * (1 - target) ** 4 * (1 - positive)
+    return -(pos.sum() + neg.sum()) / positive.sum().clamp(min=1)
+
+
+def masked_cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Mean cross entropy over labelled pixels; 0 (not NaN) when every pixel is IGNORE_INDEX."""
+    summed = F.cross_entropy(logits, target, ignore_index=IGNORE_INDEX, reduction="sum")
+    return summed / (target != IGNORE_INDEX).sum().clamp(min=1)
+
+
+def detection_loss(outputs, batch: Batch, pipeline: Pipeline) -> dict[str, torch.Tensor]:
+    model = pipeline.model
+    targets = encode_detections(batch.boxes, batch.box_labels, len(model.detection_classes), model.bev,
+                                grid_cells(model.bev))
+    heatmap = focal_heatmap_loss(outputs["heatmap"], targets.heatmap)
+    regression = outputs["box_regression"].float().flatten(2)  # (B, 10, X*Y)
+    index = targets.cell_index[:, None, :].expand(-1, regression.shape[1], -1)
+    predicted = regression.gather(2, index).transpose(1, 2)  # (B, M, 10)
+    weights = predicted.new_tensor(REGRESSION_WEIGHTS)
+    error = (predicted - targets.regression).abs() * weights * targets.valid[..., None]
+    box = error.sum() / targets.valid.sum().clamp(min=1)
+    return {"det_heatmap": heatmap, "det_box": box, "detection": heatmap + BOX_LOSS_WEIGHT * box}
+
+
+def depth_loss(outputs, batch: Batch, pipeline: Pipeline) -> torch.Tensor:
+    target = encode_depth(batch.depth, pipeline.model.feature_stride, pipeline.model.depth)
+    logits = outputs["depth_logits"].float().flatten(0, 1)  # (B*N, D, h, w)
+    return masked_cross_entropy(logits, target.flatten(0, 1))
+
+
+def segmentation_loss(outputs, batch: Batch, pipeline: Pipeline) -> torch.Tensor:
+    target = downsample_labels(batch.semantic, pipeline.model.segmentation_stride)
+    logits = outputs["seg_logits"].float().flatten(0, 1)
+    return masked_cross_entropy(logits, target.flatten(0, 1))
+
+
+def planning_loss(outputs, batch: Batch) -> dict[str, torch.Tensor]:
+    trajectories = outputs["plan_trajectories"].float()  # (B, K, T, 2)
+    valid = batch.future_valid.float()  # (B, T)
+    error = (trajectories - batch.future_trajectory[:, None]).norm(dim=-1)  # (B, K, T)
+    per_mode = (error * valid[:, None]).sum(-1) / valid.sum(-1, keepdim=True).clamp(min=1)
+    best = per_mode.argmin(dim=1)
+    l2 = per_mode.gather(1, best[:, None]).mean()
+    classification = F.cross_entropy(outputs["plan_scores"].float(), best)
+    winner = trajectories[torch.arange(len(best), device=best.device), best]  # (B, T, 2)
+    depth = penetration(winner, batch.boxes, batch.box_labels >= 0)  # (B, T, M)
+    collision = (depth.square().sum(-1) * valid).sum() / valid.sum().clamp(min=1)
+    total = l2 + classification + COLLISION_LOSS_WEIGHT * collision
+    return {"plan_l2": l2, "plan_cls": classification, "plan_collision": collision, "planning": total}
+
+
+def multitask_loss(outputs: dict[str, torch.Tensor], batch: Batch, pipeline: Pipeline) -> dict[str, torch.Tensor]:
+    """All terms, the four task losses, and `total` = sum of task loss x model.loss_weights.<task>."""
+    terms = {**detection_loss(outputs, batch, pipeline), **planning_loss(outputs, batch)}
+    terms["depth"] = depth_loss(outputs, batch, pipeline)
+    terms["segmentation"] = segmentation_loss(outputs, batch, pipeline)
+    weights = pipeline.model.loss_weights
+    terms["total"] = sum(getattr(weights, task) * terms[task]
+                         for task in ("detection", "depth", "segmentation", "planning"))
+    return terms

@@ -1,0 +1,118 @@
+"""`BevNet`: the multi-task BEV perception/planning network as one plain nn.Module.
+
+Data flow (per frame, N cameras):
+
+    images ─► timm backbone + FPN ─┬─► segmentation head (stride segmentation_stride)
+                                   └─► depth/context head (stride feature_stride)
+    softmax(depth) x context ─► bev_pool (lift-splat, stack.ops) ─► BEV encoder
+    BEV ─┬─► CenterPoint heatmap + box regression
+         └─► planning head (ego query attends BEV tokens) ─► K trajectories + scores
+
+Geometry enters as data, outside the traced graph: training computes a
+`BevPoolGeometry` per batch from its intrinsics/cam_to_ego (`BevNet.geometry`),
+while export calls `fix_geometry` once, which bakes the fixed rig's pooling tables
+into the module as constants (`stack.ops.FixedBevPool`, standard ONNX ops), after
+which `forward` ignores its `geometry` argument. `forward` has no data-dependent
+Python control flow and, for a fixed rig, static shapes. Outputs are named
+(`stack.models.outputs.OUTPUTS`).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from stack.batch import COMMANDS, Batch
+from stack.models.backbone import ImageEncoder
+from stack.models.bev_heads import BevEncoder, DetectionHead, PlanningHead
+from stack.models.image_heads import DepthContextHead, SegmentationHead
+from stack.ops.bev_pool import BevPoolGeometry, bev_geometry, bev_pool, grid_cells
+from stack.pipeline import LossWeights, Pipeline
+
+COMPONENTS = ("image_encoder", "depth_head", "segmentation_head", "view_transform", "bev_encoder",
+              "detection_head", "planning_head")
+"""Top-level submodules in data-flow order (benchmarks and activation checkpointing name them)."""
+
+
+class ViewTransform(nn.Module):
+    """Lift-splat through `stack.ops.bev_pool`; `fixed` (a FixedBevPool) replaces the geometry for export."""
+
+    def __init__(self):
+        super().__init__()
+        self.fixed: nn.Module | None = None
+
+    def forward(self, depth_probs: torch.Tensor, context: torch.Tensor, geometry: BevPoolGeometry | None):
+        if self.fixed is not None:
+            return self.fixed(depth_probs, context)
+        return bev_pool(depth_probs, context, geometry)
+
+
+class BevNet(nn.Module):
+    """Images + geometry + ego status + command → named outputs (see stack.models.outputs)."""
+
+    def __init__(self, pipeline: Pipeline):
+        super().__init__()
+        model, rig = pipeline.model, pipeline.data.rig
+        self.pipeline = pipeline
+        self.loss_weights: LossWeights = model.loss_weights
+        self.cameras, self.image_size = len(rig.cameras), (rig.image_height, rig.image_width)
+        self.grid = grid_cells(model.bev)
+        channels = model.neck_channels
+        self.image_encoder = ImageEncoder(model.backbone, model.backbone_checkpoint, channels,
+                                          model.segmentation_stride, model.feature_stride)
+        self.depth_head = DepthContextHead(channels, model.depth.bins)
+        self.segmentation_head = SegmentationHead(channels, len(model.segmentation_classes))
+        self.view_transform = ViewTransform()
+        self.bev_encoder = BevEncoder(channels, model.bev_channels)
+        self.detection_head = DetectionHead(model.bev_channels, len(model.detection_classes))
+        self.planning_head = PlanningHead(model.bev_channels, self.grid, model.planning_modes,
+                                          model.planning_steps, len(COMMANDS))
+
+    def forward(self, images: torch.Tensor, ego_status: torch.Tensor, command: torch.Tensor,
+                geometry: BevPoolGeometry | None = None) -> dict[str, torch.Tensor]:
+        batch, cameras = images.shape[:2]
+        fine, lift = self.image_encoder(images.flatten(0, 1))
+        depth_logits, context = self.depth_head(lift)
+        seg_logits = self.segmentation_head(fine)
+        depth_logits = depth_logits.unflatten(0, (batch, cameras))
+        context = context.unflatten(0, (batch, cameras))
+        bev = self.view_transform(depth_logits.softmax(dim=2), context, geometry)
+        bev = self.bev_encoder(bev)
+        heatmap, box_regression = self.detection_head(bev)
+        trajectories, scores = self.planning_head(bev, ego_status, command)
+        return {
+            "depth_logits": depth_logits, "seg_logits": seg_logits.unflatten(0, (batch, cameras)),
+            "heatmap": heatmap, "box_regression": box_regression,
+            "plan_trajectories": trajectories, "plan_scores": scores,
+        }
+
+    def geometry(self, intrinsics: torch.Tensor, cam_to_ego: torch.Tensor) -> BevPoolGeometry:
+        """Pooling tables for this batch's cameras (B, N, 3, 3) and (B, N, 4, 4)."""
+        model = self.pipeline.model
+        return bev_geometry(intrinsics, cam_to_ego, self.image_size, model.feature_stride, model.depth, model.bev)
+
+    def rig_geometry(self, batch: int, device: torch.device | str = "cpu") -> BevPoolGeometry:
+        """Pooling tables of the pipeline's fixed rig (`stack.rig.rig_matrices`) at batch size `batch`."""
+        from stack.rig import rig_matrices
+
+        ks, poses = rig_matrices(self.pipeline.data.rig)
+        ks = torch.as_tensor(ks, dtype=torch.float32, device=device).expand(batch, -1, -1, -1)
+        poses = torch.as_tensor(poses, dtype=torch.float32, device=device).expand(batch, -1, -1, -1)
+        return self.geometry(ks, poses)
+
+    def fix_geometry(self, geometry: BevPoolGeometry | None) -> None:
+        """Bake `geometry` into the module (export); None returns to per-call geometry (training)."""
+        from stack.ops.bev_pool_onnx import FixedBevPool
+
+        self.view_transform.fixed = None if geometry is None else FixedBevPool(geometry).to(geometry.device)
+
+    def forward_batch(self, batch: Batch) -> dict[str, torch.Tensor]:
+        """`forward` on a Batch, with its geometry computed from the batch's cameras."""
+        geometry = None if self.view_transform.fixed is not None else self.geometry(batch.intrinsics, batch.cam_to_ego)
+        return self(batch.images, batch.ego_status, batch.command, geometry)
+
+    def loss(self, outputs: dict[str, torch.Tensor], batch: Batch) -> dict[str, torch.Tensor]:
+        """Per-term losses, per-task sums, and `total` weighted by `model.loss_weights`."""
+        from stack.models.losses import multitask_loss
+
+        return multitask_loss(outputs, batch, self.pipeline)

@@ -1,0 +1,51 @@
+"""The network's named outputs: the one description of names, shapes, dtypes and units.
+
+`BevNet.forward` returns a dict with exactly these keys; the deploy stage writes
+`output_layout(pipeline)` into the ONNX file's metadata so a runtime never guesses
+which tensor is which. Symbols: B batch, N cameras, D depth bins, S segmentation
+classes, C detection classes, X x Y BEV cells (X along ego x, Y along ego y),
+K planning modes, T planning steps, h x w = image size / `model.feature_stride`,
+hs x ws = image size / `model.segmentation_stride`.
+"""
+
+from __future__ import annotations
+
+from stack.pipeline import Pipeline
+
+OUTPUTS = {
+    "depth_logits": ("B,N,D,h,w", "logits over uniform depth bins [depth.min_m, depth.max_m) of z-depth; "
+                     "softmax, then the expectation over bin centres is metric depth (decode_depth)"),
+    "seg_logits": ("B,N,S,hs,ws", "per-pixel class logits in model.segmentation_classes order (decode_segmentation)"),
+    "heatmap": ("B,C,X,Y", "CenterPoint centre-heatmap logits per detection class; sigmoid gives the score"),
+    "box_regression": ("B,10,X,Y", "per-cell box fields REGRESSION_FIELDS: dx, dy (offset within the cell, cells), "
+                       "z (m), log length/width/height (log m), sin/cos yaw, vx, vy (m/s), ego frame"),
+    "plan_trajectories": ("B,K,T,2", "K candidate ego trajectories, xy metres in the current ego frame, "
+                          "one waypoint per 0.5 s"),
+    "plan_scores": ("B,K", "mode logits; softmax gives each trajectory's probability (decode_plan picks the best)"),
+}
+"""Output name -> (symbolic shape, meaning and units). All outputs are float32 (float16/bf16 under autocast)."""
+
+
+def output_shapes(pipeline: Pipeline, batch: int) -> dict[str, tuple[int, ...]]:
+    """The concrete shape of every output for `pipeline` at batch size `batch`."""
+    from stack.ops.bev_pool import grid_cells
+
+    model, rig = pipeline.model, pipeline.data.rig
+    n, height, width = len(rig.cameras), rig.image_height, rig.image_width
+    fs, ss = model.feature_stride, model.segmentation_stride
+    grid_x, grid_y = grid_cells(model.bev)
+    return {
+        "depth_logits": (batch, n, model.depth.bins, height // fs, width // fs),
+        "seg_logits": (batch, n, len(model.segmentation_classes), height // ss, width // ss),
+        "heatmap": (batch, len(model.detection_classes), grid_x, grid_y),
+        "box_regression": (batch, 10, grid_x, grid_y),
+        "plan_trajectories": (batch, model.planning_modes, model.planning_steps, 2),
+        "plan_scores": (batch, model.planning_modes),
+    }
+
+
+def output_layout(pipeline: Pipeline, batch: int = 1) -> dict[str, str]:
+    """Name -> "shape: meaning" strings for ONNX `metadata_props` (and reports)."""
+    shapes = output_shapes(pipeline, batch)
+    return {name: f"{'x'.join(map(str, shapes[name]))} ({symbols}): {meaning}"
+            for name, (symbols, meaning) in OUTPUTS.items()}

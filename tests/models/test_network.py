@@ -1,0 +1,150 @@
+"""The multi-task network: output contract per preset, gradients, losses, export-readiness."""
+
+import warnings
+
+import pytest
+import torch
+
+from stack.config import load_pipeline
+from stack.models import build_model
+from stack.models.outputs import OUTPUTS, output_layout, output_shapes
+from stack.models.testing import random_batch
+
+warnings.filterwarnings("ignore", message="bev_pool: the extension")
+PRESETS = {"default": ["configs/pipeline.yaml"],
+           "tiny": ["configs/pipeline.yaml", "configs/presets/tiny.yaml"],
+           "large": ["configs/pipeline.yaml", "configs/presets/large.yaml"]}
+
+
+def pipeline(preset="tiny", *overrides):
+    return load_pipeline(PRESETS[preset], list(overrides))
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    torch.manual_seed(0)
+    p = pipeline("tiny")
+    return p, build_model(p), random_batch(p, batch_size=2, seed=0)
+
+
+def test_tiny_outputs_match_the_documented_layout(tiny):
+    p, model, batch = tiny
+    assert batch.mismatches(p) == []
+    outputs = model.forward_batch(batch)
+    assert set(outputs) == set(OUTPUTS)
+    for name, shape in output_shapes(p, batch=2).items():
+        assert tuple(outputs[name].shape) == shape, name
+        assert outputs[name].dtype == torch.float32, name
+        assert torch.isfinite(outputs[name]).all(), name
+    assert set(output_layout(p)) == set(OUTPUTS)
+
+
+@pytest.mark.parametrize("preset", ["default", "large"])
+def test_bigger_presets_build_on_the_meta_device(preset):
+    p = pipeline(preset)
+    with torch.device("meta"):
+        model = build_model(p)
+        b, n = 1, len(p.data.rig.cameras)
+        h, w = p.data.rig.image_height, p.data.rig.image_width
+        fine, lift = model.image_encoder(torch.zeros(b * n, 3, h, w))
+        depth_logits, context = model.depth_head(lift)
+        grid_x, grid_y = model.grid
+        bev = model.bev_encoder(torch.zeros(b, p.model.neck_channels, grid_x, grid_y))
+        heatmap, regression = model.detection_head(bev)
+        plans, scores = model.planning_head(bev, torch.zeros(b, 3), torch.zeros(b, dtype=torch.long))
+    shapes = output_shapes(p, batch=b)
+    assert tuple(depth_logits.unflatten(0, (b, n)).shape) == shapes["depth_logits"]
+    assert tuple(model.segmentation_head(fine).unflatten(0, (b, n)).shape) == shapes["seg_logits"]
+    assert tuple(context.shape) == (b * n, p.model.neck_channels, *shapes["depth_logits"][-2:])
+    assert tuple(heatmap.shape) == shapes["heatmap"] and tuple(regression.shape) == shapes["box_regression"]
+    assert tuple(plans.shape) == shapes["plan_trajectories"] and tuple(scores.shape) == shapes["plan_scores"]
+
+
+def test_gradient_reaches_every_parameter(tiny):
+    p, _, batch = tiny
+    torch.manual_seed(1)
+    model = build_model(p)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    # timm zero-initialises each residual block's last BN scale, which blocks that branch's
+    # gradient until the first step; after one step every parameter must receive gradient.
+    for _ in range(2):
+        optimizer.zero_grad()
+        model.loss(model.forward_batch(batch), batch)["total"].backward()
+        optimizer.step()
+    dead = [name for name, param in model.named_parameters()
+            if param.grad is None or not torch.isfinite(param.grad).all() or param.grad.abs().sum() == 0]
+    assert dead == []
+
+
+def test_loss_terms_are_finite_and_weighted(tiny):
+    p, model, batch = tiny
+    outputs = model.forward_batch(batch)
+    terms = model.loss(outputs, batch)
+    for name in ("det_heatmap", "det_box", "depth", "segmentation", "plan_l2", "plan_cls", "plan_collision"):
+        assert torch.isfinite(terms[name]) and terms[name] >= 0, name
+    w = p.model.loss_weights
+    expected = sum(getattr(w, t) * terms[t] for t in ("detection", "depth", "segmentation", "planning"))
+    torch.testing.assert_close(terms["total"], expected)
+    heavier = pipeline("tiny", "model.loss_weights.depth=3.0")
+    terms3 = build_model(heavier).loss(outputs, batch)
+    torch.testing.assert_close(terms3["total"] - terms["total"], 2 * terms["depth"])
+
+
+def test_loss_survives_empty_and_unlabelled_batches(tiny):
+    p, model, batch = tiny
+    empty = random_batch(p, batch_size=2, seed=3)
+    empty.box_labels[:] = -1
+    empty.boxes[:] = 0
+    empty.semantic[:] = 255
+    empty.depth[:] = 0
+    terms = model.loss(model.forward_batch(empty), empty)
+    assert all(torch.isfinite(v) for v in terms.values())
+    assert terms["det_box"] == 0 and terms["depth"] == 0 and terms["segmentation"] == 0
+
+
+def test_collision_term_pushes_a_plan_out_of_a_box(tiny):
+    p, model, batch = tiny
+    outputs = {k: v.detach() for k, v in model.forward_batch(batch).items()}
+    inside = batch.future_trajectory.clone()
+    batch.boxes[:, 0] = torch.tensor([0, 0, 0.8, 4.5, 1.9, 1.6, 0, 0, 0], dtype=torch.float32)
+    batch.boxes[:, 0, :2] = inside[:, 2]  # a parked car on the 1.5 s waypoint
+    batch.box_labels[:, 0] = 0
+    outputs["plan_trajectories"] = inside[:, None].repeat(1, p.model.planning_modes, 1, 1).requires_grad_()
+    terms = model.loss(outputs, batch)
+    assert terms["plan_collision"] > 0
+    terms["plan_collision"].backward()
+    assert outputs["plan_trajectories"].grad.abs().sum() > 0
+
+
+def test_fixed_geometry_matches_per_batch_geometry(tiny):
+    p, model, batch = tiny
+    model.eval()
+    with torch.no_grad():
+        dynamic = model.forward_batch(batch)
+        model.fix_geometry(model.rig_geometry(batch=2))
+        try:
+            fixed = model(batch.images, batch.ego_status, batch.command)
+        finally:
+            model.fix_geometry(None)
+    for name in dynamic:
+        torch.testing.assert_close(fixed[name], dynamic[name], atol=1e-4, rtol=1e-4)
+
+
+def test_backbone_errors_say_what_to_do(tmp_path):
+    from stack.errors import StackError
+
+    with pytest.raises(StackError, match="timm has no model"):
+        build_model(pipeline("tiny", "model.backbone=resnet_nonexistent"))
+    with pytest.raises(StackError, match="does not exist"):
+        build_model(pipeline("tiny", f"model.backbone_checkpoint={tmp_path / 'missing.pth'}"))
+
+
+def test_backbone_checkpoint_is_loaded(tmp_path):
+    import timm
+
+    source = timm.create_model("resnet10t", pretrained=False)
+    path = tmp_path / "resnet10t.pth"
+    torch.save(source.state_dict(), path)
+    model = build_model(pipeline("tiny", f"model.backbone_checkpoint={path}"))
+    torch.testing.assert_close(model.image_encoder.backbone.state_dict()["conv1.0.weight"],
+                               source.state_dict()["conv1.0.weight"])
