@@ -1,0 +1,220 @@
+"""Predicted latency on a target without the target: a per-layer roofline over the ONNX graph.
+
+Used where the engine cannot be timed here (TensorRT targets on a GPU-less machine);
+the report then says "predicted", never "measured". Each layer's time is
+
+    max(FLOPs / (peak(precision) * compute_eff), bytes / (bandwidth * memory_eff)) + launch
+
+computed on TensorRT's view of the graph rather than ONNX's node list:
+
+- Q/DQ pairs fold into the layer that consumes them and set its precision (INT8 where
+  both activation and weight arrive through DequantizeLinear, else the target's float
+  precision: fp16 for `best`/`fp16`/`int8`, fp32 for nodes kept fp32 by name);
+- conv/matmul + bias + BatchNorm + activation + residual Add fuse into one kernel
+  (one read of the input and weights, one write of the output, plus the residual);
+- shape plumbing (Reshape, Squeeze, Shape, Constant, ...) costs nothing;
+- everything else is a memory-bound kernel that reads its inputs and writes its outputs.
+
+The efficiency factors are fitted to published Jetson AGX Orin measurements
+(`REFERENCES`, refit with `stack bench latency`), whose error is reported there and
+in BENCHMARKS.md. Roofline model: Williams, Waterman, Patterson, CACM 2009
+(https://doi.org/10.1145/1498765.1498785).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import onnx
+from onnx import shape_inference
+
+FREE_OPS = {"Constant", "Shape", "Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Dropout",
+            "QuantizeLinear", "DequantizeLinear", "ConstantOfShape", "Range", "Size"}
+"""Operators TensorRT folds away or evaluates at build time."""
+COMPUTE_OPS = {"Conv", "ConvTranspose", "MatMul", "Gemm"}
+FUSABLE_EPILOGUE = {"Relu", "Clip", "Sigmoid", "Tanh", "LeakyRelu", "HardSigmoid", "HardSwish", "Elu", "Selu",
+                    "Add", "Mul", "Sub", "Div", "BatchNormalization", "QuantizeLinear", "DequantizeLinear"}
+BYTES = {"int8": 1, "fp16": 2, "fp32": 4}
+
+
+@dataclass
+class Efficiency:
+    """Fraction of the datasheet peaks a TensorRT engine reaches at batch 1, and the per-kernel overhead."""
+
+    compute: float = 0.485
+    memory: float = 0.68
+    launch_us: float = 4.0
+
+
+DEFAULT_EFFICIENCY = Efficiency()
+"""`stack.deploy.latency_refs.fit_efficiency` on the AGX Orin target (`stack bench latency`
+prints the fit and its error per reference; BENCHMARKS.md records them)."""
+
+
+@dataclass
+class LayerCost:
+    name: str
+    ops: list
+    precision: str
+    flops: float
+    bytes: float
+    time_ms: float
+    bound: str
+    """`compute`, `memory` or `launch`: which term of the roofline dominates."""
+
+
+@dataclass
+class Prediction:
+    layers: list = field(default_factory=list)
+    efficiency: Efficiency = field(default_factory=Efficiency)
+
+    @property
+    def total_ms(self) -> float:
+        return float(sum(layer.time_ms for layer in self.layers))
+
+    @property
+    def total_flops(self) -> float:
+        return float(sum(layer.flops for layer in self.layers))
+
+    def by_precision(self) -> dict:
+        out: dict = {}
+        for layer in self.layers:
+            out[layer.precision] = out.get(layer.precision, 0.0) + layer.time_ms
+        return out
+
+    def to_dict(self) -> dict:
+        return {"total_ms": self.total_ms, "total_gflops": self.total_flops / 1e9, "efficiency": asdict(self.efficiency),
+                "by_precision_ms": self.by_precision(), "layers": [asdict(layer) for layer in self.layers]}
+
+
+class _Graph:
+    """Shapes, constants, producers and consumers of an ONNX graph after shape inference."""
+
+    def __init__(self, model: onnx.ModelProto):
+        model = shape_inference.infer_shapes(model)
+        graph = model.graph
+        self.nodes = list(graph.node)
+        self.constants = {init.name: tuple(init.dims) for init in graph.initializer}
+        self.shapes = dict(self.constants)
+        for info in list(graph.value_info) + list(graph.input) + list(graph.output):
+            dims = info.type.tensor_type.shape.dim
+            if all(d.HasField("dim_value") for d in dims):
+                self.shapes[info.name] = tuple(d.dim_value for d in dims)
+        for node in self.nodes:
+            if node.op_type == "Constant":
+                for attribute in node.attribute:
+                    if attribute.name == "value":
+                        self.constants[node.output[0]] = tuple(attribute.t.dims)
+        self.producer = {out: node for node in self.nodes for out in node.output}
+        self.consumers: dict = {}
+        for node in self.nodes:
+            for name in node.input:
+                self.consumers.setdefault(name, []).append(node)
+
+    def elements(self, name: str) -> int:
+        return int(np.prod(self.shapes.get(name, (0,)))) if name else 0
+
+    def is_constant(self, name: str) -> bool:
+        if name in self.constants:
+            return True
+        producer = self.producer.get(name)  # a DequantizeLinear of a constant weight is a weight
+        return producer is not None and producer.op_type == "DequantizeLinear" and producer.input[0] in self.constants
+
+    def from_dq(self, name: str) -> bool:
+        producer = self.producer.get(name)
+        return producer is not None and producer.op_type == "DequantizeLinear"
+
+
+def predict(model: onnx.ModelProto, target, keep_fp32: tuple = (), efficiency: Efficiency | None = None,
+            all_int8: bool = False) -> Prediction:
+    """Per-layer predicted latency of `model` on `target` (a `stack.pipeline.Target` with peaks).
+
+    `all_int8` treats every conv/matmul as INT8 without Q/DQ nodes (for reference networks
+    whose published engines are fully INT8).
+    """
+    graph, efficiency = _Graph(model), efficiency or DEFAULT_EFFICIENCY
+    float_precision = "fp32" if target.precision == "fp32" else "fp16"
+    absorbed: set = set()
+    layers = []
+    for node in graph.nodes:
+        if node.name in absorbed or node.op_type in FREE_OPS:
+            continue
+        if node.op_type in COMPUTE_OPS:
+            quantized = all_int8 or (graph.from_dq(node.input[0]) and graph.from_dq(node.input[1]))
+            precision = "int8" if quantized else float_precision
+            chain, extra = _epilogue(graph, node, absorbed)
+            absorbed.update(n.name for n in chain)
+            flops, nbytes = _compute_cost(graph, node, chain, extra, precision)
+            ops = [node.op_type] + [n.op_type for n in chain if n.op_type not in ("QuantizeLinear", "DequantizeLinear")]
+        else:
+            precision = float_precision
+            flops, nbytes, ops = _elementwise_cost(graph, node, precision), _io_bytes(graph, node, precision), [node.op_type]
+        if any(p and p in node.name for p in keep_fp32):
+            precision = "fp32"
+        layers.append(_roofline(node.name or node.op_type, ops, precision, flops, nbytes, target, efficiency))
+    return Prediction(layers, efficiency)
+
+
+def _epilogue(graph: _Graph, node, absorbed: set) -> tuple[list, list]:
+    """Nodes TensorRT fuses after a conv/matmul, and the extra tensors they read (residuals)."""
+    chain, extra, current = [], [], node.output[0]
+    while True:
+        consumers = graph.consumers.get(current, [])
+        if len(consumers) != 1 or consumers[0].op_type not in FUSABLE_EPILOGUE or consumers[0].name in absorbed:
+            return chain, extra
+        nxt = consumers[0]
+        others = [name for name in nxt.input[1:] if name and name != current] if nxt.op_type != "QuantizeLinear" else []
+        others += [name for name in nxt.input[:1] if name != current]
+        extra += [name for name in others if not graph.is_constant(name)]
+        if len(extra) > 1:  # more than one residual: TensorRT would not fuse this either
+            return chain, extra[:1]
+        chain.append(nxt)
+        current = nxt.output[0]
+
+
+def _compute_cost(graph: _Graph, node, chain: list, extra: list, precision: str) -> tuple[float, float]:
+    out = node.output[0]
+    out_elems = graph.elements(out)
+    weight_shape = graph.shapes.get(node.input[1], ())
+    if not weight_shape and graph.from_dq(node.input[1]):
+        weight_shape = graph.shapes.get(graph.producer[node.input[1]].input[0], ())
+    if node.op_type == "Conv" and len(weight_shape) >= 3:  # (Cout, Cin/g, k...): MACs per output element
+        flops = 2.0 * out_elems * int(np.prod(weight_shape[1:]))
+    elif node.op_type == "ConvTranspose" and len(weight_shape) >= 3:  # (Cin, Cout/g, k...): MACs per input element
+        flops = 2.0 * graph.elements(node.input[0]) * int(np.prod(weight_shape[1:]))
+    else:
+        k = graph.shapes.get(node.input[0], (1,))[-1]
+        if node.op_type == "Gemm" and any(a.name == "transA" and a.i for a in node.attribute):
+            k = graph.shapes.get(node.input[0], (1, 1))[0]
+        flops = 2.0 * out_elems * k
+    size = BYTES[precision]
+    weights = graph.elements(node.input[1]) or int(np.prod(weight_shape or (0,)))
+    activations = graph.elements(node.input[0]) + graph.elements(chain[-1].output[0] if chain else out)
+    activations += sum(graph.elements(name) for name in extra)
+    weight_bytes = weights * size if graph.is_constant(node.input[1]) else graph.elements(node.input[1]) * size
+    return flops, activations * size + weight_bytes
+
+
+def _elementwise_cost(graph: _Graph, node, precision: str) -> float:
+    per_element = {"Softmax": 5, "LayerNormalization": 8, "Resize": 4, "Exp": 4, "Sigmoid": 4, "Tanh": 4}
+    return float(per_element.get(node.op_type, 1) * max((graph.elements(name) for name in node.input), default=0))
+
+
+def _io_bytes(graph: _Graph, node, precision: str) -> float:
+    size = BYTES[precision]
+    touched = [name for name in list(node.input) + list(node.output) if name and not graph.is_constant(name)]
+    if node.op_type in ("Gather", "GatherElements", "GatherND"):  # reads only the gathered rows
+        touched = [node.output[0]] * 2 + [name for name in node.input[1:] if not graph.is_constant(name)]
+    return float(sum(graph.elements(name) for name in touched) * size)
+
+
+def _roofline(name, ops, precision, flops, nbytes, target, efficiency: Efficiency) -> LayerCost:
+    peak_tera = {"int8": target.int8_tops, "fp16": target.fp16_tflops, "fp32": target.fp32_tflops}[precision]
+    if peak_tera <= 0 or target.memory_bandwidth_gbs <= 0:
+        raise ValueError(f"target has no {precision} peak or bandwidth; it cannot be predicted")
+    compute_ms = flops / (peak_tera * 1e12 * efficiency.compute) * 1e3
+    memory_ms = nbytes / (target.memory_bandwidth_gbs * 1e9 * efficiency.memory) * 1e3
+    launch_ms = efficiency.launch_us * 1e-3
+    bound = "compute" if compute_ms >= max(memory_ms, launch_ms) else "memory" if memory_ms >= launch_ms else "launch"
+    return LayerCost(name, ops, precision, float(flops), float(nbytes), max(compute_ms, memory_ms) + launch_ms, bound)
