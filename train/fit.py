@@ -52,16 +52,19 @@ def build_trainer(pipeline: Pipeline, progress: bool = True, validate: bool = Tr
     return trainer, stats
 
 
-def fit(pipeline: Pipeline, model: nn.Module | None = None, loaders: LoaderFactory | None = None,
-        progress: bool = True) -> tuple[TrainModule, pl.Trainer, StepStats]:
-    """Train `model` (default: `stack.models.build_model(pipeline)`) on `loaders` (default: `stack.data`)."""
+def fit(pipeline: Pipeline, model: Callable[[Pipeline], nn.Module] | None = None,
+        loaders: LoaderFactory | None = None, progress: bool = True) -> tuple[TrainModule, pl.Trainer, StepStats]:
+    """Train the network `model(pipeline)` builds (default: `stack.models.build_model`) on `loaders`
+    (default: `stack.data`). The network is built after seeding, so its initial weights follow train.seed."""
     _quiet_known_warnings()
     pl.seed_everything(pipeline.train.seed, workers=True, verbose=False)
-    module = TrainModule(pipeline, model)
+    module = TrainModule(pipeline, model(pipeline) if model is not None else None)
     trainer, stats = build_trainer(pipeline, progress=progress, validate=True)
     make = loaders or _pipeline_loaders(pipeline)
     rank, world = trainer.global_rank, trainer.world_size
     train_loader, val_loader = make("train", rank, world), make("val", rank, world)
+    if hasattr(train_loader, "__len__"):
+        module.total_steps = pipeline.train.max_epochs * len(train_loader)
     resume = str(resolve_resume(pipeline.train.resume)) if pipeline.train.resume else None
     _write_pipeline(pipeline, trainer)
     trainer.fit(module, train_dataloaders=train_loader, val_dataloaders=val_loader, ckpt_path=resume)

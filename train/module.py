@@ -43,6 +43,7 @@ class TrainModule(pl.LightningModule):
         self.sharded_units: list[str] = []
         self.checkpointed_units: list[str] = []
         self.last_good_checkpoint: str | None = None
+        self.total_steps: int | None = None
         self._parallel_applied = False
 
     # ---------------------------------------------------------------- setup
@@ -75,11 +76,14 @@ class TrainModule(pl.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
     def _total_steps(self) -> int:
+        """Length of the LR schedule: train.max_steps, else epochs x batches per epoch (set by `fit`).
+
+        (Lightning's `estimated_stepping_batches` would build the loaders before a resumed
+        run restores their position, so it is not used.)
+        """
         if self.pipeline.train.max_steps > 0:
             return self.pipeline.train.max_steps
-        trainer = getattr(self, "_trainer", None)
-        estimated = getattr(trainer, "estimated_stepping_batches", None) if trainer is not None else None
-        return int(estimated) if estimated and math.isfinite(estimated) else 10_000
+        return self.total_steps or 10_000
 
     # ------------------------------------------------------------- training
 

@@ -32,7 +32,7 @@ def main() -> int:
     from stack.train.fit import fit
 
     try:
-        module, trainer, stats = fit(pipeline, TinyMultiTask(pipeline),
+        module, trainer, stats = fit(pipeline, TinyMultiTask,
                                      synthetic_loaders(pipeline, args.batches, args.nan_at), progress=False)
     except StackError as exc:
         print(f"error: {exc}", file=sys.stderr)

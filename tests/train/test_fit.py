@@ -1,0 +1,104 @@
+"""End-to-end training on one CPU process: loss curve vs golden file, resume, divergence, checkpoint safety."""
+
+import csv
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from standin import TinyMultiTask, synthetic_loaders, tiny_pipeline  # noqa: E402
+
+from stack.checkpoint import load_model_checkpoint
+from stack.errors import StackError
+from stack.train.checkpoints import resolve_resume
+from stack.train.fit import fit
+from stack.train.module import TrainingDiverged
+
+GOLDEN = Path(__file__).resolve().parents[1] / "assets" / "losses" / "train_tiny_standin.json"
+RECIPE = ["train.max_epochs=2", "train.log_every_n_steps=1", "train.checkpoint_every_n_steps=4", "train.seed=7"]
+
+
+def run(out, *overrides, batches=6, nan_at=-1):
+    pipeline = tiny_pipeline(*RECIPE, f"train.out_dir={out}", *overrides)
+    return fit(pipeline, TinyMultiTask, synthetic_loaders(pipeline, batches, nan_at), progress=False)
+
+
+def losses(out) -> dict[int, float]:
+    with open(Path(out) / "csv" / "metrics.csv") as handle:
+        return {int(row["step"]): float(row["train/loss_total"]) for row in csv.DictReader(handle)
+                if row.get("train/loss_total")}
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    out = tmp_path_factory.mktemp("reference")
+    run(out)
+    return out
+
+
+def test_loss_curve_matches_golden_file(reference):
+    curve = losses(reference)
+    assert sorted(curve) == list(range(12))
+    if os.environ.get("STACK_UPDATE_GOLDEN"):
+        GOLDEN.parent.mkdir(parents=True, exist_ok=True)
+        GOLDEN.write_text(json.dumps({"recipe": RECIPE, "losses": [curve[s] for s in range(12)]}, indent=1) + "\n")
+    golden = json.loads(GOLDEN.read_text())["losses"]
+    assert [curve[s] for s in range(12)] == pytest.approx(golden, rel=2e-3)
+    assert sum(golden[-3:]) < 0.5 * sum(golden[:3])  # the recipe learns
+
+
+def test_run_leaves_checkpoints_weights_and_logs(reference):
+    names = sorted(p.name for p in (reference / "checkpoints").iterdir())
+    assert names == ["latest", "step-0000008.ckpt", "step-0000012.ckpt"]  # keep_checkpoints=2
+    assert resolve_resume(reference) == reference / "checkpoints" / "step-0000012.ckpt"
+    ckpt = torch.load(reference / "checkpoints" / "step-0000012.ckpt", weights_only=False)
+    assert ckpt["global_step"] == 12 and "pipeline_yaml" in ckpt and ckpt["optimizer_states"]
+    pipeline, state, meta = load_model_checkpoint(reference / "model.pt")
+    assert pipeline.train.seed == 7 and set(state) == set(TinyMultiTask(pipeline).state_dict())
+    assert list((reference / "tensorboard").glob("events.out.tfevents.*"))
+    rows = list(csv.DictReader(open(reference / "csv" / "metrics.csv")))
+    assert any(row.get("perf/mfu") for row in rows) and any(row.get("val/loss_total") for row in rows)
+
+
+def test_resume_mid_epoch_reproduces_the_uninterrupted_run(reference, tmp_path):
+    middle = reference / "checkpoints" / "step-0000008.ckpt"  # epoch 1, batch 2 of 6
+    run(tmp_path, f"train.resume={middle}")
+    resumed, full = losses(tmp_path), losses(reference)
+    assert sorted(resumed) == list(range(8, 12))
+    assert [resumed[s] for s in range(8, 12)] == pytest.approx([full[s] for s in range(8, 12)], rel=1e-5)
+
+
+def test_non_finite_loss_stops_naming_step_and_term_and_keeps_last_good_checkpoint(tmp_path):
+    with pytest.raises(TrainingDiverged, match=r"step 5: loss term depth=nan, total=nan is not finite.*step-0000004\.ckpt"):
+        run(tmp_path, nan_at=5)
+    assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "step-0000004.ckpt"
+    assert torch.load(tmp_path / "checkpoints" / "step-0000004.ckpt", weights_only=False)["global_step"] == 4
+    assert not (tmp_path / "model.pt").exists()
+
+
+def test_failed_checkpoint_write_keeps_the_previous_one(tmp_path, monkeypatch):
+    from lightning.pytorch import Trainer
+
+    original, calls = Trainer.save_checkpoint, []
+
+    def failing(self, filepath, *args, **kwargs):
+        calls.append(filepath)
+        original(self, filepath, *args, **kwargs)
+        if len(calls) == 2:  # the file is written but the run dies before it is complete
+            Path(filepath).write_bytes(Path(filepath).read_bytes()[:100])
+            raise OSError("No space left on device")
+
+    monkeypatch.setattr(Trainer, "save_checkpoint", failing)
+    with pytest.raises(OSError, match="No space"):
+        run(tmp_path, "train.checkpoint_every_n_steps=2")
+    assert resolve_resume(tmp_path).name == "step-0000002.ckpt"
+    assert torch.load(resolve_resume(tmp_path), weights_only=False)["global_step"] == 2
+
+
+def test_resume_from_nothing_is_a_clear_error(tmp_path):
+    with pytest.raises(StackError, match="train.resume=.*nothing is there"):
+        resolve_resume(tmp_path / "missing")
