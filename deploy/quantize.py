@@ -135,3 +135,17 @@ def quantized_layers(model: onnx.ModelProto) -> list[str]:
             if producer is not None and producer.op_type == "DequantizeLinear":
                 found.append(node.name)
     return found
+
+
+DATA_MOVEMENT_OPS = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Slice", "Split", "Gather",
+                     "GatherElements", "Pad", "Where", "TopK", "CumSum"}
+"""Ops the quantizer wraps only to carry scales through; never worth keeping in fp32 on their own."""
+
+
+def quantizable_nodes(model: onnx.ModelProto, keep_fp32: Iterable[str] = ()) -> list[str]:
+    """Nodes `quantize_static` would quantize (their own Q/DQ), minus data movement and kept-fp32 nodes."""
+    from onnxruntime.quantization.registry import QDQRegistry, QLinearOpsRegistry
+
+    kinds = (set(QDQRegistry) | set(QLinearOpsRegistry)) - DATA_MOVEMENT_OPS
+    kept = set(fp32_nodes(model, keep_fp32))
+    return [n.name for n in model.graph.node if n.op_type in kinds and n.name not in kept]

@@ -66,7 +66,7 @@ class TwoHeads(nn.Module):
     def forward(self, images, ego_speed):
         x = self.stem(images.float() / 255.0)
         x = self.bev_pool(self.outlier(self.blocks(x)))
-        pooled = torch.cat([x.mean((2, 3)), ego_speed], dim=1)
+        pooled = torch.cat([x.mean((2, 3)), ego_speed / 20.0], dim=1)  # inputs normalised, as real models do
         return {"segmentation": self.seg(x), "speed": self.speed_head(pooled)}
 
 

@@ -1,0 +1,160 @@
+"""The accuracy gate: INT8 must not quietly cost accuracy, head by head.
+
+The fp32 and the quantized model run on the same validation samples and are scored with
+the same metrics; each head's drop (in the metric's own units, sign-corrected so that a
+positive drop is always worse) must stay within the target's budget. When a head fails,
+the gate measures per-layer sensitivity, keeps the most sensitive layers in fp32 and tries
+again, growing the fp32 set (1, 2, 4, ... layers) until every head passes or the allowed
+number of fp32 layers is spent. The report lists every attempt and what was excluded.
+
+Sensitivity is "quantize one layer at a time": each candidate layer alone is quantized
+(everything else fp32) and the relative squared error it causes on every output is its
+score (Hawq-style sensitivity without Hessians; cf. Wu et al., "Integer Quantization for
+Deep Learning Inference", arXiv:2004.09602, section 5.1 on partial quantization).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class HeadBudget:
+    head: str
+    metric: str
+    """Name of the metric in the evaluator's result (e.g. `detection_map`)."""
+    budget: float
+    """Largest allowed drop, in the metric's units."""
+    higher_is_better: bool
+
+
+@dataclass
+class HeadResult:
+    head: str
+    metric: str
+    fp32: float
+    quantized: float
+    drop: float
+    budget: float
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.drop <= self.budget + 1e-12)
+
+
+@dataclass
+class Attempt:
+    excluded: list
+    heads: list
+
+    @property
+    def passed(self) -> bool:
+        return all(head.passed for head in self.heads)
+
+
+@dataclass
+class AccuracyReport:
+    fp32_metrics: dict
+    attempts: list = field(default_factory=list)
+    sensitivity: list = field(default_factory=list)
+    """(layer, score) pairs, most sensitive first; empty when the first attempt passed."""
+    quantized_path: Path | None = None
+
+    @property
+    def final(self) -> Attempt:
+        return self.attempts[-1]
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.attempts) and self.final.passed
+
+    def to_dict(self) -> dict:
+        return {"passed": self.passed, "fp32_metrics": self.fp32_metrics, "excluded": self.final.excluded,
+                "heads": [dict(asdict(h), passed=h.passed) for h in self.final.heads],
+                "attempts": [{"excluded": a.excluded, "passed": a.passed,
+                              "drops": {h.head: h.drop for h in a.heads}} for a in self.attempts],
+                "sensitivity": [[name, score] for name, score in self.sensitivity[:20]]}
+
+
+Runner = Callable[[dict], dict]
+"""feeds (input name -> numpy) -> outputs (name -> numpy)."""
+Evaluator = Callable[[Runner], dict]
+"""Runs the model over the validation samples and returns metric name -> value."""
+Quantizer = Callable[[list], Path]
+"""Layers to keep in fp32 -> path of the quantized model built with them excluded."""
+
+
+def compare(fp32: dict, quantized: dict, budgets: list[HeadBudget]) -> list[HeadResult]:
+    """Per-head drop (positive = worse) against each budget."""
+    rows = []
+    for item in budgets:
+        a, b = float(fp32[item.metric]), float(quantized[item.metric])
+        drop = a - b if item.higher_is_better else b - a
+        rows.append(HeadResult(item.head, item.metric, a, b, drop, item.budget))
+    return rows
+
+
+def session_runner(path: str | Path) -> Runner:
+    """A Runner over an ONNX Runtime CPU session of `path`."""
+    from stack.deploy.runtime import ort_session
+
+    session = ort_session(path)
+    names = [output.name for output in session.get_outputs()]
+    return lambda feeds: dict(zip(names, session.run(names, feeds)))
+
+
+def sensitivity(fp32_path: Path, quantize_only: Callable[[str], Path], candidates: list[str],
+                samples: list[dict]) -> list[tuple[str, float]]:
+    """(layer, relative output error when only that layer is quantized), most sensitive first."""
+    reference = [session_runner(fp32_path)(feeds) for feeds in samples]
+    scores = []
+    for layer in candidates:
+        run = session_runner(quantize_only(layer))
+        error = 0.0
+        for feeds, expected in zip(samples, reference):
+            got = run(feeds)
+            for name, value in expected.items():
+                denominator = float(np.square(value).sum()) or 1.0
+                error += float(np.square(got[name].astype(np.float64) - value).sum()) / denominator
+        scores.append((layer, error / max(1, len(samples))))
+    return sorted(scores, key=lambda item: -item[1])
+
+
+def accuracy_gate(fp32_path: Path, quantize_with: Quantizer, evaluate: Evaluator, budgets: list[HeadBudget],
+                  candidates: list[str], sensitivity_samples: list[dict], max_fp32_layers: int,
+                  log: Callable[[str], None] = print) -> AccuracyReport:
+    """Quantize, score per head, and fall back to fp32 for the most sensitive layers until it passes."""
+    fp32_metrics = evaluate(session_runner(fp32_path))
+    report = AccuracyReport(fp32_metrics)
+    path = quantize_with([])
+    report.attempts.append(Attempt([], compare(fp32_metrics, evaluate(session_runner(path)), budgets)))
+    report.quantized_path = path
+    log(_describe(report.final))
+    if report.passed or max_fp32_layers <= 0 or not candidates:
+        return report
+    everything_else = set(candidates)
+    log(f"accuracy gate: measuring the sensitivity of {len(candidates)} layers (one quantized at a time)")
+    report.sensitivity = sensitivity(fp32_path, lambda layer: quantize_with(sorted(everything_else - {layer})),
+                                     candidates, sensitivity_samples)
+    count = 1
+    while True:
+        count = min(count, max_fp32_layers, len(candidates))
+        excluded = [name for name, _ in report.sensitivity[:count]]
+        path = quantize_with(excluded)
+        report.attempts.append(Attempt(excluded, compare(fp32_metrics, evaluate(session_runner(path)), budgets)))
+        report.quantized_path = path
+        log(_describe(report.final))
+        if report.passed or count >= min(max_fp32_layers, len(candidates)):
+            return report
+        count *= 2
+
+
+def _describe(attempt: Attempt) -> str:
+    heads = ", ".join(f"{h.head} {h.metric} {h.fp32:.4f}->{h.quantized:.4f} (drop {h.drop:+.4f} / {h.budget:g})"
+                      for h in attempt.heads)
+    kept = f" with {len(attempt.excluded)} layer(s) in fp32" if attempt.excluded else ""
+    return f"accuracy gate{kept}: {'PASS' if attempt.passed else 'FAIL'}: {heads}"
