@@ -132,6 +132,10 @@ class WorldConfig:
     """Other road users (cars, trucks, pedestrians, cyclists) placed per scene."""
     val_fraction: float = 0.2
     """Fraction of scenes written to the validation split (whole scenes, never frames)."""
+    workers: int = 2
+    """Render processes (one torch thread each); scenes are rendered in parallel."""
+    render_device: str = "auto"
+    """Where rays are cast: `auto` (CUDA when available), `cpu` or `cuda`."""
 
     def problems(self) -> Problems:
         found: Problems = []
@@ -140,6 +144,8 @@ class WorldConfig:
         if self.agents_per_scene < 0:
             found.append(("agents_per_scene", f"got {self.agents_per_scene}; must be >= 0"))
         _in_range(found, "val_fraction", self.val_fraction, 0.0, 0.9)
+        _in_range(found, "workers", self.workers, 0, 64)
+        _choice(found, "render_device", self.render_device, ("auto", "cpu", "cuda"))
         return found
 
 
@@ -456,7 +462,21 @@ class ExportConfig:
     calibration_samples: int = 64
     """Validation samples used to calibrate INT8 activation ranges."""
     parity_atol: float = 1e-3
-    """Largest allowed |ONNX Runtime - PyTorch| per fp32 output."""
+    """Largest allowed |ONNX Runtime - PyTorch| per fp32 output (plus parity_rtol x the output's peak)."""
+    parity_rtol: float = 1e-3
+    """Relative part of the parity tolerance, times the largest |PyTorch output| of that output."""
+    accuracy_samples: int = 32
+    """Validation samples on which fp32 and INT8 are scored per head (the accuracy gate)."""
+    keep_fp32: List[str] = field(default_factory=lambda: ["view_transform"])
+    """Substrings of ONNX node names never quantized (the BEV pooling's gathers and matmuls)."""
+    max_fp32_layers: int = 8
+    """Most layers the accuracy gate may keep in fp32 when a head exceeds its budget (0: no fallback)."""
+    sensitivity_samples: int = 4
+    """Validation samples used to rank layers by quantization sensitivity."""
+    timing_runs: int = 100
+    """Timed runs per model when latency is measured (median and p99 over them)."""
+    timing_warmup: int = 10
+    """Untimed runs before timing (allocations, thread pools, caches)."""
 
     def problems(self) -> Problems:
         found: Problems = []
@@ -464,6 +484,13 @@ class ExportConfig:
         _positive(found, "batch_size", self.batch_size)
         _positive(found, "calibration_samples", self.calibration_samples)
         _positive(found, "parity_atol", self.parity_atol)
+        for name in ("accuracy_samples", "sensitivity_samples", "timing_runs"):
+            _positive(found, name, getattr(self, name))
+        for name in ("parity_rtol", "max_fp32_layers", "timing_warmup"):
+            if getattr(self, name) < 0:
+                found.append((name, f"got {getattr(self, name)}; must be >= 0"))
+        if self.timing_runs < 20:
+            found.append(("timing_runs", f"got {self.timing_runs}; a p99 needs at least 20 runs"))
         return found
 
 
@@ -526,6 +553,10 @@ class Target:
     """True when the gate times the engine on this machine; false when it is predicted."""
     dla_core: int = -1
     """DLA core for TensorRT (-1: GPU only)."""
+    reference_workload_ms: float = 0.0
+    """Median time of the reference workload (a 512x512 fp32 MatMul in ONNX Runtime) on the machine
+    the bar was set for. When > 0, measured latency is scaled by this / the reference timed in the same
+    run, so a busier or slower machine does not flip the gate; 0 compares raw latency."""
     accuracy_budget: AccuracyBudget = field(default_factory=AccuracyBudget)
     """Largest accuracy drop allowed per head."""
 
@@ -539,6 +570,10 @@ class Target:
                 found.append((name, f"got {getattr(self, name)}; a peak must be >= 0"))
         _positive(found, "min_fps", self.min_fps)
         _positive(found, "max_p99_latency_ms", self.max_p99_latency_ms)
+        if self.reference_workload_ms < 0:
+            found.append(("reference_workload_ms", f"got {self.reference_workload_ms}; must be >= 0 (0 disables)"))
+        if self.dla_core < -1:
+            found.append(("dla_core", f"got {self.dla_core}; use -1 (GPU only) or a DLA core index"))
         if self.precision in ("int8", "best") and self.qdq_flavour == "none":
             found.append(("qdq_flavour", f"precision {self.precision} needs a QDQ flavour, got 'none'"))
         return found
