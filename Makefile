@@ -27,6 +27,7 @@ $(STAMP): $(BIN)/python $(INSTALL_INPUTS)
 install: $(STAMP)
 
 demo: install
+	$(BIN)/stack data make $(TINY)
 	$(BIN)/stack config $(TINY)
 
 test: install

@@ -19,6 +19,7 @@ from stack.errors import StackError
 
 COMMANDS = {
     "config": "validate the pipeline and print it resolved",
+    "data": "render the driving world into shards (make), draw a sample (inspect), convert a dataset (convert)",
 }
 """Command name -> one-line help. Add a command here only when it works end to end."""
 
@@ -62,7 +63,13 @@ def _command_module(name: str):
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    # parse_known_args + re-appending keeps `key=value` words that follow options
+    # (`stack data make -c FILE key=value`): argparse alone fills the overrides positional once.
+    args, extra = parser.parse_known_args(argv)
+    flags = [word for word in extra if word.startswith("-")]
+    if flags:
+        parser.error(f"unrecognized arguments: {' '.join(flags)}")
+    args.overrides = list(args.overrides) + extra
     try:
         return int(_command_module(args.command).run(args) or 0)
     except StackError as exc:

@@ -1,0 +1,140 @@
+"""The shard format (schema version 1): WebDataset `.tar` files, a DALI index per shard, a manifest.
+
+Layout of a dataset root::
+
+    manifest.json            schema version, cameras, image size, class names, shards per split
+    train/frames-000000.tar  WebDataset shard
+    train/frames-000000.idx  DALI index of that shard (`fn.readers.webdataset(index_paths=...)`)
+    val/...
+
+Frame shards hold one sample per key frame. Its key is `s{scene:05d}f{frame:04d}`
+(no dots: WebDataset and DALI split the extension at the first dot). Members:
+
+| member            | content                                                                 |
+|-------------------|-------------------------------------------------------------------------|
+| `{camera}.jpg`    | RGB JPEG of each rig camera (`manifest.cameras`, e.g. `front.jpg`)      |
+| `depth.npy`       | float16 (N, H, W) metric z-depth, 0 = sky / no surface                  |
+| `semantic.npy`    | uint8 (N, H, W) index into `manifest.semantic_classes`, 255 = unlabelled|
+| `instance.npy`    | uint16 (N, H, W) track id of the agent seen, 0 = none                   |
+| `intrinsics.npy`  | float32 (N, 3, 3) K in pixels of the stored images                      |
+| `cam_to_ego.npy`  | float32 (N, 4, 4) camera frame -> ego frame                             |
+| `boxes.npy`       | float32 (A, 10) ego-frame x y z length width height yaw vx vy visibility|
+| `box_ids.npy`     | int32 (A, 2) class index into `manifest.detection_classes`, track id    |
+| `boxes2d.npy`     | float32 (J, 6) camera index, track id, x0 y0 x1 y1 (pixels, visible part)|
+| `ego.npy`         | float32 (3,) speed m/s, acceleration m/s^2, yaw rate rad/s              |
+| `command.npy`     | int64 (1,) 0 left, 1 straight, 2 right                                  |
+| `past.npy`        | float32 (4, 2) ego xy at -2.0 ... -0.5 s in the current ego frame       |
+| `future.npy`      | float32 (6, 2) ego xy at +0.5 ... +3.0 s in the current ego frame       |
+| `meta.json`       | {"schema": 1, "scene": int, "frame": int, "split": str}                 |
+
+Labels are `.npy` because DALI decodes `.npy` (`fn.decoders.numpy`) but leaves
+JSON as raw bytes. Tar members carry fixed mtime/uid/gid/mode and members are
+written in a fixed order, so the same samples give byte-identical shards.
+
+Any change to member names, dtypes, shapes or meaning bumps SCHEMA_VERSION; the
+loaders refuse shards written with another version.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from pathlib import Path
+
+import numpy as np
+
+SCHEMA_VERSION = 1
+"""Version of the shard schema described above."""
+ARRAY_MEMBERS = ("depth", "semantic", "instance", "intrinsics", "cam_to_ego", "boxes", "box_ids", "boxes2d",
+                 "ego", "command", "past", "future")
+"""Every `.npy` member of a frame sample, in the order they are written."""
+DTYPES = {"depth": np.float16, "semantic": np.uint8, "instance": np.uint16, "intrinsics": np.float32,
+          "cam_to_ego": np.float32, "boxes": np.float32, "box_ids": np.int32, "boxes2d": np.float32,
+          "ego": np.float32, "command": np.int64, "past": np.float32, "future": np.float32}
+MANIFEST = "manifest.json"
+
+
+def sample_key(scene: int, frame: int) -> str:
+    return f"s{scene:05d}f{frame:04d}"
+
+
+def npy_bytes(array: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    np.save(buffer, np.ascontiguousarray(array), allow_pickle=False)
+    return buffer.getvalue()
+
+
+def encode_jpeg(image: np.ndarray, quality: int) -> bytes:
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(image).save(buffer, format="JPEG", quality=quality, subsampling=2)
+    return buffer.getvalue()
+
+
+class ShardWriter:
+    """Writes samples to numbered `.tar` shards with deterministic headers, plus a DALI index per shard.
+
+    The DALI index (format "v1.2", as `wds2idx` writes it) lists per sample every
+    member's extension, data offset, size and name, so `fn.readers.webdataset`
+    can seek without scanning. Each shard is written to a `.tmp` name and renamed
+    when complete, so an interrupted run never leaves a truncated shard behind.
+    """
+
+    def __init__(self, folder: Path, prefix: str, samples_per_shard: int):
+        self.folder, self.prefix, self.limit = Path(folder), prefix, samples_per_shard
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.shards: list = []
+        self._tar = None
+
+    def _open(self) -> None:
+        name = f"{self.prefix}-{len(self.shards):06d}.tar"
+        self._path = self.folder / name
+        self._file = open(self._path.with_suffix(".tar.tmp"), "wb")
+        self._tar = tarfile.open(fileobj=self._file, mode="w", format=tarfile.USTAR_FORMAT)
+        self._index: list = []
+        self.shards.append({"path": name, "samples": 0})
+
+    def write(self, key: str, members: list) -> None:
+        """Add one sample: `members` is [(extension, bytes)] in a fixed order."""
+        if self._tar is None:
+            self._open()
+        entries = []
+        for extension, payload in members:
+            info = tarfile.TarInfo(f"{key}.{extension}")
+            info.size, info.mtime, info.mode, info.uid, info.gid = len(payload), 0, 0o644, 0, 0
+            info.uname = info.gname = ""
+            header_offset = self._file.tell()
+            self._tar.addfile(info, io.BytesIO(payload))
+            entries.append(f"{extension} {header_offset + tarfile.BLOCKSIZE} {len(payload)} {info.name}")
+        self._index.append(" ".join(entries))
+        self.shards[-1]["samples"] += 1
+        if self.shards[-1]["samples"] >= self.limit:
+            self.close_shard()
+
+    def close_shard(self) -> None:
+        if self._tar is None:
+            return
+        self._tar.close()
+        self._file.close()
+        self._path.with_suffix(".tar.tmp").rename(self._path)
+        index = f"v1.2 {len(self._index)}\n" + "\n".join(self._index) + "\n"
+        self._path.with_suffix(".idx").write_text(index)
+        self._tar = None
+
+
+def frame_members(frame: dict, cameras: list, meta: dict, jpeg_quality: int) -> list:
+    """[(extension, bytes)] of one frame sample, in schema order."""
+    members = [(f"{name}.jpg", encode_jpeg(frame["images"][i], jpeg_quality)) for i, name in enumerate(cameras)]
+    for name in ARRAY_MEMBERS:
+        members.append((f"{name}.npy", npy_bytes(np.asarray(frame[name], DTYPES[name]))))
+    members.append(("meta.json", json.dumps({"schema": SCHEMA_VERSION, **meta}, sort_keys=True).encode()))
+    return members
+
+
+def write_manifest(root: Path, manifest: dict) -> dict:
+    """Write `manifest.json` (with the schema version) and return what was written."""
+    manifest = {"schema": SCHEMA_VERSION, **manifest}
+    (Path(root) / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    return manifest

@@ -1,0 +1,173 @@
+"""Render every camera of one key frame: images, depth, semantics, instances, visibility, 2D boxes.
+
+This is where the ray caster (`stack.data.render`) meets the rig (`stack.rig`)
+and the look of a scene: sky gradient, sun and shadows, ground textures, façade
+windows, haze, exposure, white balance and sensor noise.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from stack.data import render
+from stack.data.roads import SEG, GroundRaster
+from stack.data.scene import Scene, agent_boxes, ego_pose
+from stack.pipeline import RigConfig
+from stack.rig import rig_matrices
+
+HAZE = torch.tensor([0.72, 0.78, 0.85])
+
+
+class TorchGround:
+    """The town's ground raster as tensors, with per-point class and albedo lookup."""
+
+    def __init__(self, ground: GroundRaster, texture_seed: int, device):
+        self.classes = torch.as_tensor(ground.classes, device=device).long()
+        self.yellow = torch.as_tensor(ground.yellow, device=device)
+        self.origin, self.cell = ground.origin, ground.cell
+        generator = torch.Generator().manual_seed(texture_seed)
+        self.noise = torch.rand(256, 256, generator=generator).to(device)
+        self.palette = torch.zeros(len(SEG), 3, device=device)
+        for cls, colour in render.GROUND_COLOURS.items():
+            self.palette[cls] = torch.tensor(colour, device=device)
+
+    def _cells(self, points):
+        col = ((points[:, 0] - self.origin[0]) / self.cell).floor().long()
+        row = ((points[:, 1] - self.origin[1]) / self.cell).floor().long()
+        h, w = self.classes.shape
+        inside = (row >= 0) & (row < h) & (col >= 0) & (col < w)
+        return row.clamp(0, h - 1), col.clamp(0, w - 1), inside
+
+    def classes_at(self, points):
+        row, col, inside = self._cells(points)
+        return torch.where(inside, self.classes[row, col], torch.full_like(row, SEG["vegetation"]))
+
+    def albedo(self, points, classes):
+        """Ground colour with texture: asphalt grain, paving joints, grass patches, yellow centre lines."""
+        row, col, inside = self._cells(points)
+        colour = self.palette[classes]
+        fine = self.noise[(points[:, 1] * 8).long() % 256, (points[:, 0] * 8).long() % 256]
+        coarse = self.noise[(points[:, 1] * 0.5).long() % 256, (points[:, 0] * 0.5).long() % 256]
+        grain = torch.where(classes == SEG["vegetation"], 0.65 + 0.45 * coarse + 0.2 * fine, 0.85 + 0.15 * coarse + 0.12 * fine)
+        joints = (torch.remainder(points[:, 0], 1.5) < 0.06) | (torch.remainder(points[:, 1], 1.5) < 0.06)
+        grain = torch.where((classes == SEG["sidewalk"]) & joints, grain * 0.75, grain)
+        yellow = (classes == SEG["lane_marking"]) & self.yellow[row, col] & inside
+        colour = torch.where(yellow[:, None], torch.tensor([0.85, 0.68, 0.15], device=points.device), colour)
+        return colour * grain[:, None]
+
+
+def _sun(light: np.ndarray, device) -> torch.Tensor:
+    azimuth, elevation = float(light[0]), float(light[1])
+    return torch.tensor([math.cos(elevation) * math.cos(azimuth), math.cos(elevation) * math.sin(azimuth),
+                         math.sin(elevation)], dtype=torch.float32, device=device)
+
+
+def _facade(uv, albedo):
+    """Windows on building façades: a grid of dark glass panes above the ground floor."""
+    u, v = torch.remainder(uv[:, 0], 3.2) / 3.2, torch.remainder(uv[:, 1], 3.2) / 3.2
+    window = (u > 0.25) & (u < 0.75) & (v > 0.3) & (v < 0.78) & (uv[:, 1] > 1.5)
+    return torch.where(window[:, None], torch.tensor([0.12, 0.16, 0.22], device=uv.device), albedo)
+
+
+def shade(hits: render.Hits, dirs, ground: TorchGround, sun, shadowed, light) -> torch.Tensor:
+    """Linear RGB (R, 3) of every ray's hit, before exposure and noise."""
+    is_ground = (hits.instance == 0) & (hits.normal[:, 2] > 0.99) & torch.isin(
+        hits.semantic, torch.tensor([SEG["road"], SEG["lane_marking"], SEG["sidewalk"], SEG["vegetation"]], device=dirs.device))
+    albedo = torch.where(is_ground[:, None], ground.albedo(hits.point, hits.semantic), hits.albedo)
+    albedo = torch.where((hits.material == render.FACADE)[:, None], _facade(hits.facade_uv, albedo), albedo)
+    lambert = (hits.normal @ sun).clamp(min=0.0) * (~shadowed).float()
+    sky_light = 0.35 + 0.15 * hits.normal[:, 2]
+    colour = albedo * (sky_light + 0.95 * lambert)[:, None]
+    glass = hits.material == render.GLASS
+    colour = torch.where(glass[:, None], colour + 0.12 * (1 - dirs[:, 2:3].abs()), colour)
+    haze = 1.0 - torch.exp(-hits.depth.nan_to_num(posinf=render.MAX_RANGE) / 300.0)
+    colour = colour * (1 - haze[:, None]) + HAZE.to(dirs.device) * haze[:, None]
+    unit = dirs / dirs.norm(dim=1, keepdim=True)
+    elevation = unit[:, 2:3].clamp(min=0)
+    sky = torch.tensor([0.75, 0.82, 0.9], device=dirs.device) * (1 - elevation) + torch.tensor([0.35, 0.5, 0.8], device=dirs.device) * elevation
+    sky = sky + 0.6 * (unit @ sun).clamp(min=0)[:, None] ** 64
+    return torch.where(torch.isfinite(hits.depth)[:, None], colour, sky)
+
+
+def camera_rays(k: np.ndarray, world_from_cam: np.ndarray, width: int, height: int, device):
+    """(origin (3,), world directions (H*W, 3) with unit camera-frame z) of a camera."""
+    v, u = np.meshgrid(np.arange(height) + 0.5, np.arange(width) + 0.5, indexing="ij")
+    pixels = np.stack([u.ravel(), v.ravel(), np.ones(u.size)], axis=1)
+    cam_dirs = pixels @ np.linalg.inv(k).T
+    world_dirs = cam_dirs @ world_from_cam[:3, :3].T
+    return (torch.tensor(world_from_cam[:3, 3], dtype=torch.float32, device=device),
+            torch.tensor(world_dirs, dtype=torch.float32, device=device))
+
+
+def _boxes_2d(instance: np.ndarray, camera: int) -> list:
+    """[camera, track id, x0, y0, x1, y1] (pixels, inclusive-exclusive) of every instance visible in one image."""
+    rows = []
+    for track in np.unique(instance):
+        if track == 0:
+            continue
+        ys, xs = np.nonzero(instance == track)
+        rows.append([camera, track, xs.min(), ys.min(), xs.max() + 1, ys.max() + 1])
+    return rows
+
+
+def render_frame(scene: Scene, step_index: int, rig: RigConfig, ground: TorchGround,
+                 rng: np.random.Generator, device="cpu") -> dict:
+    """All cameras of one key frame plus its object labels (numpy arrays, ready for the shard writer)."""
+    ks, cam_to_ego = rig_matrices(rig)
+    pose = ego_pose(scene, step_index)
+    prims, major = render.build_primitives(scene.town, scene.agents, step_index, device)
+    sun = _sun(scene.light, device)
+    height, width = rig.image_height, rig.image_width
+    out = {"images": [], "depth": [], "semantic": [], "instance": []}
+    seen = {kind: torch.zeros(len(getattr(prims, kind)), device=device) for kind in ("boxes", "cylinders", "spheres")}
+    unoccluded = {kind: torch.zeros_like(count) for kind, count in seen.items()}
+    boxes_2d = []
+    for index in range(len(rig.cameras)):
+        world_from_cam = pose @ cam_to_ego[index]
+        origin, dirs = camera_rays(ks[index], world_from_cam, width, height, device)
+        tan_half = (width / 2 / ks[index][0, 0], height / 2 / ks[index][1, 1])
+        world_from_cam_t = torch.tensor(world_from_cam, dtype=torch.float32, device=device)
+        rows = render.visible_rows(prims, world_from_cam_t, tan_half)
+        hits, counts = render.cast(origin, dirs, prims, rows, ground, (ks[index], world_from_cam_t, width, height))
+        for kind, (selected, all_hits, nearest) in counts.items():
+            unoccluded[kind].index_add_(0, selected, all_hits.float())
+            seen[kind].index_add_(0, selected, nearest.float())
+        lit = torch.isfinite(hits.depth) & ((hits.normal @ sun) > 0)
+        shadowed = torch.zeros_like(lit)
+        if lit.any():
+            shadowed[lit] = render.in_shadow(hits.point[lit], sun, prims, render.near_rows(prims, origin, 80.0))
+        colour = shade(hits, dirs, ground, sun, shadowed, scene.light)
+        out["images"].append(_expose(colour, scene.light, rng).reshape(height, width, 3))
+        finite = torch.isfinite(hits.depth)
+        out["depth"].append(torch.where(finite, hits.depth.clamp(max=1000.0), torch.zeros_like(hits.depth))
+                            .reshape(height, width).cpu().numpy().astype(np.float16))
+        out["semantic"].append(hits.semantic.reshape(height, width).cpu().numpy().astype(np.uint8))
+        out["instance"].append(hits.instance.reshape(height, width).cpu().numpy().astype(np.uint16))
+        boxes_2d += _boxes_2d(out["instance"][-1], index)
+    frame = {key: np.stack(value) for key, value in out.items()}
+    frame["boxes"], frame["box_ids"], frame["visibility"] = _object_labels(scene, step_index, major, seen, unoccluded)
+    frame["boxes2d"] = np.array(boxes_2d, np.float32).reshape(-1, 6)
+    frame["intrinsics"], frame["cam_to_ego"] = ks.astype(np.float32), cam_to_ego.astype(np.float32)
+    return frame
+
+
+def _expose(colour: torch.Tensor, light: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Exposure, white balance, 8-bit quantisation and Gaussian sensor noise."""
+    gain = torch.tensor([light[2] * light[3], light[2], light[2] * light[4]], dtype=torch.float32, device=colour.device)
+    linear = (colour * gain).clamp(0.0, 1.0).cpu().numpy() * 255.0
+    noisy = linear + rng.normal(0.0, 2.5, size=linear.shape)
+    return np.clip(np.rint(noisy), 0, 255).astype(np.uint8)
+
+
+def _object_labels(scene: Scene, step_index: int, major: dict, seen: dict, unoccluded: dict):
+    """3D boxes, [class, track id], and visibility (visible / unoccluded pixels of each agent's main part)."""
+    boxes, ids = agent_boxes(scene, step_index)
+    visibility = np.zeros(len(boxes), np.float32)
+    for row, (_, track) in enumerate(ids):
+        kind, index = major[int(track)]
+        total = float(unoccluded[kind][index])
+        visibility[row] = float(seen[kind][index]) / total if total > 0 else 0.0
+    return boxes, ids, visibility

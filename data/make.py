@@ -1,0 +1,113 @@
+"""`stack data make`: render the procedural world into train/val frame shards.
+
+Scenes are independent, so they are simulated and rendered in parallel worker
+processes (`data.world.workers`, one torch thread each) and written by the main
+process in scene order. Every random draw comes from generators seeded by
+(`data.world.seed`, scene index), so the same config and seed give byte-identical
+shards whatever the number of workers. Validation takes whole scenes (the last
+`val_fraction` of them), never frames of a training scene.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+from stack.data.format import ShardWriter, frame_members, write_manifest
+from stack.data.roads import SEG_CLASSES
+from stack.data.traffic import CLASSES
+from stack.pipeline import Pipeline
+
+
+def split_of(scene: int, scenes: int, val_fraction: float) -> str:
+    val = int(round(scenes * val_fraction))
+    if val_fraction > 0 and scenes > 1:
+        val = max(val, 1)
+    return "val" if scene >= scenes - val else "train"
+
+
+def render_scene(task: tuple) -> list:
+    """(key, members) of every key frame of one scene; runs in a worker process."""
+    import torch
+
+    from stack.data.format import sample_key
+    from stack.data.frame import TorchGround, render_frame
+    from stack.data.scene import ego_labels, simulate
+
+    pipeline, scene_index, split, device = task
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # deterministic reductions, and one core per worker
+    try:
+        world, rig = pipeline.data.world, pipeline.data.rig
+        scene = simulate(np.random.default_rng([world.seed, scene_index]), world.frames_per_scene,
+                         world.frame_rate_hz, world.agents_per_scene)
+        ground = TorchGround(scene.town.ground, world.seed * 100003 + scene_index, device)
+        noise = np.random.default_rng([world.seed, scene_index, 1])
+        samples = []
+        for frame_index, step_index in enumerate(scene.key_steps):
+            frame = render_frame(scene, int(step_index), rig, ground, noise, device)
+            frame.update(ego_labels(scene, int(step_index)))
+            frame["boxes"] = np.concatenate([frame["boxes"], frame["visibility"][:, None]], axis=1)
+            meta = {"scene": scene_index, "frame": frame_index, "split": split}
+            members = frame_members(frame, [c.name for c in rig.cameras], meta, pipeline.data.jpeg_quality)
+            samples.append((sample_key(scene_index, frame_index), members))
+        return samples
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _device(pipeline: Pipeline) -> str:
+    choice = pipeline.data.world.render_device
+    if choice == "auto":
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return choice
+
+
+def make_dataset(pipeline: Pipeline, log=print) -> dict:
+    """Render every scene of `pipeline.data.world` into `pipeline.data.root`; returns the manifest."""
+    from rich.progress import Progress
+
+    world, root = pipeline.data.world, Path(pipeline.data.root)
+    device = _device(pipeline)
+    splits = {s: split_of(s, world.scenes, world.val_fraction) for s in range(world.scenes)}
+    writers = {}
+    for split in ("train", "val"):
+        shutil.rmtree(root / split, ignore_errors=True)
+        writers[split] = ShardWriter(root / split, "frames", pipeline.data.samples_per_shard)
+    tasks = [(pipeline, s, splits[s], device) for s in range(world.scenes)]
+    workers = min(world.workers, world.scenes)
+    context = multiprocessing.get_context("spawn" if device == "cuda" else "fork")
+    log(f"rendering {world.scenes} scenes x {world.frames_per_scene} frames x {len(pipeline.data.rig.cameras)} cameras "
+        f"on {device} with {max(workers, 1)} process(es) -> {root}")
+    with Progress() as progress:
+        bar = progress.add_task("rendering scenes", total=world.scenes)
+        if workers > 1:
+            with context.Pool(workers) as pool:
+                for scene_index, samples in enumerate(pool.imap(render_scene, tasks)):
+                    _write(writers[splits[scene_index]], samples)
+                    progress.advance(bar)
+        else:
+            for scene_index, task in enumerate(tasks):
+                _write(writers[splits[scene_index]], render_scene(task))
+                progress.advance(bar)
+    for writer in writers.values():
+        writer.close_shard()
+    manifest = {
+        "cameras": [c.name for c in pipeline.data.rig.cameras],
+        "image_size": [pipeline.data.rig.image_height, pipeline.data.rig.image_width],
+        "semantic_classes": list(SEG_CLASSES), "detection_classes": list(CLASSES),
+        "layout": "frames", "frame_rate_hz": world.frame_rate_hz, "seed": world.seed,
+        "splits": {split: [{"path": f"{split}/{s['path']}", "samples": s["samples"]} for s in w.shards]
+                   for split, w in writers.items()},
+    }
+    return write_manifest(root, manifest)
+
+
+def _write(writer: ShardWriter, samples: list) -> None:
+    for key, members in samples:
+        writer.write(key, members)

@@ -1,0 +1,162 @@
+"""One simulated scene: town + traffic + ego, and the per-key-frame labels derived from it.
+
+The simulation runs PAST_SECONDS before the first key frame and FUTURE_SECONDS
+after the last, so every key frame has a full past and future ego trajectory.
+Labels are expressed in the ego frame of `stack.rig` (x forward, y left, z up,
+origin on the ground below the rear axle).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from stack.data.roads import LANE_WIDTH, ROAD_HALF_WIDTH, Town, make_town
+from stack.data.traffic import (CLASSES, FUTURE_SECONDS, PAST_SECONDS, SIM_DT, SIZES, TRAJECTORY_STEP, Agent,
+                                pedestrian_route, step, vehicle_route)
+
+EGO_SIZE = (4.6, 1.9, 1.6)
+REAR_AXLE_OFFSET = 1.3
+"""Ego box centre is this far ahead of the rear axle (the ego frame origin)."""
+CLASS_MIX = {"car": 0.5, "truck": 0.1, "pedestrian": 0.28, "cyclist": 0.12}
+
+
+@dataclass
+class Scene:
+    town: Town
+    ego: Agent
+    agents: list
+    key_steps: np.ndarray
+    """Simulation step index of every key frame."""
+    light: np.ndarray
+    """Sun azimuth, sun elevation, exposure, white-balance tint r, b (rendering look of the scene)."""
+
+
+def _random_vehicle_route(town: Town, rng: np.random.Generator, lateral: float = LANE_WIDTH / 2):
+    entry = int(rng.integers(len(town.arms)))
+    exit_ = int(rng.choice([k for k in range(len(town.arms)) if k != entry]))
+    return vehicle_route(town, entry, exit_, lateral)
+
+
+def _spawn(kind: str, town: Town, rng: np.random.Generator, near: np.ndarray, track_id: int) -> Agent:
+    size = tuple(np.array(SIZES[kind]) * rng.uniform(0.92, 1.08, 3))
+    colour = int(rng.integers(0, 12))
+    if kind == "pedestrian":
+        route = pedestrian_route(town, rng)
+        speed = rng.uniform(1.0, 1.6)
+        return Agent(kind, route, rng.uniform(0, route.length * 0.8), speed, speed, size, colour, track_id)
+    if kind == "car" and rng.random() < 0.35:  # parked in the parking strip
+        route = _random_vehicle_route(town, rng, lateral=(LANE_WIDTH + ROAD_HALF_WIDTH) / 2 + 0.2)
+        s = rng.uniform(0, route.junction[0] - 12.0) if rng.random() < 0.5 else rng.uniform(route.junction[1] + 12, route.length)
+        return Agent(kind, route, s, 0.0, 0.0, size, colour, track_id, parked=True)
+    lateral = LANE_WIDTH / 2 + (1.0 if kind == "cyclist" else 0.0)
+    route = _random_vehicle_route(town, rng, lateral)
+    desired = rng.uniform(4.0, 6.0) if kind == "cyclist" else rng.uniform(7.0, 12.0)
+    return Agent(kind, route, rng.uniform(0, route.length * 0.7), desired * rng.uniform(0.5, 1.0), desired, size,
+                 colour, track_id)
+
+
+def _clear_of(agent: Agent, placed: list) -> bool:
+    xy, _ = agent.route.at(agent.s)
+    for other in placed:
+        other_xy, _ = other.route.at(other.s)
+        if np.linalg.norm(xy - other_xy) < (agent.size[0] + other.size[0]) / 2 + 2.0:
+            return False
+    return True
+
+
+def _place_agents(town: Town, ego: Agent, count: int, rng: np.random.Generator) -> list:
+    """`count` agents, mostly within 70 m of the ego start so the cameras see them, none overlapping."""
+    ego_xy, _ = ego.route.at(ego.s)
+    kinds, weights = list(CLASS_MIX), np.array(list(CLASS_MIX.values()))
+    placed: list = []
+    for track_id in range(1, count + 1):
+        kind = str(rng.choice(kinds, p=weights / weights.sum()))
+        for _ in range(60):
+            agent = _spawn(kind, town, rng, ego_xy, track_id)
+            xy, _ = agent.route.at(agent.s)
+            if np.linalg.norm(xy - ego_xy) < 70.0 and _clear_of(agent, placed + [ego]):
+                placed.append(agent)
+                break
+    return placed
+
+
+def simulate(rng: np.random.Generator, frames: int, rate_hz: float, agent_count: int) -> Scene:
+    """Build a town, place ego and agents, and run the traffic until FUTURE_SECONDS after the last key frame."""
+    town = make_town(rng)
+    ego_route = _random_vehicle_route(town, rng)
+    ego_start = max(ego_route.junction[0] - rng.uniform(20.0, 70.0), 0.0)
+    desired = rng.uniform(8.0, 11.0)
+    ego = Agent("car", ego_route, ego_start, desired * 0.8, desired, EGO_SIZE, 0, 0)
+    agents = _place_agents(town, ego, agent_count, rng)
+    everyone = [ego] + agents
+    for agent in everyone:
+        xy, heading = agent.route.at(agent.s)
+        agent.history.append((xy[0], xy[1], heading, agent.speed, 0.0))
+    key_interval = 1.0 / rate_hz / SIM_DT
+    first = int(round(PAST_SECONDS / SIM_DT))
+    key_steps = np.round(first + np.arange(frames) * key_interval).astype(int)
+    total = key_steps[-1] + int(round(FUTURE_SECONDS / SIM_DT))
+    for _ in range(total):
+        step(everyone)
+    light = np.array([rng.uniform(-math.pi, math.pi), rng.uniform(0.25, 1.1), rng.uniform(0.85, 1.15),
+                      rng.uniform(0.92, 1.08), rng.uniform(0.92, 1.08)])
+    return Scene(town, ego, agents, key_steps, light)
+
+
+def ego_pose(scene: Scene, step_index: int) -> np.ndarray:
+    """4x4 world-from-ego transform (rear axle on the ground) at a simulation step."""
+    x, y, yaw = scene.ego.history[step_index][:3]
+    c, s = math.cos(yaw), math.sin(yaw)
+    pose = np.eye(4)
+    pose[:2, :2] = [[c, -s], [s, c]]
+    pose[:2, 3] = [x - c * REAR_AXLE_OFFSET, y - s * REAR_AXLE_OFFSET]
+    return pose
+
+
+def _to_ego(pose: np.ndarray, xy: np.ndarray) -> np.ndarray:
+    rotation, origin = pose[:2, :2], pose[:2, 3]
+    return (xy - origin) @ rotation
+
+
+def ego_labels(scene: Scene, step_index: int) -> dict:
+    """Ego status, command and trajectories at one key frame (see stack.batch)."""
+    pose = ego_pose(scene, step_index)
+    stride = int(round(TRAJECTORY_STEP / SIM_DT))
+    rear = np.array([ego_pose(scene, k)[:2, 3] for k in range(len(scene.ego.history))])
+    past_steps = [step_index - stride * k for k in range(int(PAST_SECONDS / TRAJECTORY_STEP), 0, -1)]
+    future_steps = [step_index + stride * k for k in range(1, int(FUTURE_SECONDS / TRAJECTORY_STEP) + 1)]
+    history = scene.ego.history
+    yaw_rate = (history[step_index + 1][2] - history[step_index - 1][2]) / (2 * SIM_DT)
+    route, s = scene.ego.route, _arc_length_at(scene, step_index)
+    entry, exit_ = route.junction
+    command = route.turn if (entry - 30.0 < s < exit_) else 1
+    return {
+        "ego": np.array([history[step_index][3], history[step_index][4], yaw_rate], np.float32),
+        "command": np.array([command], np.int64),
+        "past": _to_ego(pose, rear[past_steps]).astype(np.float32),
+        "future": _to_ego(pose, rear[future_steps]).astype(np.float32),
+    }
+
+
+def _arc_length_at(scene: Scene, step_index: int) -> float:
+    xy = np.array(scene.ego.history[step_index][:2])
+    return float(np.argmin(np.linalg.norm(scene.ego.route.points - xy, axis=1))) * 0.25
+
+
+def agent_boxes(scene: Scene, step_index: int) -> tuple[np.ndarray, np.ndarray]:
+    """(boxes (A, 9) in the ego frame, [class index, track id] (A, 2)) for every agent at a step."""
+    pose = ego_pose(scene, step_index)
+    ego_yaw = scene.ego.history[step_index][2]
+    rows, ids = [], []
+    for agent in scene.agents:
+        x, y, yaw, speed, _ = agent.history[step_index]
+        centre = _to_ego(pose, np.array([x, y]))
+        heading = math.remainder(yaw - ego_yaw, 2 * math.pi)
+        length, width, height = agent.size
+        rows.append([centre[0], centre[1], height / 2, length, width, height, heading,
+                     speed * math.cos(heading), speed * math.sin(heading)])
+        ids.append([CLASSES.index(agent.kind), agent.track_id])
+    return np.array(rows, np.float32).reshape(-1, 9), np.array(ids, np.int32).reshape(-1, 2)

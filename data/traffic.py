@@ -1,0 +1,205 @@
+"""Traffic of one scene: routes through the junction, agents, and the expert-driven ego vehicle.
+
+Vehicles and cyclists follow routes (incoming lane → a Bézier turn through the
+junction → outgoing lane) with the Intelligent Driver Model (Treiber, Hennecke &
+Helbing 2000, https://arxiv.org/abs/cond-mat/0002177) for car following: the
+leader is whatever agent stands in the corridor ahead on the route (a slower
+car, a cyclist, a pedestrian on a crossing). Curves cap the desired speed by a
+lateral-acceleration limit, and vehicles about to enter the junction yield to
+whoever is in it or closer to it (first come, first served; never a deadlock).
+Pedestrians walk the sidewalks and some cross at the zebra crossings. Cars park
+in the parking strips, which hides what is behind them.
+
+The ego vehicle is one of these vehicles with privileged knowledge (the expert
+planner); its states give the past/future trajectories, ego status and the
+high-level command of every key frame.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from stack.data.roads import (JUNCTION_RADIUS, LANE_WIDTH, POINT_SPACING, ROAD_HALF_WIDTH, SIDEWALK_OUTER,
+                              Town, arm_frames)
+
+CLASSES = ("car", "truck", "pedestrian", "cyclist")
+"""Agent classes, by index (3D box labels in shards)."""
+SIZES = {"car": (4.5, 1.9, 1.55), "truck": (8.0, 2.5, 3.4), "pedestrian": (0.6, 0.6, 1.75), "cyclist": (1.8, 0.6, 1.75)}
+"""Nominal (length, width, height) per class, metres; each agent varies them by +/- 8 %."""
+SIM_DT = 0.1
+"""Simulation step, seconds."""
+PAST_SECONDS, FUTURE_SECONDS, TRAJECTORY_STEP = 2.0, 3.0, 0.5
+TURN_ANGLE = math.radians(30.0)
+
+
+@dataclass
+class Route:
+    """A path resampled every POINT_SPACING metres, with the junction's arc-length span and turn."""
+
+    points: np.ndarray
+    headings: np.ndarray
+    curvature: np.ndarray
+    junction: tuple = (math.inf, math.inf)
+    """(entry, exit) arc length of the junction part; infinite for routes that avoid it."""
+    turn: int = 1
+    """0 left, 1 straight, 2 right (stack.batch.COMMANDS)."""
+
+    @property
+    def length(self) -> float:
+        return (len(self.points) - 1) * POINT_SPACING
+
+    def at(self, s: float) -> tuple[np.ndarray, float]:
+        """(x, y) and heading at arc length `s` (clamped to the route)."""
+        position = min(max(s / POINT_SPACING, 0.0), len(self.points) - 1.001)
+        i, frac = int(position), position - int(position)
+        xy = self.points[i] * (1 - frac) + self.points[i + 1] * frac
+        return xy, float(self.headings[i])
+
+
+def _make_route(polyline: np.ndarray, junction=(math.inf, math.inf), turn=1) -> Route:
+    steps = np.linalg.norm(np.diff(polyline, axis=0), axis=1)
+    s = np.concatenate([[0.0], np.cumsum(steps)])
+    grid = np.arange(0.0, s[-1], POINT_SPACING)
+    points = np.stack([np.interp(grid, s, polyline[:, k]) for k in range(2)], axis=1)
+    delta = np.gradient(points, axis=0)
+    headings = np.unwrap(np.arctan2(delta[:, 1], delta[:, 0]))
+    curvature = np.gradient(headings) / POINT_SPACING
+    return Route(points, headings, curvature, junction, turn)
+
+
+def _lane(arm: np.ndarray, offset: float) -> np.ndarray:
+    return arm + arm_frames(arm)[1] * offset
+
+
+def vehicle_route(town: Town, entry: int, exit_: int, lateral: float = LANE_WIDTH / 2) -> Route:
+    """Incoming lane of arm `entry` → turn → outgoing lane of arm `exit_`; `lateral` from the centreline."""
+    start = int(JUNCTION_RADIUS / POINT_SPACING)
+    incoming = _lane(town.arms[entry], lateral)[start:][::-1]
+    outgoing = _lane(town.arms[exit_], -lateral)[start:]
+    a, b = incoming[-1], outgoing[0]
+    direction_in, direction_out = a - incoming[-2], outgoing[1] - b
+    direction_in, direction_out = direction_in / np.linalg.norm(direction_in), direction_out / np.linalg.norm(direction_out)
+    reach = 0.39 * np.linalg.norm(b - a)  # cubic Bezier handle that approximates a circular quarter arc
+    t = np.linspace(0.0, 1.0, 40)[1:-1, None]
+    p1, p2 = a + direction_in * reach, b - direction_out * reach
+    bezier = (1 - t) ** 3 * a + 3 * (1 - t) ** 2 * t * p1 + 3 * (1 - t) * t ** 2 * p2 + t ** 3 * b
+    change = math.remainder(math.atan2(direction_out[1], direction_out[0]) - math.atan2(direction_in[1], direction_in[0]), 2 * math.pi)
+    turn = 0 if change > TURN_ANGLE else 2 if change < -TURN_ANGLE else 1
+    entry_s = (len(incoming) - 1) * POINT_SPACING
+    return _make_route(np.concatenate([incoming, bezier, outgoing]), (entry_s, entry_s + 2 * reach * 1.2), turn)
+
+
+def pedestrian_route(town: Town, rng: np.random.Generator) -> Route:
+    """Along one sidewalk; sometimes toward the junction and across the zebra crossing."""
+    arm = int(rng.integers(len(town.arms)))
+    side = rng.choice([-1.0, 1.0])
+    walkway = _lane(town.arms[arm], side * (ROAD_HALF_WIDTH + SIDEWALK_OUTER) / 2)
+    start = int((JUNCTION_RADIUS + 2.0) / POINT_SPACING)
+    if rng.random() < 0.5:
+        toward = walkway[start:][::-1]
+        other = _lane(town.arms[arm], -side * (ROAD_HALF_WIDTH + SIDEWALK_OUTER) / 2)[start:]
+        return _make_route(np.concatenate([toward, other]))
+    return _make_route(walkway[start:] if rng.random() < 0.5 else walkway[start:][::-1])
+
+
+@dataclass
+class Agent:
+    kind: str
+    route: Route
+    s: float
+    speed: float
+    desired_speed: float
+    size: tuple
+    colour: int
+    track_id: int
+    parked: bool = False
+    history: list = field(default_factory=list)
+    """(x, y, yaw, speed, accel) per simulation step."""
+
+
+def _idm(speed: float, desired: float, gap: float, leader_speed: float) -> float:
+    """IDM acceleration (a = 1.5 m/s^2, b = 2.5 m/s^2, T = 1.4 s, s0 = 2.5 m)."""
+    a, b, headway, s0 = 1.5, 2.5, 1.4, 2.5
+    free = 1.0 - (speed / max(desired, 0.1)) ** 4
+    if not math.isfinite(gap):
+        return a * free
+    wanted = s0 + max(0.0, speed * headway + speed * (speed - leader_speed) / (2 * math.sqrt(a * b)))
+    return a * (free - (wanted / max(gap, 0.1)) ** 2)
+
+
+def _curve_speed(agent: Agent) -> float:
+    """Desired speed that keeps lateral acceleration below 2.5 m/s^2 in curves ahead, braking at 2 m/s^2 to reach them."""
+    i = int(agent.s / POINT_SPACING)
+    ahead = np.abs(agent.route.curvature[i:i + int(40 / POINT_SPACING)])
+    if not len(ahead):
+        return agent.desired_speed
+    distance = np.arange(len(ahead)) * POINT_SPACING
+    reachable = np.sqrt(2.5 / np.maximum(ahead, 1e-4) + 2 * 2.0 * distance)
+    return min(agent.desired_speed, float(reachable.min()))
+
+
+def _leader(agent: Agent, others: list, positions: np.ndarray) -> tuple[float, float]:
+    """(gap, speed) of the nearest agent in the corridor ahead on the route."""
+    route, best = agent.route, (math.inf, 0.0)
+    ahead = np.arange(agent.s + 1.0, min(agent.s + 45.0, agent.route.length), 1.0)
+    if not len(ahead) or not len(others):
+        return best
+    samples = route.points[(ahead / POINT_SPACING).astype(int)]
+    distance = np.linalg.norm(samples[:, None, :] - positions[None, :, :], axis=2)
+    for j, other in enumerate(others):
+        near = np.nonzero(distance[:, j] < (1.3 if other.kind in ("pedestrian", "cyclist") else 1.6))[0]
+        if not len(near):
+            continue
+        other_heading = other.history[-1][2]
+        path_heading = route.headings[int(ahead[near[0]] / POINT_SPACING)]
+        aligned = math.cos(other_heading - path_heading) > 0.5
+        if other.kind in ("car", "truck") and not aligned and other.speed > 0.5:
+            continue  # crossing traffic is handled by the junction rule
+        gap = ahead[near[0]] - agent.s - (agent.size[0] + other.size[0]) / 2
+        if gap < best[0]:
+            best = (gap, other.speed if aligned else 0.0)
+    return best
+
+
+def _junction_gap(agent: Agent, vehicles: list) -> float:
+    """Distance to a virtual stop line when the junction is not ours to enter, else infinity."""
+    entry = agent.route.junction[0]
+    to_entry = entry - agent.s
+    if not 0.0 < to_entry < 25.0:
+        return math.inf
+    for other in vehicles:
+        if other is agent or other.parked:
+            continue
+        other_to_entry = other.route.junction[0] - other.s
+        inside = other.route.junction[0] <= other.s <= other.route.junction[1]
+        earlier = 0.0 < other_to_entry < to_entry or (other_to_entry == to_entry and other.track_id < agent.track_id)
+        if inside or (earlier and other_to_entry < 12.0):
+            return max(to_entry - 1.0, 0.1)
+    return math.inf
+
+
+def step(agents: list) -> None:
+    """Advance every agent by SIM_DT and append its new state to its history."""
+    positions = np.array([a.history[-1][:2] for a in agents])
+    vehicles = [a for a in agents if a.kind != "pedestrian"]
+    accelerations = []
+    for index, agent in enumerate(agents):
+        if agent.parked or agent.kind == "pedestrian":
+            accelerations.append(0.0)
+            continue
+        others = [o for k, o in enumerate(agents) if k != index]
+        gap, leader_speed = _leader(agent, others, np.delete(positions, index, axis=0))
+        junction = _junction_gap(agent, vehicles)
+        if junction < gap:
+            gap, leader_speed = junction, 0.0
+        accelerations.append(float(np.clip(_idm(agent.speed, _curve_speed(agent), gap, leader_speed), -7.0, 2.5)))
+    for agent, accel in zip(agents, accelerations):
+        speed = max(agent.speed + accel * SIM_DT, 0.0)
+        accel = (speed - agent.speed) / SIM_DT
+        agent.s = min(agent.s + (agent.speed + speed) / 2 * SIM_DT, agent.route.length)
+        agent.speed = speed if agent.s < agent.route.length else 0.0
+        xy, heading = agent.route.at(agent.s)
+        agent.history.append((xy[0], xy[1], heading, agent.speed, accel))

@@ -1,0 +1,145 @@
+"""The world generator: determinism, the shard schema, and labels that agree with the pixels."""
+
+import io
+import json
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from stack.data.format import ARRAY_MEMBERS, DTYPES, SCHEMA_VERSION
+from stack.rig import rig_matrices
+
+
+def _members(path):
+    with tarfile.open(path) as tar:
+        return {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
+
+
+def _sample(root, split="train", index=0):
+    manifest = json.loads((Path(root) / "manifest.json").read_text())
+    members = _members(Path(root) / manifest["splits"][split][0]["path"])
+    key = sorted({name.split(".")[0] for name in members})[index]
+    return key, {name.split(".", 1)[1]: data for name, data in members.items() if name.startswith(key + ".")}
+
+
+def test_same_seed_gives_byte_identical_shards_whatever_the_worker_count(tmp_path, dataset, small_pipeline):
+    from stack.data.make import make_dataset
+
+    pipeline, manifest = dataset
+    again = small_pipeline(tmp_path, "data.world.workers=1")
+    make_dataset(again, log=lambda *_: None)
+    for split in ("train", "val"):
+        for shard in manifest["splits"][split]:
+            for suffix in (".tar", ".idx"):
+                first = (Path(pipeline.data.root) / shard["path"]).with_suffix(suffix).read_bytes()
+                assert first == (tmp_path / shard["path"]).with_suffix(suffix).read_bytes(), shard
+    assert (Path(pipeline.data.root) / "manifest.json").read_bytes() == (tmp_path / "manifest.json").read_bytes()
+
+
+def test_another_seed_gives_another_world(tmp_path, dataset, small_pipeline):
+    from stack.data.make import render_scene
+
+    pipeline, _ = dataset
+    other = small_pipeline(tmp_path, "data.world.seed=7", "data.world.frames_per_scene=1")
+    first = dict(render_scene((pipeline, 0, "train", "cpu"))[0][1])
+    second = dict(render_scene((other, 0, "train", "cpu"))[0][1])
+    assert first["front.jpg"] != second["front.jpg"]
+
+
+def test_split_by_scene_and_manifest_counts(dataset):
+    pipeline, manifest = dataset
+    assert manifest["schema"] == SCHEMA_VERSION
+    scenes = {}
+    for split, shards in manifest["splits"].items():
+        for shard in shards:
+            names = _members(Path(pipeline.data.root) / shard["path"])
+            keys = {n.split(".")[0] for n in names}
+            assert len(keys) == shard["samples"] <= pipeline.data.samples_per_shard
+            for name, data in names.items():
+                if name.endswith("meta.json"):
+                    meta = json.loads(data)
+                    assert meta["split"] == split and meta["schema"] == SCHEMA_VERSION
+                    scenes.setdefault(meta["scene"], set()).add(split)
+    assert all(len(splits) == 1 for splits in scenes.values()), scenes
+    assert {s for splits in scenes.values() for s in splits} == {"train", "val"}
+
+
+def test_every_schema_member_has_its_dtype_and_shape(dataset):
+    pipeline, _ = dataset
+    _, sample = _sample(pipeline.data.root)
+    n, h, w = len(pipeline.data.rig.cameras), pipeline.data.rig.image_height, pipeline.data.rig.image_width
+    arrays = {name: np.load(io.BytesIO(sample[f"{name}.npy"])) for name in ARRAY_MEMBERS}
+    for name, array in arrays.items():
+        assert array.dtype == DTYPES[name], name
+    assert arrays["depth"].shape == arrays["semantic"].shape == arrays["instance"].shape == (n, h, w)
+    assert arrays["boxes"].shape[1] == 10 and arrays["box_ids"].shape == (len(arrays["boxes"]), 2)
+    assert arrays["past"].shape == (4, 2) and arrays["future"].shape == (6, 2)
+    for camera in pipeline.data.rig.cameras:
+        assert sample[f"{camera.name}.jpg"][:2] == b"\xff\xd8"
+    ks, poses = rig_matrices(pipeline.data.rig)
+    np.testing.assert_allclose(arrays["intrinsics"], ks, rtol=1e-6)
+    np.testing.assert_allclose(arrays["cam_to_ego"], poses, atol=1e-6)
+
+
+def _arrays(pipeline, index):
+    _, sample = _sample(pipeline.data.root, index=index)
+    return {name: np.load(io.BytesIO(sample[f"{name}.npy"])) for name in ARRAY_MEMBERS}
+
+
+def test_sky_has_no_depth_and_the_ground_depth_follows_the_camera_height(dataset):
+    pipeline, _ = dataset
+    arrays = _arrays(pipeline, 0)
+    sky = arrays["semantic"] == 5
+    assert sky.any() and (arrays["depth"][sky] == 0).all()
+    assert (arrays["depth"][~sky] > 0).all()
+    # the bottom image row of a level camera at height z sees flat ground at z-depth f * z / (v - cy)
+    k, camera = arrays["intrinsics"][0], pipeline.data.rig.cameras[0]
+    bottom = arrays["depth"][0, -1].astype(np.float32)
+    road_like = np.isin(arrays["semantic"][0, -1], [0, 1, 2, 4])
+    expected = k[1, 1] * camera.z / (pipeline.data.rig.image_height - 0.5 - k[1, 2])
+    assert road_like.mean() > 0.5
+    np.testing.assert_allclose(bottom[road_like], expected, rtol=0.01)
+
+
+def test_visible_boxes_project_onto_their_own_instance_pixels(dataset):
+    pipeline, _ = dataset
+    checked = 0
+    for index in range(2):
+        arrays = _arrays(pipeline, index)
+        ks, poses = arrays["intrinsics"], arrays["cam_to_ego"]
+        for row, (box, (cls, track)) in enumerate(zip(arrays["boxes"], arrays["box_ids"])):
+            for cam in range(len(ks)):
+                mask = arrays["instance"][cam] == track
+                if mask.sum() < 30:
+                    continue
+                centre = np.linalg.inv(poses[cam]) @ np.array([box[0], box[1], box[2], 1.0])
+                u, v, _ = ks[cam] @ centre[:3] / centre[2]
+                ys, xs = np.nonzero(mask)
+                # the box centre projects inside the object's visible extent, and depth agrees with the box
+                assert xs.min() - 3 <= u <= xs.max() + 3 and ys.min() - 3 <= v <= ys.max() + 3, (track, cam)
+                depth = arrays["depth"][cam][mask].astype(np.float32)
+                assert abs(np.median(depth) - centre[2]) < max(box[3], box[4]), (track, cam)
+                assert box[9] > 0
+                checked += 1
+    assert checked >= 2
+
+
+def test_boxes_2d_are_the_extent_of_the_visible_instance(dataset):
+    pipeline, _ = dataset
+    arrays = _arrays(pipeline, 0)
+    assert len(arrays["boxes2d"])
+    for cam, track, x0, y0, x1, y1 in arrays["boxes2d"]:
+        ys, xs = np.nonzero(arrays["instance"][int(cam)] == track)
+        assert (x0, y0, x1, y1) == (xs.min(), ys.min(), xs.max() + 1, ys.max() + 1)
+
+
+def test_ego_trajectory_is_consistent_with_its_speed(dataset):
+    pipeline, _ = dataset
+    arrays = _arrays(pipeline, 1)
+    speed = float(arrays["ego"][0])
+    first_step = float(np.linalg.norm(arrays["future"][0]))
+    assert abs(first_step - speed * 0.5) < 1.5
+    assert arrays["future"][-1, 0] > arrays["future"][0, 0] - 1e-3 and arrays["past"][0, 0] < 0
+    assert int(arrays["command"][0]) in (0, 1, 2)
