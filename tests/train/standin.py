@@ -94,7 +94,7 @@ def synthetic_batch(pipeline, seed: int) -> Batch:
 def synthetic_loaders(pipeline, batches_per_epoch: int = 6, nan_at: int = -1):
     """(split, rank, world) -> loader: per (epoch, rank) a fixed, different sequence of batches.
 
-    `nan_at` puts a NaN into the depth labels of that global batch index (for the divergence test).
+    `nan_at` puts a NaN into rank 0's depth labels at that batch index (for the divergence tests).
     """
     from stack.train.data import ResumableLoader
 
@@ -104,7 +104,7 @@ def synthetic_loaders(pipeline, batches_per_epoch: int = 6, nan_at: int = -1):
         def epoch_batches(epoch: int):
             for index in range(batches_per_epoch):
                 batch = synthetic_batch(pipeline, offset + (epoch * batches_per_epoch + index) * world + rank)
-                if split == "train" and epoch * batches_per_epoch + index == nan_at:
+                if split == "train" and rank == 0 and epoch * batches_per_epoch + index == nan_at:
                     batch.depth[0, 0, 0, 0] = float("nan")
                 yield batch
         return ResumableLoader(epoch_batches, batches_per_epoch if split == "train" else 2)
