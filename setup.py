@@ -3,7 +3,19 @@
 `data/` installs as `stack.data`, `models/` as `stack.models`, and so on, so no generic
 top-level module named `data` or `models` lands in anyone's site-packages. Metadata and
 dependencies live in pyproject.toml.
+
+It also compiles csrc/ into `stack._C` (the custom ops): a CUDAExtension (CPU + CUDA
+kernels, sm_87 for Orin and sm_90 unless TORCH_CUDA_ARCH_LIST says otherwise) when
+nvcc is found, a CppExtension (CPU kernels) when only a C++ compiler is, and nothing
+when there is no compiler -- `stack.ops` then runs its pure-PyTorch reference and warns
+once. A compile error fails the install. Build without isolation, after torch:
+`MAX_JOBS=2 pip install --no-build-isolation -e .`
 """
+
+import glob
+import os
+import shutil
+import sys
 
 from setuptools import find_packages, setup
 
@@ -26,7 +38,69 @@ def all_packages() -> list[str]:
     return names
 
 
+def _skip(why: str) -> dict:
+    print(f"stack: not building the stack._C extension ({why}); stack.ops will use its PyTorch reference",
+          file=sys.stderr)
+    return {}
+
+
+def _cuda_include_dirs(torch) -> list[str]:
+    """The CUDA wheel headers (cuBLAS, cuSPARSE, ...) that ATen/cuda includes and a bare toolkit may lack."""
+    major = (torch.version.cuda or "").split(".")[0]
+    import site
+
+    roots = site.getsitepackages() + [site.getusersitepackages()]
+    return sorted({d for root in roots for d in glob.glob(os.path.join(root, "nvidia", f"cu{major}", "include"))})
+
+
+def _find_cuda_home() -> str | None:
+    """The CUDA toolkit root: CUDA_HOME/CUDA_PATH, else the one nvcc belongs to (nvcc on PATH may be a
+    wrapper script outside the toolkit, which misleads torch's own guess), else /usr/local/cuda."""
+    nvcc = shutil.which("nvcc")
+    candidates = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")]
+    if nvcc:
+        candidates.append(os.path.dirname(os.path.dirname(os.path.realpath(nvcc))))
+        with open(nvcc, "rb") as script:  # a wrapper such as `exec /usr/local/cuda-13.0/bin/nvcc "$@"`
+            head = script.read(4096)
+        if head.startswith(b"#!"):
+            candidates += [os.path.dirname(os.path.dirname(word)) for word in head.decode(errors="ignore").split()
+                           if word.endswith("/bin/nvcc")]
+    candidates.append("/usr/local/cuda")
+    for root in filter(None, candidates):
+        if os.path.exists(os.path.join(root, "include", "cuda_runtime.h")) and os.path.exists(os.path.join(root, "bin", "nvcc")):
+            return root
+    return None
+
+
+def extension_args() -> dict:
+    """`ext_modules` and `cmdclass` for stack._C, or {} where it cannot be built here."""
+    sources = sorted(glob.glob("csrc/*.cpp"))
+    if not sources:
+        return {}
+    cuda_home = _find_cuda_home()
+    if cuda_home:
+        os.environ["CUDA_HOME"] = cuda_home  # read when torch.utils.cpp_extension is imported
+    try:
+        import torch
+        from torch.utils import cpp_extension
+    except ImportError:
+        return _skip("torch is not importable at build time; install torch first and use --no-build-isolation")
+    if not (shutil.which(os.environ.get("CXX", "c++")) or shutil.which("g++")):
+        return _skip("no C++ compiler found")
+    compile_args = {"cxx": ["-O3"]}
+    cuda_sources = sorted(glob.glob("csrc/*.cu"))
+    if cpp_extension.CUDA_HOME and torch.version.cuda and cuda_sources:
+        os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "8.7;9.0")
+        compile_args["nvcc"] = ["-O3", "-lineinfo"]
+        extension = cpp_extension.CUDAExtension("stack._C", sources + cuda_sources, extra_compile_args=compile_args,
+                                                include_dirs=_cuda_include_dirs(torch))
+    else:
+        extension = cpp_extension.CppExtension("stack._C", sources, extra_compile_args=compile_args)
+    return {"ext_modules": [extension], "cmdclass": {"build_ext": cpp_extension.BuildExtension}}
+
+
 setup(
     packages=all_packages(),
     package_dir=PACKAGE_ROOTS,
+    **extension_args(),
 )

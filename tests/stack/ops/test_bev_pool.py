@@ -197,7 +197,7 @@ def test_the_op_itself_rejects_geometry_for_another_grid():
     geometry, *_ = make_geometry()
     depth, context = random_inputs(geometry)
     g = geometry
-    with pytest.raises(RuntimeError, match="ranks_bev .* out of range .* bev_geometry"):
+    with pytest.raises(RuntimeError, match="ranks_bev .* out of range .*another batch or BEV grid.*bev_geometry"):
         torch.ops.stack.bev_pool(depth, context, g.ranks_depth, g.ranks_feat, g.ranks_bev, g.interval_starts,
                                  g.interval_lengths, g.batch, g.grid_x // 2, g.grid_y // 2)
     with pytest.raises(RuntimeError, match="same dtype"):
@@ -219,3 +219,12 @@ def test_reference_fallback_warns_once(monkeypatch):
         warnings.simplefilter("error")
         bev_pool(depth, context, geometry)
     torch.testing.assert_close(out, bev_pool_ref(depth, context, geometry))
+
+
+@needs_extension
+def test_bev_pool_dispatches_to_the_compiled_kernel(monkeypatch):
+    geometry, *_ = make_geometry()
+    depth, context = random_inputs(geometry)
+    monkeypatch.setattr("stack.ops.bev_pool.bev_pool_ref", lambda *a: pytest.fail("took the reference path"))
+    assert _extension.has_kernel("cpu")
+    assert bev_pool(depth, context, geometry).shape[1] == context.shape[2]
