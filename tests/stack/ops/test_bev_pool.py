@@ -1,5 +1,6 @@
 """BEV pooling: the geometry against an independent projection, the op against the reference."""
 
+import importlib
 import warnings
 
 import pytest
@@ -225,6 +226,7 @@ def test_reference_fallback_warns_once(monkeypatch):
 def test_bev_pool_dispatches_to_the_compiled_kernel(monkeypatch):
     geometry, *_ = make_geometry()
     depth, context = random_inputs(geometry)
-    monkeypatch.setattr("stack.ops.bev_pool.bev_pool_ref", lambda *a: pytest.fail("took the reference path"))
+    module = importlib.import_module("stack.ops.bev_pool")  # the package re-exports a function of that name
+    monkeypatch.setattr(module, "bev_pool_ref", lambda *a: pytest.fail("took the reference path"))
     assert _extension.has_kernel("cpu")
     assert bev_pool(depth, context, geometry).shape[1] == context.shape[2]
