@@ -1,0 +1,249 @@
+"""`build_loader`: the one entry point the trainer calls, and the `torch` backend (WebDataset + DataLoader).
+
+    loader = build_loader(pipeline, "train", rank=0, world_size=1)
+    for epoch in range(epochs):
+        loader.set_epoch(epoch)          # optional: each iteration otherwise advances the epoch
+        for batch in loader:             # stack.batch.Batch, len(loader) batches on every rank
+            ...
+
+Rank and world size come from torch.distributed when it is initialised, else
+from the RANK / WORLD_SIZE environment variables, else 0 / 1. Which samples a
+(rank, worker) reads is planned exactly from the manifest (`stack.data.sharding`),
+so every rank yields `len(loader)` batches and no sample is read twice in a
+training epoch. Tar streams are parsed with webdataset's tar iterators; samples
+are decoded and augmented in the DataLoader workers.
+
+A bad sample stops the epoch with a `BadSample` naming the shard and key, unless
+`data.skip_bad_samples` is true: then it is replaced by the worker's previous good
+sample (so batch counts stay equal across ranks), counted in `loader.skipped`
+and logged.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import multiprocessing
+import os
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from stack.data.augment import augment_row
+from stack.data.format import MANIFEST, SCHEMA_VERSION
+from stack.data.samples import BadSample, ClassMaps, check_members, collate, decode_arrays, decode_jpeg, to_fields
+from stack.data.sharding import Piece, batches_per_rank, plan
+from stack.errors import StackError
+from stack.pipeline import Pipeline
+
+log = logging.getLogger("stack.data")
+SHUFFLE_BUFFER = 16
+
+
+def read_manifest(root: str | Path) -> dict:
+    """The dataset manifest, checked for existence and schema version."""
+    path = Path(root) / MANIFEST
+    if not path.is_file():
+        raise StackError(f"no dataset at {root}: expected {path}; render one with `stack data make` "
+                         "(or point data.root at an existing dataset)")
+    try:
+        manifest = json.loads(path.read_text())
+    except ValueError as exc:
+        raise StackError(f"{path} is not valid JSON ({exc}); re-create the dataset with `stack data make`") from exc
+    if manifest.get("schema") != SCHEMA_VERSION:
+        raise StackError(f"{path}: schema version {manifest.get('schema')!r}, this stack reads version {SCHEMA_VERSION}; "
+                         "re-create the dataset with this version's `stack data make`")
+    return manifest
+
+
+def split_shards(manifest: dict, root: str | Path, split: str) -> list:
+    """[(absolute shard path, samples)] of a split; an empty list is an error."""
+    shards = [(str(Path(root) / s["path"]), int(s["samples"])) for s in manifest.get("splits", {}).get(split, [])]
+    if not shards or not sum(count for _, count in shards):
+        known = ", ".join(f"{k} ({len(v)} shards)" for k, v in manifest.get("splits", {}).items()) or "none"
+        raise StackError(f"split {split!r} of {Path(root) / MANIFEST} lists no shards (found: {known}); render more "
+                         "scenes (data.world.scenes) or lower data.world.val_fraction")
+    return shards
+
+
+def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    if rank is not None and world_size is not None:
+        return rank, world_size
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+
+
+def read_piece(piece: Piece):
+    """The raw samples [start, stop) of a shard, via webdataset's tar iterators; errors name the shard."""
+    from webdataset.tariterators import group_by_keys, tar_file_iterator
+
+    index, key = -1, None
+    try:
+        with open(piece.shard, "rb") as stream:
+            files = ({**f, "__url__": piece.shard} for f in tar_file_iterator(stream))
+            for index, sample in enumerate(group_by_keys(files)):
+                key = sample["__key__"]
+                if index >= piece.stop:
+                    return
+                if index >= piece.start:
+                    yield sample
+    except (tarfile.TarError, OSError, ValueError) as exc:
+        where = f"after sample {key}" if key else "at its start"
+        raise BadSample(f"shard {piece.shard}: not a readable tar ({exc}) {where}; re-create it with `stack data make`") from exc
+    if index + 1 < piece.stop:
+        raise BadSample(f"shard {piece.shard}: holds {index + 1} samples, the manifest promises at least {piece.stop}; "
+                        "the shard is truncated or was replaced; re-create the dataset with `stack data make`")
+
+
+class _Failure:
+    """A worker's error, carried to the main process as data (so its message arrives without a worker traceback)."""
+
+    def __init__(self, message: str):
+        self.message = message
+
+
+def _collate(rows: list):
+    failures = [row for row in rows if isinstance(row, _Failure)]
+    return failures[0] if failures else collate(rows)
+
+
+class FrameSamples(IterableDataset):
+    """Batch rows of one rank for one epoch; each DataLoader worker reads its planned pieces."""
+
+    def __init__(self, pipeline: Pipeline, manifest: dict, shards: list, rank: int, world_size: int,
+                 drop_last: bool, shuffle: bool, augment: bool, epoch: int, skipped):
+        super().__init__()
+        self.pipeline, self.manifest, self.shards = pipeline, manifest, shards
+        self.rank, self.world_size, self.drop_last = rank, world_size, drop_last
+        self.shuffle, self.augment, self.epoch, self.skipped = shuffle, augment, epoch, skipped
+        self.maps = ClassMaps.build(manifest, pipeline)
+
+    def __iter__(self):
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info else (0, 1)
+        seed = self.pipeline.train.seed
+        pieces = plan(self.shards, self.rank, self.world_size, worker, workers, self.pipeline.data.batch_size,
+                      self.drop_last, self.epoch, seed, self.shuffle)
+        rng = np.random.default_rng([seed, self.epoch, self.rank, worker])
+        rows = self._rows(pieces, rng)
+        try:
+            yield from (_shuffled(rows, rng) if self.shuffle else rows)
+        except BadSample as exc:
+            yield _Failure(str(exc))
+
+    def decode(self, sample: dict, shard: str) -> dict:
+        cameras = self.manifest["cameras"]
+        check_members(sample, cameras, shard)
+        arrays = decode_arrays(sample, shard)
+        images = np.stack([decode_jpeg(sample[f"{c}.jpg"], shard, sample["__key__"], f"{c}.jpg") for c in cameras])
+        return to_fields(images, arrays, self.maps, self.pipeline)
+
+    def _rows(self, pieces: list, rng: np.random.Generator):
+        """Decoded (and augmented) rows; with skip_bad_samples a bad one is replaced by the last good one."""
+        skip, last_good, owed = self.pipeline.data.skip_bad_samples, None, 0
+        for piece in pieces:
+            produced = 0
+            try:
+                for sample in read_piece(piece):
+                    try:
+                        row = self.decode(sample, piece.shard)
+                    except BadSample as exc:
+                        if not skip:
+                            raise
+                        owed += self._skip(exc)
+                        produced += 1
+                        continue
+                    if self.augment:
+                        row = augment_row(row, self.pipeline.data.augment, rng)
+                    produced += 1
+                    for _ in range(owed + 1):
+                        yield row
+                    last_good, owed = row, 0
+            except BadSample as exc:  # the shard itself is unreadable from here on
+                if not skip:
+                    raise
+                owed += self._skip(exc, piece.stop - piece.start - produced)
+            if owed and last_good is not None:
+                yield from (last_good for _ in range(owed))
+                owed = 0
+        if owed:
+            raise BadSample(f"every sample this loader worker was given is bad ({owed} skipped); see the log above")
+
+    def _skip(self, exc: BadSample, count: int = 1) -> int:
+        log.warning("skipping %d bad sample(s): %s", count, exc)
+        with self.skipped.get_lock():
+            self.skipped.value += count
+        return count
+
+
+def _shuffled(rows, rng: np.random.Generator, size: int = SHUFFLE_BUFFER):
+    buffer = []
+    for row in rows:
+        buffer.append(row)
+        if len(buffer) >= size:
+            yield buffer.pop(int(rng.integers(len(buffer))))
+    while buffer:
+        yield buffer.pop(int(rng.integers(len(buffer))))
+
+
+class TorchLoader:
+    """Iterable of Batch for one rank, with `len()` equal on every rank; each iteration is one epoch."""
+
+    def __init__(self, pipeline: Pipeline, split: str, rank: int, world_size: int, shuffle: bool, augment: bool):
+        self.pipeline, self.split, self.rank, self.world_size = pipeline, split, rank, world_size
+        self.shuffle, self.augment, self.drop_last = shuffle, augment, split == "train"
+        root = pipeline.data.root
+        self.manifest = read_manifest(root)
+        self.shards = split_shards(self.manifest, root, split)
+        self.epoch, self._epoch_set = 0, False
+        self.skipped = multiprocessing.get_context("fork").Value("q", 0)
+        if len(self) == 0:
+            total = sum(count for _, count in self.shards)
+            raise StackError(f"split {split!r} has {total} samples: fewer than one batch of data.batch_size="
+                             f"{pipeline.data.batch_size} per rank for {world_size} rank(s); render more scenes or "
+                             "lower data.batch_size")
+
+    def __len__(self) -> int:
+        total = sum(count for _, count in self.shards)
+        return batches_per_rank(total, self.world_size, self.pipeline.data.num_workers,
+                                self.pipeline.data.batch_size, self.drop_last)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch, self._epoch_set = epoch, True
+
+    def __iter__(self):
+        dataset = FrameSamples(self.pipeline, self.manifest, self.shards, self.rank, self.world_size,
+                               self.drop_last, self.shuffle, self.augment, self.epoch, self.skipped)
+        workers = self.pipeline.data.num_workers
+        loader = DataLoader(dataset, batch_size=self.pipeline.data.batch_size, num_workers=workers,
+                            collate_fn=_collate, multiprocessing_context="fork" if workers else None)
+        if not self._epoch_set:
+            self.epoch += 1
+        self._epoch_set = False
+        for batch in loader:
+            if isinstance(batch, _Failure):
+                raise BadSample(batch.message)
+            yield batch
+
+
+def build_loader(pipeline: Pipeline, split: str, rank: int | None = None, world_size: int | None = None,
+                 shuffle: bool | None = None, augment: bool | None = None):
+    """An iterable of `stack.batch.Batch` with `len()` for `split` ("train" or "val") on this rank.
+
+    shuffle defaults to True for train; augment to `data.augment.enabled` for train
+    (never for val). `data.backend` picks the torch or the DALI implementation;
+    both yield the same fields, shapes and dtypes.
+    """
+    rank, world_size = resolve_rank(rank, world_size)
+    shuffle = split == "train" if shuffle is None else shuffle
+    augment = (split == "train" and pipeline.data.augment.enabled) if augment is None else augment
+    if pipeline.data.backend == "dali":
+        from stack.data.dali_loader import DaliLoader
+
+        return DaliLoader(pipeline, split, rank, world_size, shuffle, augment)
+    return TorchLoader(pipeline, split, rank, world_size, shuffle, augment)

@@ -1,0 +1,124 @@
+"""From stored members to the tensors of one `stack.batch.Batch` row, shared by both loader backends.
+
+`check_members` and `decode_arrays` turn a sample's raw members into arrays, and
+every failure (missing member, unreadable `.npy`, truncated JPEG, wrong schema
+version) becomes a `BadSample` naming the shard and the key. `to_fields` maps
+the stored class names onto the pipeline's class lists, keeps the boxes seen by
+at least one camera (nearest first, padded to `model.max_boxes`), and cuts or
+pads the future trajectory to `model.planning_steps`. `collate` stacks rows into
+a `Batch`.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import dataclass, fields
+
+import numpy as np
+import torch
+
+from stack.batch import IGNORE_INDEX, Batch
+from stack.data.format import ARRAY_MEMBERS, SCHEMA_VERSION
+from stack.errors import StackError
+from stack.pipeline import Pipeline
+
+
+class BadSample(StackError):
+    """A sample (or shard) that cannot be read; the message names the shard and the key."""
+
+
+def check_members(sample: dict, cameras: list, shard: str) -> None:
+    """Raise BadSample unless every member the schema requires is present and the schema version matches."""
+    key = sample.get("__key__", "?")
+    required = [f"{c}.jpg" for c in cameras] + [f"{n}.npy" for n in ARRAY_MEMBERS] + ["meta.json"]
+    missing = [name for name in required if name not in sample]
+    if missing:
+        raise BadSample(f"shard {shard}, sample {key}: missing member(s) {', '.join(missing)}; expected every member "
+                        f"of schema {SCHEMA_VERSION} (see stack.data.format); re-create the shard with `stack data make`")
+    try:
+        version = json.loads(sample["meta.json"]).get("schema")
+    except (ValueError, AttributeError) as exc:
+        raise BadSample(f"shard {shard}, sample {key}: meta.json is not a JSON object ({exc})") from exc
+    if version != SCHEMA_VERSION:
+        raise BadSample(f"shard {shard}, sample {key}: schema version {version!r}, this stack reads version "
+                        f"{SCHEMA_VERSION}; re-create the shards with this version's `stack data make`")
+
+
+def decode_arrays(sample: dict, shard: str) -> dict:
+    """Every `.npy` member as an array."""
+    arrays = {}
+    for name in ARRAY_MEMBERS:
+        try:
+            arrays[name] = np.load(io.BytesIO(sample[f"{name}.npy"]), allow_pickle=False)
+        except (ValueError, OSError, EOFError) as exc:
+            raise BadSample(f"shard {shard}, sample {sample.get('__key__')}: member {name}.npy is not a readable .npy "
+                            f"({exc}); re-create the shard") from exc
+    return arrays
+
+
+def decode_jpeg(data: bytes, shard: str, key: str, member: str) -> np.ndarray:
+    """RGB uint8 (H, W, 3) of a JPEG member; truncated or corrupt data raises BadSample."""
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            image.load()
+            return np.asarray(image.convert("RGB"))
+    except (OSError, ValueError, SyntaxError) as exc:
+        raise BadSample(f"shard {shard}, sample {key}: member {member} is not a decodable JPEG ({exc}); "
+                        "re-create the shard, or set data.skip_bad_samples=true to skip such samples") from exc
+
+
+@dataclass
+class ClassMaps:
+    """Lookup tables from the classes stored in the shards to the pipeline's class lists."""
+
+    semantic: np.ndarray
+    detection: np.ndarray
+
+    @classmethod
+    def build(cls, manifest: dict, pipeline: Pipeline) -> "ClassMaps":
+        semantic = np.full(256, IGNORE_INDEX, np.int64)
+        for index, name in enumerate(manifest["semantic_classes"]):
+            if name in pipeline.model.segmentation_classes:
+                semantic[index] = pipeline.model.segmentation_classes.index(name)
+        detection = np.array([pipeline.model.detection_classes.index(n) if n in pipeline.model.detection_classes else -1
+                              for n in manifest["detection_classes"]] + [-1], np.int64)
+        return cls(semantic, detection)
+
+
+def to_fields(images: np.ndarray, arrays: dict, maps: ClassMaps, pipeline: Pipeline) -> dict:
+    """One Batch row (no batch dimension) as tensors; `images` is (N, H, W, 3) uint8."""
+    labels = maps.detection[arrays["box_ids"][:, 0]] if len(arrays["box_ids"]) else np.zeros(0, np.int64)
+    boxes = arrays["boxes"]
+    keep = (boxes[:, 9] > 0) & (labels >= 0) if len(boxes) else np.zeros(0, bool)
+    boxes, labels = boxes[keep, :9], labels[keep]
+    order = np.argsort(np.hypot(boxes[:, 0], boxes[:, 1]), kind="stable")[:pipeline.model.max_boxes]
+    padded = np.zeros((pipeline.model.max_boxes, 9), np.float32)
+    padded_labels = np.full(pipeline.model.max_boxes, -1, np.int64)
+    padded[:len(order)], padded_labels[:len(order)] = boxes[order], labels[order]
+    steps = pipeline.model.planning_steps
+    future = np.zeros((steps, 2), np.float32)
+    stored = arrays["future"][:steps]
+    future[:len(stored)] = stored
+    valid = np.zeros(steps, bool)
+    valid[:len(stored)] = np.isfinite(stored).all(axis=1)
+    future[~valid] = 0.0
+    return {
+        "images": torch.from_numpy(np.ascontiguousarray(images.transpose(0, 3, 1, 2))),
+        "intrinsics": torch.from_numpy(arrays["intrinsics"].astype(np.float32)),
+        "cam_to_ego": torch.from_numpy(arrays["cam_to_ego"].astype(np.float32)),
+        "depth": torch.from_numpy(arrays["depth"].astype(np.float32)),
+        "semantic": torch.from_numpy(maps.semantic[arrays["semantic"]]),
+        "boxes": torch.from_numpy(padded), "box_labels": torch.from_numpy(padded_labels),
+        "ego_status": torch.from_numpy(arrays["ego"].astype(np.float32)),
+        "command": torch.tensor(int(arrays["command"][0]), dtype=torch.int64),
+        "past_trajectory": torch.from_numpy(arrays["past"].astype(np.float32)),
+        "future_trajectory": torch.from_numpy(future), "future_valid": torch.from_numpy(valid),
+    }
+
+
+def collate(rows: list) -> Batch:
+    """Stack Batch rows (dicts from `to_fields`) into a Batch."""
+    return Batch(**{f.name: torch.stack([row[f.name] for row in rows]) for f in fields(Batch)})

@@ -1,0 +1,82 @@
+"""Augmentation keeps labels consistent: a 3D point lands on the same image content before and after."""
+
+import math
+
+import numpy as np
+import torch
+
+from stack.data import build_loader
+from stack.data.augment import augment_row, resize_crop, rotate_bev
+from stack.pipeline import AugmentConfig
+
+
+def _row(pipeline):
+    batch = next(iter(build_loader(pipeline, "val", 0, 1, augment=False)))
+    return {name: getattr(batch, name)[0].clone() for name in batch.__dataclass_fields__}
+
+
+def _project(row, camera, point):
+    cam = torch.linalg.inv(row["cam_to_ego"][camera].double()) @ torch.cat([point.double(), torch.ones(1, dtype=torch.float64)])
+    uvw = row["intrinsics"][camera].double() @ cam[:3]
+    return (uvw[:2] / uvw[2]).numpy(), float(cam[2])
+
+
+def _visible_box(row):
+    width, height = row["images"].shape[-1], row["images"].shape[-2]
+    for index in range(len(row["box_labels"])):
+        if row["box_labels"][index] < 0:
+            continue
+        for camera in range(len(row["intrinsics"])):
+            (u, v), z = _project(row, camera, row["boxes"][index, :3])
+            if z > 1 and 10 <= u < width - 10 and 10 <= v < height - 10:
+                return index, camera, u, v
+    raise AssertionError("no box in view")
+
+
+def test_box_centre_hits_the_same_marked_pixel_after_resize_crop_and_rotation(dataset):
+    pipeline, _ = dataset
+    for seed in range(6):
+        row = _row(pipeline)
+        index, camera, u, v = _visible_box(row)
+        row["semantic"][camera] = 0
+        row["semantic"][camera, int(v) - 2:int(v) + 3, int(u) - 2:int(u) + 3] = 7
+        rng = np.random.default_rng(seed)
+        resize_crop(row, float(rng.uniform(0.8, 1.25)), rng)
+        rotate_bev(row, math.radians(float(rng.uniform(-30, 30))))
+        (u2, v2), _ = _project(row, camera, row["boxes"][index, :3])
+        assert row["semantic"][camera, int(v2), int(u2)] == 7, (seed, (u, v), (u2, v2))
+
+
+def test_rotation_moves_boxes_velocities_and_trajectories_together(dataset):
+    pipeline, _ = dataset
+    row = _row(pipeline)
+    before = {k: v.clone() for k, v in row.items()}
+    rotate_bev(row, math.radians(20))
+    real = row["box_labels"] >= 0
+    np.testing.assert_allclose(row["boxes"][real, :2].norm(dim=1), before["boxes"][real, :2].norm(dim=1), rtol=1e-5)
+    np.testing.assert_allclose(row["boxes"][real, 7:9].norm(dim=1), before["boxes"][real, 7:9].norm(dim=1), atol=1e-5)
+    yaw_change = torch.remainder(row["boxes"][real, 6] - before["boxes"][real, 6], 2 * math.pi)
+    np.testing.assert_allclose(yaw_change, math.radians(20), atol=1e-5)
+    angle = torch.atan2(row["future_trajectory"][-1, 1], row["future_trajectory"][-1, 0]) - \
+        torch.atan2(before["future_trajectory"][-1, 1], before["future_trajectory"][-1, 0])
+    assert abs(math.remainder(float(angle) - math.radians(20), 2 * math.pi)) < 1e-4
+    # a camera sees exactly the same ego-frame point after rotating both
+    for camera in range(len(row["intrinsics"])):
+        index = int(torch.nonzero(real)[0])
+        a, _ = _project(before, camera, before["boxes"][index, :3])
+        b, _ = _project(row, camera, row["boxes"][index, :3])
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-3)
+
+
+def test_augmented_batches_keep_the_contract_and_padding(dataset):
+    pipeline, _ = dataset
+    row = _row(pipeline)
+    out = augment_row({k: v.clone() for k, v in row.items()}, AugmentConfig(resize_scale=[0.7, 0.8], bev_rotate_deg=10,
+                                                                           color_jitter=0.3), np.random.default_rng(0))
+    for name, value in row.items():
+        assert out[name].shape == value.shape and out[name].dtype == value.dtype, name
+    padding = out["box_labels"] < 0
+    assert (out["boxes"][padding] == 0).all()
+    # shrinking pads the bottom/right or top/left with unlabelled pixels and zero depth
+    assert (out["semantic"] == 255).any() and ((out["semantic"] == 255) <= (out["depth"] == 0)).all()
+    assert not torch.equal(out["images"], row["images"])

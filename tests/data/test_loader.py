@@ -1,0 +1,77 @@
+"""The torch loader: Batch contract, rank/worker sharding (no duplicates, equal lengths), augmentation."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from stack.data import build_loader
+from stack.data.sharding import batches_per_rank, plan
+
+
+@pytest.mark.parametrize("counts", [[32, 32, 32, 7], [5], [3, 3, 3, 3, 3], [64, 1, 64]])
+@pytest.mark.parametrize("world_size,workers,batch", [(1, 0, 4), (2, 2, 4), (3, 2, 2), (4, 3, 1)])
+def test_training_plan_has_no_duplicates_and_equal_batches_per_rank(counts, world_size, workers, batch):
+    shards = [(f"s{i}", n) for i, n in enumerate(counts)]
+    total, seen, batches = sum(counts), [], []
+    for rank in range(world_size):
+        rank_batches = 0
+        for worker in range(max(workers, 1)):
+            pieces = plan(shards, rank, world_size, worker, max(workers, 1), batch, drop_last=True, epoch=3, seed=1, shuffle=True)
+            samples = [(p.shard, i) for p in pieces for i in range(p.start, p.stop)]
+            assert len(samples) % batch == 0
+            rank_batches += len(samples) // batch
+            seen += samples
+        batches.append(rank_batches)
+    assert len(set(batches)) == 1 and batches[0] == batches_per_rank(total, world_size, workers, batch, True)
+    assert len(seen) == len(set(seen)), "a sample is read twice in one epoch"
+    assert len(seen) > total - world_size * batch * max(workers, 1)  # only the tail is dropped
+
+
+@pytest.mark.parametrize("world_size,workers", [(1, 1), (2, 2), (3, 1)])
+def test_evaluation_plan_reads_every_sample_with_equal_counts(world_size, workers):
+    shards = [("a", 5), ("b", 3), ("c", 6)]
+    seen, per_rank = set(), []
+    for rank in range(world_size):
+        pieces = [p for w in range(workers) for p in plan(shards, rank, world_size, w, workers, 4, drop_last=False)]
+        per_rank.append(sum(p.stop - p.start for p in pieces))
+        seen |= {(p.shard, i) for p in pieces for i in range(p.start, p.stop)}
+    assert len(set(per_rank)) == 1 and per_rank[0] == math.ceil(14 / world_size)
+    assert seen == {(s, i) for s, n in shards for i in range(n)}
+
+
+def test_loader_yields_batches_that_match_the_pipeline(dataset):
+    pipeline, _ = dataset
+    loader = build_loader(pipeline, "train", rank=0, world_size=1)
+    batches = list(loader)
+    assert len(batches) == len(loader) > 0
+    for batch in batches:
+        assert batch.mismatches(pipeline) == []
+        assert (batch.box_labels >= -1).all() and (batch.box_labels < len(pipeline.model.detection_classes)).all()
+        semantic = batch.semantic[batch.semantic != 255]
+        assert semantic.max() < len(pipeline.model.segmentation_classes)
+
+
+def _fingerprints(loader):
+    return [tuple(np.round(torch.cat([b.past_trajectory[i].flatten(), b.ego_status[i]]).numpy(), 4))
+            for b in loader for i in range(len(b.command))]
+
+
+def test_ranks_and_workers_split_the_data_without_duplicates(dataset, small_pipeline):
+    pipeline, _ = dataset
+    everything = _fingerprints(build_loader(pipeline, "train", 0, 1, shuffle=False, augment=False))
+    two_workers = small_pipeline(pipeline.data.root, "data.num_workers=2", "data.batch_size=1")
+    per_rank = [build_loader(two_workers, "train", rank, 2, shuffle=True, augment=False) for rank in range(2)]
+    assert len(per_rank[0]) == len(per_rank[1]) > 0
+    seen = [fp for loader in per_rank for fp in _fingerprints(loader)]
+    assert len(seen) == len(set(seen)) == 2 * len(per_rank[0])
+    assert set(seen) <= set(everything)
+
+
+def test_validation_without_augmentation_is_deterministic(dataset):
+    pipeline, _ = dataset
+    first = list(build_loader(pipeline, "val", 0, 1))
+    second = list(build_loader(pipeline, "val", 0, 1))
+    for a, b in zip(first, second):
+        assert torch.equal(a.images, b.images) and torch.equal(a.boxes, b.boxes)
