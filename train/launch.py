@@ -1,0 +1,114 @@
+"""Running the same training command beyond one machine: SLURM (sbatch + srun) and torchrun.
+
+`launcher=slurm` writes an sbatch script that starts `devices` tasks on each of
+`num_nodes` nodes with `srun`, each running the very command the user typed with
+`train.launcher=local`; Lightning's `SLURMEnvironment` reads the ranks from srun's
+variables (SLURM_PROCID, SLURM_LOCALID, SLURM_NODEID, SLURM_NTASKS) and the master
+address from the node list. The script is submitted with `sbatch`, or printed with
+`--dry-run`. `launcher=torchrun` runs `torchrun` with a c10d rendezvous at
+`train.rendezvous`; running the same command on every node forms the job, and
+Lightning's `TorchElasticEnvironment` picks up the ranks.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+from stack.errors import StackError
+from stack.pipeline import Pipeline
+
+LOCAL = "train.launcher=local"
+
+
+def rank_command(config_files: Sequence[str], overrides: Sequence[str], command: str = "train") -> list[str]:
+    """`python -m stack COMMAND -c ... overrides train.launcher=local`, with absolute config paths."""
+    files = [arg for path in config_files for arg in ("-c", str(Path(path).resolve()))]
+    kept = [o for o in overrides if not o.replace(" ", "").startswith("train.launcher=")]
+    return [sys.executable, "-m", "stack", command, *files, *kept, LOCAL]
+
+
+def sbatch_script(pipeline: Pipeline, program: Sequence[str], workdir: str | Path | None = None) -> str:
+    """The sbatch script that runs `program` once per task under srun."""
+    train = pipeline.train
+    out = Path(train.out_dir).resolve()
+    lines = ["#!/bin/bash",
+             f"#SBATCH --job-name={_job_name(pipeline)}",
+             f"#SBATCH --nodes={train.num_nodes}",
+             f"#SBATCH --ntasks-per-node={train.devices}",
+             f"#SBATCH --time={train.slurm_time}",
+             f"#SBATCH --output={out}/slurm-%j.out"]
+    if train.accelerator == "gpu":
+        lines.append(f"#SBATCH --gpus-per-node={train.devices}")
+    if train.slurm_partition:
+        lines.append(f"#SBATCH --partition={train.slurm_partition}")
+    lines += [f"#SBATCH {option}" for option in train.slurm_extra]
+    lines += ["", "set -euo pipefail", f"cd {shlex.quote(str(Path(workdir or os.getcwd()).resolve()))}",
+              "export PYTHONUNBUFFERED=1",
+              "# One task per rank; Lightning's SLURMEnvironment reads the ranks from srun.",
+              "srun --kill-on-bad-exit=1 " + shlex.join(program), ""]
+    return "\n".join(lines)
+
+
+def _job_name(pipeline: Pipeline) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "-", f"stack-train-{pipeline.name}")
+
+
+def submit_slurm(pipeline: Pipeline, program: Sequence[str], dry_run: bool) -> int:
+    """Write the sbatch script under out_dir/slurm/ and submit it (or print it with --dry-run)."""
+    script = sbatch_script(pipeline, program)
+    folder = Path(pipeline.train.out_dir) / "slurm"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"train-{time.strftime('%Y%m%d-%H%M%S')}.sbatch"
+    path.write_text(script)
+    if dry_run:
+        print(script, end="")
+        print(f"# written to {path}; submit with: sbatch {path}", file=sys.stderr)
+        return 0
+    sbatch = _require("sbatch", "launcher=slurm submits with sbatch")
+    result = subprocess.run([sbatch, "--parsable", str(path)], capture_output=True, text=True)
+    if result.returncode != 0:
+        raise StackError(f"sbatch refused {path}: {result.stderr.strip() or result.stdout.strip()}. "
+                         f"Check train.slurm_partition / train.slurm_extra, or run with --dry-run to inspect.")
+    job = result.stdout.strip().split(";")[0]
+    print(f"submitted SLURM job {job}: {path}\nlog: {Path(pipeline.train.out_dir).resolve()}/slurm-{job}.out")
+    return 0
+
+
+def torchrun_command(pipeline: Pipeline, program: Sequence[str]) -> list[str]:
+    """`torchrun` with a c10d rendezvous running `program` (a `python -m ...` or script command) per rank."""
+    train = pipeline.train
+    if len(program) > 2 and program[1] == "-m":
+        target = ["-m", *program[2:]]
+    else:
+        target = list(program[1:])
+    return [sys.executable, "-m", "torch.distributed.run", f"--nnodes={train.num_nodes}",
+            f"--nproc-per-node={train.devices}", "--rdzv-backend=c10d", f"--rdzv-endpoint={train.rendezvous}",
+            f"--rdzv-id={_job_name(pipeline)}", *target]
+
+
+def run_torchrun(pipeline: Pipeline, program: Sequence[str], dry_run: bool) -> int:
+    command = torchrun_command(pipeline, program)
+    if dry_run or pipeline.train.num_nodes > 1:
+        print(shlex.join(command))
+        if pipeline.train.num_nodes > 1 and not dry_run:
+            print(f"# run this same command on each of the {pipeline.train.num_nodes} nodes "
+                  f"(rendezvous at {pipeline.train.rendezvous}); starting this node's ranks now", file=sys.stderr)
+        if dry_run:
+            return 0
+    return subprocess.run(command).returncode
+
+
+def _require(tool: str, why: str) -> str:
+    found = shutil.which(tool)
+    if not found:
+        raise StackError(f"{why}, but `{tool}` is not on PATH. Run on a SLURM login node, or use --dry-run "
+                         f"to write the script only.")
+    return found
