@@ -13,7 +13,7 @@ INSTALL_INPUTS := pyproject.toml setup.py Makefile $(shell find csrc -type f 2>/
 TORCH_PINS := $(shell grep -oE '"torch(vision)?==[^"]+"' pyproject.toml | tr -d '"')
 TINY := -c configs/pipeline.yaml -c configs/presets/tiny.yaml
 
-.PHONY: install demo test clean
+.PHONY: install demo test clean slurm
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -30,8 +30,14 @@ demo: install
 	$(BIN)/stack data make $(TINY)
 	$(BIN)/stack config $(TINY)
 
-test: install
+test: install slurm
 	$(BIN)/python -m pytest
+
+# SLURM + munge for the trainer's one-node cluster test (Debian packages; installed once).
+slurm:
+	@if ! command -v slurmctld >/dev/null || ! command -v munged >/dev/null; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge; \
+	fi
 
 clean:
 	rm -rf build *.egg-info runs
