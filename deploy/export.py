@@ -1,6 +1,7 @@
 """ONNX export of a network with named outputs, checked before anything else trusts it.
 
-`export_onnx` writes the graph with the legacy TorchScript exporter (`dynamo=False`):
+`export_onnx` writes the graph with the legacy TorchScript exporter (`dynamo=False`),
+then folds its static shape arithmetic (onnxscript's optimizer):
 its constant folding folds eval-mode BatchNorm into Conv weights (what TensorRT and
 ONNX Runtime would do anyway, and what the latency model assumes), and it names every
 node after its module path (`/view_transform/bev_pool/MatMul`), which is how the
@@ -68,11 +69,23 @@ def export_onnx(net: torch.nn.Module, inputs: dict, output_names: list[str], pat
         torch.onnx.export(wrapper, tuple(inputs.values()), str(path), input_names=list(inputs),
                           output_names=list(output_names), opset_version=opset, dynamo=False,
                           do_constant_folding=True)
-    model = onnx.load(str(path))
+    model = _fold_static_shapes(onnx.load(str(path)))
     set_metadata(model, metadata)
     onnx.save(model, str(path))
     check_model(path)
     return ExportResult(path, op_counts(model), tensorrt_problems(model))
+
+
+def _fold_static_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Constant-fold the shape arithmetic a static graph does not need (Shape/Gather/Mod chains).
+
+    The TorchScript exporter records `x.unflatten(0, (batch, cameras))` as runtime shape
+    math, including `Mod`, which TensorRT 8.6 cannot import; with static shapes it all
+    folds to constants (onnxscript's optimizer), roughly halving the node count.
+    """
+    import onnxscript.optimizer
+
+    return onnxscript.optimizer.optimize(model)
 
 
 def set_metadata(model: onnx.ModelProto, metadata: dict) -> None:

@@ -53,10 +53,27 @@ class BevPool(nn.Module):
         return torch.matmul(x.reshape(b, c, h * w), self.table).reshape(b, c, h, w)
 
 
+class Slow(nn.Module):
+    """About 5 GFLOP of extra convolutions at 4x the resolution: made far too slow on purpose."""
+
+    def __init__(self, channels: int, wide: int = 128, depth: int = 4, upscale: int = 4):
+        super().__init__()
+        layers = [nn.Conv2d(channels, wide, 3, padding=1), nn.ReLU()]
+        for _ in range(depth):
+            layers += [nn.Conv2d(wide, wide, 3, padding=1), nn.ReLU()]
+        self.body, self.back = nn.Sequential(*layers), nn.Conv2d(wide, channels, 1)
+        self.upscale = upscale
+
+    def forward(self, x):
+        wide = self.body(nn.functional.interpolate(x, scale_factor=self.upscale, mode="nearest"))
+        return x + 1e-3 * self.back(nn.functional.avg_pool2d(wide, self.upscale))
+
+
 class TwoHeads(nn.Module):
-    def __init__(self, channels: int = 16, classes: int = 4, outlier: bool = False, size: int = 16):
+    def __init__(self, channels: int = 16, classes: int = 4, outlier: bool = False, size: int = 16, slow: bool = False):
         super().__init__()
         self.stem = nn.Sequential(nn.Conv2d(3, channels, 3, padding=1, bias=False), nn.BatchNorm2d(channels), nn.ReLU())
+        self.slow = Slow(channels) if slow else nn.Identity()
         self.blocks = nn.Sequential(Block(channels), Block(channels))
         self.outlier = Outlier(channels) if outlier else nn.Identity()
         self.bev_pool = BevPool(size * size)
@@ -65,14 +82,14 @@ class TwoHeads(nn.Module):
 
     def forward(self, images, ego_speed):
         x = self.stem(images.float() / 255.0)
-        x = self.bev_pool(self.outlier(self.blocks(x)))
+        x = self.bev_pool(self.outlier(self.blocks(self.slow(x))))
         pooled = torch.cat([x.mean((2, 3)), ego_speed / 20.0], dim=1)  # inputs normalised, as real models do
         return {"segmentation": self.seg(x), "speed": self.speed_head(pooled)}
 
 
-def make_net(outlier: bool = False, seed: int = 0) -> TwoHeads:
+def make_net(outlier: bool = False, seed: int = 0, slow: bool = False) -> TwoHeads:
     torch.manual_seed(seed)
-    net = TwoHeads(outlier=outlier).eval()
+    net = TwoHeads(outlier=outlier, slow=slow).eval()
     with torch.no_grad():  # non-trivial batch-norm statistics, so folding is exercised
         for module in net.modules():
             if isinstance(module, nn.BatchNorm2d):

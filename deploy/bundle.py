@@ -1,0 +1,189 @@
+"""`stack deploy`: from a trained network to a bundle that passed (or failed) the target's gates.
+
+Steps, each recorded in the bundle (`report.md`, `gate.json`, `latency.png`):
+
+1. export the fp32 ONNX, full checker, ONNX Runtime vs PyTorch parity per output;
+2. for INT8 targets, quantize in the target's QDQ flavour on validation samples and run
+   the per-head accuracy gate (with its fp32 fallback for sensitive layers);
+3. the FPS gate: measured with ONNX Runtime on `onnxruntime` targets, measured with
+   TensorRT where it is importable, otherwise predicted by the latency model, with
+   `build_engine.sh` holding the exact trtexec line to build and time it on the device;
+4. TensorRT targets also need every operator to import natively (no plugins).
+
+The result is PASS only when every gate passes; `stack deploy` exits 0 on pass and 1 on
+a failed gate (2 is reserved for bad input, raised as StackError before any gate runs).
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import onnx
+
+from stack.deploy import accuracy as acc
+from stack.deploy.export import check_parity, export_onnx
+from stack.deploy.gate import measured_gate, predicted_gate
+from stack.deploy.quantize import check_calibration_set, quantizable_nodes, quantize
+from stack.deploy.report import markdown, plot_latency, write_gate_json
+from stack.deploy.trt_ops import tensorrt_problems
+
+
+@dataclass
+class DeploySpec:
+    """Everything deploy needs, independent of where the network came from."""
+
+    net: object
+    example: dict
+    output_names: list
+    metadata: dict
+    calibration: list
+    """Feed dicts for INT8 calibration."""
+    accuracy_feeds: list
+    """Feed dicts the accuracy gate scores (kept apart from the calibration feeds when possible)."""
+    evaluator: Callable
+    """accuracy.Evaluator over `accuracy_feeds`."""
+    budgets: list
+    samples_source: str
+    checkpoint: str = ""
+    pipeline_name: str = ""
+    pipeline_hash: str = ""
+    files: list = field(default_factory=list)
+
+
+def run_deploy(spec: DeploySpec, name: str, target, export_cfg, folder: Path, log=print) -> dict:
+    """Build the bundle in `folder`, run every gate, write the report; returns gate.json's content."""
+    folder.mkdir(parents=True, exist_ok=True)
+    result = {"target": name, "target_description": target.description, "runtime": target.runtime,
+              "precision": target.precision, "qdq_flavour": target.qdq_flavour, "checkpoint": spec.checkpoint,
+              "pipeline_name": spec.pipeline_name, "pipeline_hash": spec.pipeline_hash,
+              "samples_source": spec.samples_source, "failures": []}
+    fp32_path = _export_step(spec, folder, export_cfg, result, log)
+    engine_onnx = _quantize_step(spec, folder, fp32_path, target, export_cfg, result, log)
+    _speed_step(spec, folder, engine_onnx, fp32_path, name, target, export_cfg, result, log)
+    if target.runtime == "tensorrt":
+        problems = tensorrt_problems(onnx.load(str(engine_onnx), load_external_data=False))
+        result["export"]["tensorrt_problems"] = problems
+        result["failures"] += [f"TensorRT import: {p}" for p in problems]
+    result["passed"] = not result["failures"]
+    result["files"] = sorted(p.name for p in folder.iterdir()) + ["report.md", "gate.json"]
+    result["files"] = sorted(set(result["files"]))
+    (folder / "report.md").write_text(markdown(result))
+    write_gate_json(folder, result)
+    log(f"{name}: {'PASS' if result['passed'] else 'FAIL'} -> {folder / 'report.md'}")
+    for reason in result["failures"]:
+        log(f"  {reason}")
+    return result
+
+
+def _export_step(spec: DeploySpec, folder: Path, cfg, result: dict, log) -> Path:
+    log(f"exporting ONNX (opset {cfg.opset}) ...")
+    exported = export_onnx(spec.net, spec.example, spec.output_names, folder / "model.onnx", cfg.opset, spec.metadata)
+    parity = check_parity(spec.net, exported.path, spec.accuracy_feeds[:2], spec.output_names, cfg.parity_atol, cfg.parity_rtol)
+    result["export"] = {"ops": exported.ops, "tensorrt_problems": exported.tensorrt_problems,
+                        "parity": [dict(vars(row), passed=row.passed) for row in parity]}
+    for row in parity:
+        log(f"  parity {row.output}: max |ORT - torch| {row.max_abs_error:.2e} (tolerance {row.tolerance:.2e})")
+        if not row.passed:
+            result["failures"].append(f"ONNX Runtime differs from PyTorch on {row.output}: {row.max_abs_error:.2e} "
+                                      f"> {row.tolerance:.2e}")
+    return exported.path
+
+
+def _quantize_step(spec: DeploySpec, folder: Path, fp32_path: Path, target, cfg, result: dict, log) -> Path:
+    if target.precision not in ("int8", "best"):
+        result["accuracy"] = None
+        return fp32_path
+    check_calibration_set(spec.calibration, cfg.calibration_samples)
+    cache = folder / f"calibration.{target.qdq_flavour}.json"
+    cache.unlink(missing_ok=True)  # ranges belong to this export; never reuse another run's
+    work = folder / "attempts"
+    counter = iter(range(10 ** 6))
+
+    def quantize_with(excluded: list) -> Path:
+        path = work / f"attempt{next(counter)}.onnx"
+        return quantize(fp32_path, path, target.qdq_flavour, spec.calibration, cache, cfg.keep_fp32, excluded).path
+
+    log(f"quantizing ({target.qdq_flavour} QDQ, {len(spec.calibration)} calibration samples) and scoring "
+        f"{len(spec.accuracy_feeds)} validation samples per head ...")
+    candidates = quantizable_nodes(onnx.load(str(fp32_path)), cfg.keep_fp32)
+    report = acc.accuracy_gate(fp32_path, quantize_with, spec.evaluator, spec.budgets, candidates,
+                               spec.accuracy_feeds[:cfg.sensitivity_samples], cfg.max_fp32_layers, log)
+    final = folder / "model.int8.onnx"
+    shutil.copyfile(report.quantized_path, final)
+    shutil.rmtree(work, ignore_errors=True)
+    result["accuracy"] = report.to_dict()
+    if not report.passed:
+        failing = [h for h in report.final.heads if not h.passed]
+        result["failures"] += [f"accuracy: {h.head} {h.metric} drops {h.drop:+.4f} > budget {h.budget:g}" for h in failing]
+    return final
+
+
+def _speed_step(spec, folder: Path, engine_onnx: Path, fp32_path: Path, name: str, target, cfg, result: dict, log):
+    from stack.deploy import tensorrt
+
+    if target.runtime == "onnxruntime":
+        _measure_onnxruntime(spec, folder, engine_onnx, fp32_path, target, cfg, result, log)
+    elif tensorrt.available():
+        _measure_tensorrt(spec, folder, engine_onnx, target, cfg, result, log)
+    else:
+        _predict(folder, engine_onnx, target, cfg, result, log)
+    if target.runtime == "tensorrt":
+        script = folder / "build_engine.sh"
+        script.write_text(tensorrt.build_engine_script(engine_onnx.name, target, name))
+        script.chmod(0o755)
+    if not result["fps"]["passed"]:
+        result["failures"] += result["fps"]["reasons"]
+
+
+def _measure_onnxruntime(spec, folder, engine_onnx, fp32_path, target, cfg, result, log):
+    from stack.deploy.profile import profile_nodes
+    from stack.deploy.runtime import ort_session, reference_workload_ms, time_session
+
+    feeds = spec.accuracy_feeds[0]
+    log(f"timing with ONNX Runtime ({cfg.timing_runs} runs after {cfg.timing_warmup} warm-up) ...")
+    reference = reference_workload_ms()
+    stats = time_session(ort_session(engine_onnx), feeds, cfg.timing_runs, cfg.timing_warmup)
+    side = {engine_onnx.name: stats.to_dict()}
+    if engine_onnx != fp32_path:
+        side[fp32_path.name] = time_session(ort_session(fp32_path), feeds, cfg.timing_runs, cfg.timing_warmup).to_dict()
+    gate = measured_gate(target, stats, "ONNX Runtime CPU", reference)
+    nodes = profile_nodes(engine_onnx, feeds)
+    result["fps"] = gate.to_dict()
+    result["speed"] = {"side_by_side": side, "reference_workload_ms": reference,
+                       "breakdown": [(n, op, ms, "measured") for n, op, ms in nodes[:40]]}
+    plot_latency(folder, [(n, op, ms, op) for n, op, ms in nodes], f"measured per-node time, ONNX Runtime ({engine_onnx.name})")
+
+
+def _measure_tensorrt(spec, folder, engine_onnx, target, cfg, result, log):
+    from stack.deploy import tensorrt
+
+    engine = tensorrt.build_engine(engine_onnx, folder / "model.engine", target, folder / "timing.cache", log)
+    matches = tensorrt.compare_with_onnxruntime(engine, engine_onnx, spec.accuracy_feeds[:4], atol=1e-2, rtol=1e-2)
+    stats = tensorrt.time_engine(engine, spec.accuracy_feeds[0], cfg.timing_runs, cfg.timing_warmup)
+    result["fps"] = measured_gate(target, stats, "TensorRT (CUDA events)", None).to_dict()
+    result["speed"] = {"side_by_side": {engine.name: stats.to_dict()}, "engine_matches_onnxruntime": matches}
+    if not matches:
+        result["failures"].append("TensorRT engine outputs differ from ONNX Runtime (polygraphy comparator)")
+
+
+def _predict(folder, engine_onnx, target, cfg, result, log):
+    from stack.deploy.latency import predict
+
+    prediction = predict(onnx.load(str(engine_onnx)), target, keep_fp32=tuple(cfg.keep_fp32))
+    gate = predicted_gate(target, prediction, PREDICTION_ERROR_NOTE)
+    log(f"predicted {prediction.total_ms:.2f} ms on {target.description} (TensorRT not importable here)")
+    result["fps"] = gate.to_dict()
+    rows = [(l.name, "+".join(l.ops), l.time_ms, f"{l.precision}/{l.bound}") for l in prediction.layers]
+    result["speed"] = {"prediction": prediction.to_dict(), "breakdown": sorted(rows, key=lambda r: -r[2])[:40]}
+    points = [(l.flops / l.bytes if l.bytes else 0.0, l.flops / l.time_ms / 1e6, l.precision) for l in prediction.layers]
+    peaks = {"INT8": target.int8_tops, "FP16": target.fp16_tflops, "FP32": target.fp32_tflops}
+    plot_latency(folder, [(r[0], r[1], r[2], r[3].split("/")[0]) for r in rows],
+                 f"predicted per-layer latency on {target.description}", (points, peaks, target.memory_bandwidth_gbs))
+
+
+PREDICTION_ERROR_NOTE = ("efficiency factors fitted to MLPerf's Jetson AGX Orin ResNet-50 INT8 latency; "
+                         "error on that reference 0% by construction, no independent reference yet "
+                         "(see BENCHMARKS.md, `stack bench latency`)")

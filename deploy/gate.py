@@ -1,0 +1,76 @@
+"""The FPS gate: does the model keep up with the cameras on the target, measured or predicted?
+
+Two bars from the target: `min_fps` (on the median latency) and `max_p99_latency_ms`.
+
+- measured (ONNX Runtime here, TensorRT on a device): median and p99 over
+  `export.timing_runs` runs after warm-up. When the target records the reference
+  workload's time on the machine its bar was set for (`reference_workload_ms`), the
+  latencies are scaled by (that / the reference timed in this run) before comparing, so a
+  loaded or slower CI machine is not mistaken for a slower model. The scale is reported.
+- predicted (TensorRT targets without TensorRT): the latency model's total; it has no
+  distribution, so the p99 bar is checked against the same predicted latency, and the
+  report says "predicted" with the model's stated error.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class FpsGate:
+    mode: str
+    """`measured` or `predicted`."""
+    how: str
+    """One line on how the latency was obtained."""
+    median_ms: float
+    p99_ms: float
+    min_fps: float
+    max_p99_ms: float
+    scale: float = 1.0
+    """Factor applied to the raw latency (reference workload normalisation); 1 when none."""
+    raw_median_ms: float = 0.0
+    raw_p99_ms: float = 0.0
+    reasons: list = field(default_factory=list)
+
+    @property
+    def fps(self) -> float:
+        return 1000.0 / self.median_ms if self.median_ms > 0 else float("inf")
+
+    @property
+    def passed(self) -> bool:
+        return not self.reasons
+
+    def to_dict(self) -> dict:
+        return dict(asdict(self), fps=self.fps, passed=self.passed)
+
+
+def decide(mode: str, how: str, median_ms: float, p99_ms: float, target, scale: float = 1.0) -> FpsGate:
+    """Apply the target's bars to (scaled) latencies."""
+    gate = FpsGate(mode, how, median_ms * scale, p99_ms * scale, target.min_fps, target.max_p99_latency_ms,
+                   scale, median_ms, p99_ms)
+    if gate.fps < target.min_fps:
+        gate.reasons.append(f"{mode} {gate.fps:.1f} FPS (median {gate.median_ms:.2f} ms) is below the "
+                            f"required {target.min_fps:g} FPS")
+    if gate.p99_ms > target.max_p99_latency_ms:
+        gate.reasons.append(f"{mode} p99 latency {gate.p99_ms:.2f} ms exceeds {target.max_p99_latency_ms:g} ms")
+    return gate
+
+
+def measured_gate(target, stats, runtime: str, reference_now_ms: float | None) -> FpsGate:
+    """The gate on timings taken here (`stats`: LatencyStats)."""
+    scale, note = 1.0, ""
+    if target.reference_workload_ms > 0 and reference_now_ms:
+        scale = target.reference_workload_ms / reference_now_ms
+        note = (f"; normalised by the reference workload ({reference_now_ms:.2f} ms now vs "
+                f"{target.reference_workload_ms:.2f} ms on the reference machine, x{scale:.2f})")
+    how = f"measured: {runtime}, median and p99 over {stats.runs} runs after warm-up{note}"
+    return decide("measured", how, stats.median_ms, stats.p99_ms, target, scale)
+
+
+def predicted_gate(target, prediction, error_note: str) -> FpsGate:
+    """The gate on the latency model's prediction (`prediction`: latency.Prediction)."""
+    how = (f"predicted: per-layer roofline over the QDQ graph against {target.description or 'the target'} peaks "
+           f"(INT8 {target.int8_tops:g} TOPS, FP16 {target.fp16_tflops:g} TFLOPS, {target.memory_bandwidth_gbs:g} GB/s), "
+           f"TensorRT-style fusion; {error_note}")
+    return decide("predicted", how, prediction.total_ms, prediction.total_ms, target)

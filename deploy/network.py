@@ -1,0 +1,109 @@
+"""The project's network as deploy sees it: rebuilt from a checkpoint, fixed to the rig, fed from Batches.
+
+Deploy never imports the trainer: `export_network` rebuilds `stack.models.build_model`
+from the checkpoint's pipeline, loads the weights, and bakes the fixed rig's BEV-pooling
+tables into the graph (`BevNet.fix_geometry`), so the exported inputs are only what
+changes per frame: the camera images (uint8, normalised inside the graph), the ego
+status and the driving command. `metadata` is what the ONNX file carries so that a
+runtime never guesses names, layouts, classes, rig or normalisation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from stack.errors import StackError
+from stack.pipeline import Pipeline
+
+INPUTS = ("images", "ego_status", "command")
+"""Exported graph inputs, in order."""
+
+
+@dataclass
+class ExportableNetwork:
+    net: object
+    """An nn.Module: net(images=..., ego_status=..., command=...) -> {output name: tensor}."""
+    example: dict
+    output_names: list
+    metadata: dict
+
+
+def export_network(pipeline: Pipeline, state_dict: dict) -> ExportableNetwork:
+    """The trained network with the rig's geometry baked in, plus example inputs and metadata."""
+    from stack.models import build_model
+    from stack.models.outputs import OUTPUTS
+
+    net = build_model(pipeline)
+    missing, unexpected = net.load_state_dict(state_dict, strict=False)
+    if missing or unexpected:
+        raise StackError(
+            f"the checkpoint's weights do not fit the network its pipeline describes: "
+            f"{len(missing)} missing (e.g. {missing[:3]}), {len(unexpected)} unexpected (e.g. {unexpected[:3]}). "
+            f"It was written by another version of stack.models; retrain or export with that version."
+        )
+    net.eval()
+    batch = pipeline.export.batch_size
+    net.fix_geometry(net.rig_geometry(batch))
+    return ExportableNetwork(_Exported(net).eval(), example_inputs(pipeline), list(OUTPUTS), metadata(pipeline))
+
+
+class _Exported(torch.nn.Module):
+    """Keyword inputs images/ego_status/command (the exporter's wrapper passes them by name)."""
+
+    def __init__(self, net: torch.nn.Module):
+        super().__init__()
+        self.net = net
+
+    def forward(self, images, ego_status, command):
+        return self.net(images, ego_status, command)
+
+
+def example_inputs(pipeline: Pipeline) -> dict:
+    """Zero-valued inputs of the exported graph's shapes and dtypes."""
+    rig, batch = pipeline.data.rig, pipeline.export.batch_size
+    return {"images": torch.zeros(batch, len(rig.cameras), 3, rig.image_height, rig.image_width, dtype=torch.uint8),
+            "ego_status": torch.zeros(batch, 3), "command": torch.zeros(batch, dtype=torch.int64)}
+
+
+def metadata(pipeline: Pipeline) -> dict:
+    """`metadata_props` of the exported graph."""
+    from stack.batch import COMMANDS, EGO_STATUS_FIELDS
+    from stack.config import pipeline_hash
+    from stack.models.backbone import IMAGENET_MEAN, IMAGENET_STD
+    from stack.models.outputs import output_layout
+    from stack.pipeline import SCHEMA_VERSION
+
+    rig = pipeline.data.rig
+    return {
+        "pipeline_name": pipeline.name, "pipeline_hash": pipeline_hash(pipeline), "schema_version": str(SCHEMA_VERSION),
+        "detection_classes": list(pipeline.model.detection_classes),
+        "segmentation_classes": list(pipeline.model.segmentation_classes),
+        "output_layout": output_layout(pipeline, pipeline.export.batch_size),
+        "rig": {"image_width": rig.image_width, "image_height": rig.image_height,
+                "cameras": [dataclasses.asdict(c) for c in rig.cameras]},
+        "inputs": {"images": "uint8 RGB (B, N, 3, H, W), cameras in rig order, 0..255",
+                   "ego_status": f"float32 (B, 3): {', '.join(EGO_STATUS_FIELDS)}",
+                   "command": f"int64 (B,): index into {list(COMMANDS)}"},
+        "input_normalisation": {"inside_graph": True, "mean_0_255": [m * 255 for m in IMAGENET_MEAN],
+                                "std_0_255": [s * 255 for s in IMAGENET_STD]},
+    }
+
+
+def batch_feeds(batch) -> list[dict]:
+    """One numpy feed dict per sample of a `stack.batch.Batch` (graphs are exported at batch 1)."""
+    images = batch.images.numpy()
+    status = batch.ego_status.numpy().astype(np.float32)
+    command = batch.command.numpy().astype(np.int64)
+    return [{"images": images[i:i + 1], "ego_status": status[i:i + 1], "command": command[i:i + 1]}
+            for i in range(images.shape[0])]
+
+
+def validation_batches(pipeline: Pipeline, count: int) -> tuple[list, str]:
+    """(batches holding at least `count` samples, a description of where they came from)."""
+    from stack.deploy.validation import load_validation
+
+    return load_validation(pipeline, count)

@@ -1,0 +1,125 @@
+"""The deploy report: `report.md` for people, `gate.json` for machines, `latency.png` for the eye."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def write_gate_json(folder: Path, result: dict) -> Path:
+    path = folder / "gate.json"
+    path.write_text(json.dumps(result, indent=2, default=float) + "\n")
+    return path
+
+
+def plot_latency(folder: Path, layers: list[tuple[str, str, float, str]], title: str, roofline=None) -> Path:
+    """Per-layer latency bars (slowest 25) and, for predictions, the layers on the target's roofline.
+
+    `layers`: (name, kind, ms, colour group); `roofline`: (points [(intensity, gflops, group)], peaks dict, GB/s).
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    columns = 2 if roofline else 1
+    figure, axes = plt.subplots(1, columns, figsize=(7 * columns, 7), squeeze=False)
+    top = sorted(layers, key=lambda row: -row[2])[:25][::-1]
+    groups = sorted({row[3] for row in top})
+    colours = {g: plt.cm.tab10(i) for i, g in enumerate(groups)}
+    ax = axes[0][0]
+    ax.barh(range(len(top)), [row[2] for row in top], color=[colours[row[3]] for row in top])
+    ax.set_yticks(range(len(top)), [f"{_short(row[0])} ({row[1]})" for row in top], fontsize=6)
+    ax.set_xlabel("ms")
+    ax.set_title(title, fontsize=9)
+    ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=colours[g]) for g in groups], labels=groups, fontsize=7)
+    if roofline:
+        _roofline_axes(axes[0][1], *roofline)
+    figure.tight_layout()
+    path = folder / "latency.png"
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
+
+
+def _roofline_axes(ax, points, peaks: dict, bandwidth_gbs: float) -> None:
+    import numpy as np
+
+    intensity = np.logspace(-1, 4, 200)
+    for name, tera in peaks.items():
+        if tera > 0:
+            ax.loglog(intensity, np.minimum(tera * 1e3, intensity * bandwidth_gbs), label=f"{name} roof")
+    for group in sorted({p[2] for p in points}):
+        chosen = [p for p in points if p[2] == group and p[0] > 0 and p[1] > 0]
+        ax.scatter([p[0] for p in chosen], [p[1] for p in chosen], s=10, label=f"layers ({group})")
+    ax.set_xlabel("arithmetic intensity (FLOP/byte)")
+    ax.set_ylabel("attained GFLOP/s (predicted)")
+    ax.set_title("predicted per-layer roofline", fontsize=9)
+    ax.legend(fontsize=7)
+
+
+def _short(name: str) -> str:
+    return name if len(name) <= 48 else "..." + name[-45:]
+
+
+def markdown(result: dict) -> str:
+    """report.md from the gate result dict that gate.json also holds."""
+    lines = [f"# Deploy report: {result['target']} — {'PASS' if result['passed'] else 'FAIL'}", "",
+             f"- Target: {result['target_description']} (runtime {result['runtime']}, precision {result['precision']}, "
+             f"QDQ flavour {result['qdq_flavour']})",
+             f"- Pipeline: {result['pipeline_name']} (sha256 {result['pipeline_hash']}); checkpoint {result['checkpoint']}",
+             f"- Validation samples: {result['samples_source']}", ""]
+    if result.get("failures"):
+        lines += ["## Why it failed", ""] + [f"- {reason}" for reason in result["failures"]] + [""]
+    lines += _accuracy_section(result.get("accuracy")) + _speed_section(result["fps"], result.get("speed", {}))
+    lines += _export_section(result["export"]) + _files_section(result.get("files", []))
+    return "\n".join(lines) + "\n"
+
+
+def _accuracy_section(accuracy: dict | None) -> list:
+    if not accuracy:
+        return ["## Accuracy", "", "No INT8: the target runs fp16/fp32, so there is nothing to gate.", ""]
+    lines = ["## Accuracy per head (fp32 vs INT8, same validation samples)", "",
+             "| head | metric | fp32 | INT8 | drop | budget | |", "|---|---|---|---|---|---|---|"]
+    for head in accuracy["heads"]:
+        lines.append(f"| {head['head']} | {head['metric']} | {head['fp32']:.4f} | {head['quantized']:.4f} | "
+                     f"{head['drop']:+.4f} | {head['budget']:g} | {'pass' if head['passed'] else 'FAIL'} |")
+    lines.append("")
+    if accuracy["excluded"]:
+        lines += [f"Kept in fp32 by the accuracy gate ({len(accuracy['excluded'])} layers, most sensitive first): "
+                  + ", ".join(f"`{name}`" for name in accuracy["excluded"]), ""]
+    if len(accuracy["attempts"]) > 1:
+        lines += ["Attempts: " + "; ".join(f"{len(a['excluded'])} fp32 layers -> {'pass' if a['passed'] else 'fail'}"
+                                           for a in accuracy["attempts"]), ""]
+    return lines
+
+
+def _speed_section(fps: dict, speed: dict) -> list:
+    verdict = "pass" if fps["passed"] else "FAIL"
+    lines = ["## Speed", "", f"**{fps['mode'].upper()}**: {fps['fps']:.1f} FPS (median {fps['median_ms']:.2f} ms), "
+             f"p99 {fps['p99_ms']:.2f} ms; required {fps['min_fps']:g} FPS and p99 <= {fps['max_p99_ms']:g} ms: **{verdict}**",
+             "", f"How: {fps['how']}.", ""]
+    if speed.get("side_by_side"):
+        lines += ["| model | median ms | p99 ms |", "|---|---|---|"]
+        lines += [f"| {name} | {row['median_ms']:.2f} | {row['p99_ms']:.2f} |" for name, row in speed["side_by_side"].items()]
+        lines.append("")
+    if speed.get("breakdown"):
+        lines += ["Latency breakdown (slowest layers; full table in gate.json, plot in latency.png):", "",
+                  "| layer | ops | precision / bound | ms |", "|---|---|---|---|"]
+        lines += [f"| `{row[0]}` | {row[1]} | {row[3]} | {row[2]:.3f} |" for row in speed["breakdown"][:15]]
+        lines.append("")
+    return lines
+
+
+def _export_section(export: dict) -> list:
+    lines = ["## Export", "", f"Operators: " + ", ".join(f"{op} x{n}" for op, n in export["ops"].items()), ""]
+    problems = export.get("tensorrt_problems") or []
+    lines.append("TensorRT operator check (8.6 and 10.3): " + ("all native." if not problems else "; ".join(problems)))
+    lines += ["", "| output | max abs error (ONNX Runtime vs PyTorch) | tolerance | |", "|---|---|---|---|"]
+    lines += [f"| {row['output']} | {row['max_abs_error']:.2e} | {row['tolerance']:.2e} | "
+              f"{'pass' if row['passed'] else 'FAIL'} |" for row in export["parity"]]
+    return lines + [""]
+
+
+def _files_section(files: list) -> list:
+    return ["## Files", ""] + [f"- `{name}`" for name in files] + [""]
