@@ -1,0 +1,135 @@
+"""The `dali` backend: NVIDIA DALI reads the same shards and yields the same `Batch` as the torch backend.
+
+`fn.readers.webdataset` reads the tar shards through their index files (written by
+`stack data make`), `fn.decoders.image` decodes the JPEGs — on the CPU without a
+GPU (`device_id=None`: DALI refuses `device_id=0` without a GPU even for CPU
+operators) and with nvJPEG (`mixed`) when a GPU is present — and
+`fn.decoders.numpy` decodes the `.npy` labels. The rows then go through the same
+`to_fields` and `augment_row` as the torch backend, so both backends agree.
+
+Sharding: DALI splits the samples into `num_shards` contiguous runs, one per rank
+(`shard_id = rank`). The pipeline is rebuilt each epoch (a fresh reader starts at
+the beginning of its run, reshuffled with an epoch-dependent seed), and every rank
+runs exactly `len(loader)` iterations — the same count the torch backend plans —
+so data-parallel ranks never wait on each other. A rank whose run is one sample
+short wraps around (evaluation) like DistributedSampler.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from stack.data.augment import augment_row
+from stack.data.format import ARRAY_MEMBERS, SCHEMA_VERSION
+from stack.data.loader import read_manifest, split_shards
+from stack.data.samples import BadSample, ClassMaps, collate, to_fields
+from stack.data.sharding import batches_per_rank
+from stack.errors import StackError
+from stack.pipeline import Pipeline
+
+DALI_MEMBERS = tuple(name for name in ARRAY_MEMBERS if name != "instance")
+"""`.npy` members the loader needs (instance ids are not part of a Batch)."""
+
+
+def dali_device() -> int | None:
+    """CUDA device for DALI, or None (CPU-only pipeline) when there is no GPU."""
+    return torch.cuda.current_device() if torch.cuda.is_available() else None
+
+
+def build_pipeline(shards: list, cameras: list, batch_size: int, threads: int, rank: int, world_size: int,
+                   shuffle: bool, seed: int):
+    """A DALI pipeline whose outputs are the cameras' decoded images, then the `.npy` labels, then meta.json."""
+    from nvidia.dali import fn, pipeline_def, types
+
+    device_id = dali_device()
+
+    @pipeline_def(batch_size=batch_size, num_threads=threads, device_id=device_id, seed=seed, exec_dynamic=True)
+    def frames():
+        extensions = [f"{c}.jpg" for c in cameras] + [f"{n}.npy" for n in DALI_MEMBERS] + ["meta.json"]
+        members = fn.readers.webdataset(
+            paths=[path for path, _ in shards], index_paths=[str(Path(path).with_suffix(".idx")) for path, _ in shards],
+            ext=extensions, shard_id=rank, num_shards=world_size, random_shuffle=shuffle, initial_fill=64,
+            pad_last_batch=False, missing_component_behavior="error", name="reader")
+        images = [fn.decoders.image(members[i], device="mixed" if device_id is not None else "cpu",
+                                    output_type=types.RGB) for i in range(len(cameras))]
+        arrays = [fn.decoders.numpy(members[len(cameras) + i]) for i in range(len(DALI_MEMBERS))]
+        return (*images, *arrays, members[-1])
+
+    pipe = frames()
+    pipe.build()
+    return pipe
+
+
+def _host(tensor_list, index: int) -> np.ndarray:
+    if hasattr(tensor_list, "as_cpu"):
+        tensor_list = tensor_list.as_cpu()
+    return np.array(tensor_list[index])
+
+
+class DaliLoader:
+    """Iterable of Batch for one rank with `len()` equal on every rank; each iteration is one epoch."""
+
+    def __init__(self, pipeline: Pipeline, split: str, rank: int, world_size: int, shuffle: bool, augment: bool):
+        if pipeline.data.skip_bad_samples:
+            raise StackError("data.skip_bad_samples=true is supported by data.backend=torch only (a DALI pipeline "
+                             "stops at the first undecodable sample); use data.backend=torch to skip bad samples")
+        self.pipeline, self.split, self.rank, self.world_size = pipeline, split, rank, world_size
+        self.shuffle, self.augment, self.drop_last = shuffle, augment, split == "train"
+        self.manifest = read_manifest(pipeline.data.root)
+        self.shards = split_shards(self.manifest, pipeline.data.root, split)
+        self.maps = ClassMaps.build(self.manifest, pipeline)
+        self.epoch, self._epoch_set = 0, False
+        self.skipped = 0
+        if len(self) == 0:
+            raise StackError(f"split {split!r} has fewer than one batch of data.batch_size={pipeline.data.batch_size} "
+                             f"per rank for {world_size} rank(s); render more scenes or lower data.batch_size")
+
+    def __len__(self) -> int:
+        total = sum(count for _, count in self.shards)
+        return batches_per_rank(total, self.world_size, 1, self.pipeline.data.batch_size, self.drop_last)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch, self._epoch_set = epoch, True
+
+    def __iter__(self):
+        cameras = self.manifest["cameras"]
+        seed = (self.pipeline.train.seed * 1000003 + self.epoch) % (2 ** 31)
+        pipe = build_pipeline(self.shards, cameras, self.pipeline.data.batch_size, max(self.pipeline.data.num_workers, 1),
+                              self.rank, self.world_size, self.shuffle, seed)
+        rng = np.random.default_rng([self.pipeline.train.seed, self.epoch, self.rank])
+        if not self._epoch_set:
+            self.epoch += 1
+        self._epoch_set = False
+        total = sum(count for _, count in self.shards)
+        per_rank = total // self.world_size // self.pipeline.data.batch_size * self.pipeline.data.batch_size \
+            if self.drop_last else -(-total // self.world_size)
+        remaining = per_rank
+        for _ in range(len(self)):
+            outputs = self._run(pipe)
+            take = min(self.pipeline.data.batch_size, remaining)
+            remaining -= take
+            yield collate([self._row(outputs, i, len(cameras), rng) for i in range(take)])
+        del pipe
+
+    def _run(self, pipe):
+        try:
+            return pipe.run()
+        except RuntimeError as exc:
+            shards = ", ".join(path for path, _ in self.shards)
+            raise BadSample(f"DALI could not read a sample of shard(s) {shards}: {str(exc).splitlines()[0]}; "
+                            "run with data.backend=torch to name the sample, or re-create the shards") from exc
+
+    def _row(self, outputs, index: int, cameras: int, rng: np.random.Generator) -> dict:
+        meta = json.loads(_host(outputs[-1], index).tobytes())
+        if meta.get("schema") != SCHEMA_VERSION:
+            raise BadSample(f"a sample of split {self.split} has schema version {meta.get('schema')!r}, this stack reads "
+                            f"version {SCHEMA_VERSION} (scene {meta.get('scene')}, frame {meta.get('frame')}); "
+                            "re-create the shards with `stack data make`")
+        images = np.stack([_host(outputs[c], index) for c in range(cameras)])
+        arrays = {name: _host(outputs[cameras + i], index) for i, name in enumerate(DALI_MEMBERS)}
+        row = to_fields(images, arrays, self.maps, self.pipeline)
+        return augment_row(row, self.pipeline.data.augment, rng) if self.augment else row

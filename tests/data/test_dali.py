@@ -1,0 +1,75 @@
+"""The DALI backend yields the same Batch as the torch backend (augmentation off), with equal rank lengths."""
+
+import shutil
+import tarfile
+
+import pytest
+import torch
+
+from stack.data import build_loader
+from stack.data.samples import BadSample
+from stack.errors import StackError
+
+JPEG_TOLERANCE = 3
+"""Largest per-pixel difference allowed between two JPEG decoders (libjpeg-turbo vs nvJPEG rounding)."""
+
+
+def _compare(torch_batches, dali_batches, pipeline, tolerance):
+    assert len(torch_batches) == len(dali_batches) > 0
+    for a, b in zip(torch_batches, dali_batches):
+        assert b.mismatches(pipeline) == []
+        assert (a.images.int() - b.images.cpu().int()).abs().max() <= tolerance
+        for name in ("intrinsics", "cam_to_ego", "depth", "semantic", "boxes", "box_labels", "ego_status", "command",
+                     "past_trajectory", "future_trajectory", "future_valid"):
+            assert torch.equal(getattr(a, name), getattr(b, name).cpu()), name
+
+
+@pytest.mark.parametrize("split", ["train", "val"])
+def test_both_backends_agree_without_augmentation(dataset, small_pipeline, split):
+    pipeline, _ = dataset
+    dali = small_pipeline(pipeline.data.root, "data.backend=dali")
+    torch_batches = list(build_loader(pipeline, split, 0, 1, shuffle=False, augment=False))
+    dali_batches = list(build_loader(dali, split, 0, 1, shuffle=False, augment=False))
+    _compare(torch_batches, dali_batches, pipeline, JPEG_TOLERANCE)
+
+
+@pytest.mark.gpu
+def test_mixed_gpu_decode_agrees_with_the_cpu_backend(dataset, small_pipeline):
+    pipeline, _ = dataset
+    dali = small_pipeline(pipeline.data.root, "data.backend=dali")
+    gpu_batches = list(build_loader(dali, "val", 0, 1, shuffle=False, augment=False))
+    assert gpu_batches[0].images.device.type == "cpu"
+    _compare(list(build_loader(pipeline, "val", 0, 1, shuffle=False, augment=False)), gpu_batches, pipeline, JPEG_TOLERANCE)
+
+
+def test_dali_ranks_get_equal_batch_counts_and_disjoint_samples(dataset, small_pipeline):
+    pipeline, _ = dataset
+    dali = small_pipeline(pipeline.data.root, "data.backend=dali", "data.batch_size=1")
+    per_rank = [list(build_loader(dali, "train", rank, 2, shuffle=True)) for rank in range(2)]
+    assert len(per_rank[0]) == len(per_rank[1]) > 0
+    keys = [tuple(b.past_trajectory[0].flatten().tolist()) for batches in per_rank for b in batches]
+    assert len(keys) == len(set(keys))
+
+
+def test_dali_augmentation_keeps_the_contract(dataset, small_pipeline):
+    pipeline, _ = dataset
+    dali = small_pipeline(pipeline.data.root, "data.backend=dali")
+    batch = next(iter(build_loader(dali, "train", 0, 1, augment=True)))
+    assert batch.mismatches(pipeline) == []
+
+
+def test_dali_names_the_shards_of_an_undecodable_jpeg(dataset, small_pipeline, tmp_path):
+    pipeline, manifest = dataset
+    root = tmp_path / "copy"
+    shutil.copytree(pipeline.data.root, root)
+    shard = root / manifest["splits"]["train"][0]["path"]
+    data = bytearray(shard.read_bytes())
+    with tarfile.open(shard) as tar:
+        member = next(m for m in tar.getmembers() if m.name.endswith("front.jpg"))
+    data[member.offset_data + 200:member.offset_data + member.size] = b"\x00" * (member.size - 200)
+    shard.write_bytes(bytes(data))
+    dali = small_pipeline(root, "data.backend=dali")
+    with pytest.raises(BadSample, match="frames-000000.tar"):
+        list(build_loader(dali, "train", 0, 1, shuffle=False, augment=False))
+    with pytest.raises(StackError, match="backend=torch only"):
+        build_loader(small_pipeline(root, "data.backend=dali", "data.skip_bad_samples=true"), "train", 0, 1)
