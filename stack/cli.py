@@ -19,6 +19,7 @@ from stack.errors import StackError
 
 COMMANDS = {
     "config": "validate the pipeline and print it resolved",
+    "bench": "side-by-side speed measurements (ops, data, model, infer)",
     "data": "render the driving world into shards (make), draw a sample (inspect), convert a dataset (convert)",
 }
 """Command name -> one-line help. Add a command here only when it works end to end."""

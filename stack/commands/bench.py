@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 import importlib
 
-BENCHMARKS: dict[str, str] = {}
+BENCHMARKS: dict[str, str] = {
+    "model": "stack.models.bench:run",
+}
 """Benchmark name -> "module:function". Add an entry when the benchmark works."""
 
 

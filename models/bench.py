@@ -1,0 +1,156 @@
+"""`stack bench model`: parameters, FLOPs per frame per component, and forward/backward time.
+
+FLOPs come from `torch.utils.flop_counter.FlopCounterMode` (convolutions, matmuls,
+attention) on one frame (batch 1, all cameras); bev_pool's gather-multiply-add is
+not a matmul, so its work is counted analytically (2 FLOPs per kept frustum point
+and channel). The floor is the same FLOPs at the machine's measured dense fp32
+matmul rate, measured in the same run; the ratio time / floor says how far each
+component is from compute-bound. Times are medians of `REPEATS` runs after a warm-up.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from stack.pipeline import Pipeline
+
+REPEATS = 3
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def matmul_peak_flops(device: torch.device, size: int = 2048) -> float:
+    """Measured dense fp32 matmul rate, FLOP/s (median of REPEATS)."""
+    a, b = torch.randn(size, size, device=device), torch.randn(size, size, device=device)
+    a @ b
+    times = []
+    for _ in range(REPEATS):
+        _sync(device)
+        start = time.perf_counter()
+        a @ b
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    return 2 * size**3 / statistics.median(times)
+
+
+def component_flops(model, batch, geometry) -> dict[str, float]:
+    """FLOPs of one forward per top-level component (bev_pool counted analytically)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from stack.models.network import COMPONENTS
+
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        model(batch.images, batch.ego_status, batch.command, geometry)
+    counts = counter.get_flop_counts()
+    flops = {name: float(sum(counts.get(f"{type(model).__name__}.{name}", {}).values())) for name in COMPONENTS}
+    flops["view_transform"] = 2.0 * geometry.num_points * model.pipeline.model.neck_channels
+    return flops
+
+
+def component_times(model, batch, geometry, repeats: int = 2 * REPEATS + 1) -> dict[str, float]:
+    """Median forward seconds per top-level component and for the whole forward (`total`),
+    from module hooks in the same runs, so the parts and the whole are comparable."""
+    from stack.models.network import COMPONENTS
+
+    device = batch.images.device
+    names = COMPONENTS + ("total",)
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    starts: dict[str, float] = {}
+    hooks = []
+    for name in names:
+        module = model if name == "total" else getattr(model, name)
+
+        def before(_module, _inputs, name=name):
+            _sync(device)
+            starts[name] = time.perf_counter()
+
+        def after(_module, _inputs, _output, name=name):
+            _sync(device)
+            samples[name].append(time.perf_counter() - starts[name])
+
+        hooks += [module.register_forward_pre_hook(before), module.register_forward_hook(after)]
+    try:
+        with torch.no_grad():
+            for _ in range(repeats + 1):
+                model(batch.images, batch.ego_status, batch.command, geometry)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return {name: statistics.median(values[1:]) for name, values in samples.items()}
+
+
+def train_step_time(model, batch, geometry) -> float:
+    """Median seconds of forward + loss + backward in train mode."""
+    device = batch.images.device
+    model.train()
+    times = []
+    for _ in range(REPEATS + 1):
+        model.zero_grad(set_to_none=True)
+        _sync(device)
+        start = time.perf_counter()
+        model.loss(model(batch.images, batch.ego_status, batch.command, geometry), batch)["total"].backward()
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    model.eval()
+    return statistics.median(times[1:])
+
+
+def run(pipeline: Pipeline, args) -> int:
+    """Measure the pipeline's network on one frame and print a markdown section for BENCHMARKS.md."""
+    import warnings
+
+    from stack.models import build_model
+    from stack.models.testing import random_batch
+
+    warnings.filterwarnings("ignore", message="bev_pool: the extension")
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    torch.manual_seed(0)
+    print(f"building {pipeline.name!r} ({pipeline.model.backbone}) on {device} ...", flush=True)
+    model = build_model(pipeline).to(device)
+    batch = random_batch(pipeline, batch_size=1, seed=0).to(device)
+    start = time.perf_counter()
+    geometry = model.geometry(batch.intrinsics, batch.cam_to_ego)
+    geometry_s = time.perf_counter() - start
+    print("counting FLOPs, measuring the matmul peak ...", flush=True)
+    flops, peak = component_flops(model.eval(), batch, geometry), matmul_peak_flops(device)
+    print("timing components, forward and backward ...", flush=True)
+    times = component_times(model, batch, geometry)
+    forward_s, train_s = times["total"], train_step_time(model, batch, geometry)
+    print(_markdown(pipeline, model, flops, times, peak, forward_s, train_s, geometry_s, device))
+    return 0
+
+
+def _markdown(pipeline, model, flops, times, peak, forward_s, train_s, geometry_s, device) -> str:
+    from stack.models.network import COMPONENTS
+
+    rig = pipeline.data.rig
+    lines = [f"### `{pipeline.name}`: {pipeline.model.backbone}, {len(rig.cameras)} x {rig.image_width}x{rig.image_height}, "
+             f"BEV {model.grid[0]}x{model.grid[1]}, {pipeline.model.depth.bins} depth bins ({device}, "
+             f"{torch.get_num_threads()} threads)", "",
+             f"Measured fp32 matmul peak: {peak / 1e9:.1f} GFLOP/s (2048^2 matmul). "
+             "Floor = FLOPs / that peak.", "",
+             "| component | params (M) | GFLOP / frame | forward ms | floor ms | x floor |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for name in COMPONENTS:
+        params = sum(p.numel() for p in getattr(model, name).parameters()) / 1e6
+        floor_ms = flops[name] / peak * 1e3
+        ratio = times[name] * 1e3 / floor_ms if floor_ms > 0 else float("nan")
+        lines.append(f"| {name} | {params:.3f} | {flops[name] / 1e9:.3f} | {times[name] * 1e3:.1f} | "
+                     f"{floor_ms:.1f} | {ratio:.1f} |")
+    total = sum(flops.values())
+    params = sum(p.numel() for p in model.parameters()) / 1e6
+    lines += [f"| **total** | {params:.3f} | {total / 1e9:.3f} | {forward_s * 1e3:.1f} | "
+              f"{total / peak * 1e3:.1f} | {forward_s / (total / peak):.1f} |", "",
+              f"- forward + loss + backward (train mode, batch 1): {train_s * 1e3:.0f} ms "
+              f"({train_s / forward_s:.2f}x the forward; the FLOP rule of thumb is ~3x)",
+              f"- pooling geometry for one frame (`bev_geometry`, once per batch in training, baked for export): "
+              f"{geometry_s * 1e3:.0f} ms",
+              f"- reproduce: `stack bench model -c configs/pipeline.yaml"
+              f"{'' if pipeline.name == 'default' else f' -c configs/presets/{pipeline.name}.yaml'}`"]
+    return "\n".join(lines)
