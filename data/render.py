@@ -210,13 +210,14 @@ def in_shadow(points, sun, prims: Primitives, rows: dict) -> torch.Tensor:
     spheres = _bounding_spheres(prims)
     for kind in ("boxes", "spheres"):
         centre, radius = spheres[kind][0][rows[kind]], spheres[kind][1][rows[kind]]
+        if not len(centre):
+            continue
         q_centre, along_centre = centre @ basis, centre @ sun
-        for index in range(len(centre)):
-            near = ((q_points - q_centre[index]) ** 2).sum(1) < radius[index] ** 2
-            candidates = torch.nonzero(near & (along_centre[index] + radius[index] > along_points)).flatten()
-            if len(candidates):
-                t = _HIT[kind](lifted[candidates], sun[None], getattr(prims, kind)[rows[kind][index:index + 1]])
-                blocked[candidates] |= torch.isfinite(t[:, 0])
+        near = (torch.cdist(q_points, q_centre) < radius) & (along_centre + radius > along_points[:, None])
+        for index in torch.nonzero(near.any(0)).flatten().tolist():
+            candidates = torch.nonzero(near[:, index]).flatten()
+            t = _HIT[kind](lifted[candidates], sun[None], getattr(prims, kind)[rows[kind][index:index + 1]])
+            blocked[candidates] |= torch.isfinite(t[:, 0])
     return blocked
 
 
@@ -241,6 +242,49 @@ class Hits:
 
 
 KINDS = ("boxes", "cylinders", "spheres")
+
+
+def _box_single(o: list, d: torch.Tensor, box: list) -> torch.Tensor:
+    """Ray parameter (...,) of rays from `o` along `d` (..., 3) against one box; inf where missed."""
+    cx, cy, cz, hx, hy, hz, yaw = box
+    c, s = math.cos(yaw), math.sin(yaw)
+    rel_x, rel_y = o[0] - cx, o[1] - cy
+    origin_local = (c * rel_x + s * rel_y, -s * rel_x + c * rel_y, o[2] - cz)
+    dx, dy = d[..., 0], d[..., 1]
+    directions = (dx * c + dy * s, dy * c - dx * s, d[..., 2])
+    near = far = None
+    for o_axis, d_axis, half in zip(origin_local, directions, (hx, hy, hz)):
+        inv = 1.0 / torch.where(d_axis.abs() < 1e-9, torch.full_like(d_axis, 1e-9), d_axis)
+        t1, t2 = (-half - o_axis) * inv, (half - o_axis) * inv
+        low, high = torch.minimum(t1, t2), torch.maximum(t1, t2)
+        near = low if near is None else torch.maximum(near, low)
+        far = high if far is None else torch.minimum(far, high)
+    return near.masked_fill_((near > far) | (near <= 0.05), math.inf)
+
+
+def _cylinder_single(o: list, d: torch.Tensor, cyl: list) -> torch.Tensor:
+    cx, cy, z0, z1, radius = cyl
+    ox, oy = o[0] - cx, o[1] - cy
+    dx, dy = d[..., 0], d[..., 1]
+    a = dx * dx + dy * dy + 1e-12
+    b = dx * ox + dy * oy
+    disc = b * b - a * (ox * ox + oy * oy - radius * radius)
+    t = (-b - disc.clamp(min=0).sqrt()) / a
+    z = o[2] + t * d[..., 2]
+    return t.masked_fill_((disc <= 0) | (t <= 0.05) | (z < z0) | (z > z1), math.inf)
+
+
+def _sphere_single(o: list, d: torch.Tensor, sphere: list) -> torch.Tensor:
+    cx, cy, cz, radius = sphere
+    rx, ry, rz = o[0] - cx, o[1] - cy, o[2] - cz
+    a = (d * d).sum(-1)
+    b = d[..., 0] * rx + d[..., 1] * ry + d[..., 2] * rz
+    disc = b * b - a * (rx * rx + ry * ry + rz * rz - radius * radius)
+    t = (-b - disc.clamp(min=0).sqrt()) / a
+    return t.masked_fill_((disc <= 0) | (t <= 0.05), math.inf)
+
+
+_SINGLE = {"boxes": _box_single, "cylinders": _cylinder_single, "spheres": _sphere_single}
 _HIT = {"boxes": lambda o, d, p: _hit_boxes(o, d, p)[0], "cylinders": _hit_cylinders, "spheres": _hit_spheres}
 
 
@@ -271,21 +315,24 @@ def cast(origin, dirs, prims: Primitives, rows: dict, ground, camera: tuple) -> 
     depth = torch.where(dirs[:, 2] < -1e-6, -origin[2] / dirs[:, 2].clamp(max=-1e-6), torch.full_like(dirs[:, 2], math.inf))
     depth_image, dirs_image = depth.view(height, width), dirs.view(height, width, 3)
     winner = torch.full((height, width), -1, dtype=torch.long, device=dirs.device)
-    counts, offset = {}, 0
+    counts, offset, origin_list = {}, 0, origin.tolist()
     for kind in KINDS:
         selected = getattr(prims, kind)[rows[kind]]
         centre, radius = _bounding_spheres(prims)[kind]
         centre_cam = (centre[rows[kind]] - world_from_cam[:3, 3]) @ world_from_cam[:3, :3]
         all_hits = torch.zeros(len(selected), device=dirs.device)
+        is_agent = (prims.attributes[kind][rows[kind], 1] > 0).tolist()
         for index, (v0, v1, u0, u1) in enumerate(screen_rects(centre_cam, radius[rows[kind]], k, width, height)):
             if v0 >= v1 or u0 >= u1:
                 continue
-            t = _HIT[kind](origin[None], dirs_image[v0:v1, u0:u1].reshape(-1, 3), selected[index:index + 1])[:, 0]
-            t = t.view(v1 - v0, u1 - u0)
-            all_hits[index] = torch.isfinite(t).sum()
-            closer = t < depth_image[v0:v1, u0:u1]
-            depth_image[v0:v1, u0:u1] = torch.where(closer, t, depth_image[v0:v1, u0:u1])
-            winner[v0:v1, u0:u1] = torch.where(closer, offset + index, winner[v0:v1, u0:u1])
+            t = _SINGLE[kind](origin_list, dirs_image[v0:v1, u0:u1], selected[index].tolist())
+            if is_agent[index]:
+                all_hits[index] = torch.isfinite(t).sum()
+            window = depth_image[v0:v1, u0:u1]
+            closer = t < window
+            torch.minimum(t, window, out=t)
+            window.copy_(t)
+            winner[v0:v1, u0:u1].masked_fill_(closer, offset + index)
         counts[kind] = (rows[kind], all_hits, offset)
         offset += len(selected)
     winner = winner.flatten()
