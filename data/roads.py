@@ -116,12 +116,22 @@ def _arm_coordinates(arms: list, xy: np.ndarray) -> tuple[np.ndarray, np.ndarray
 
 
 def paint_ground(arms: list) -> GroundRaster:
-    """Rasterise roads, markings, sidewalks and grass around the arms."""
+    """Rasterise roads, markings, sidewalks and grass around the arms.
+
+    Only cells whose 1 m block lies near a road are measured against the
+    centrelines; the rest is grass.
+    """
     points = np.concatenate(arms)
     low, high = points.min(axis=0) - 30.0, points.max(axis=0) + 30.0
-    xs = np.arange(low[0], high[0], RASTER_CELL) + RASTER_CELL / 2
-    ys = np.arange(low[1], high[1], RASTER_CELL) + RASTER_CELL / 2
-    grid = np.stack(np.meshgrid(xs, ys), axis=-1).reshape(-1, 2)
+    factor = 4
+    coarse = RASTER_CELL * factor
+    shape_coarse = (int(np.ceil((high[1] - low[1]) / coarse)), int(np.ceil((high[0] - low[0]) / coarse)))
+    centres = np.stack(np.meshgrid(low[0] + (np.arange(shape_coarse[1]) + 0.5) * coarse,
+                                   low[1] + (np.arange(shape_coarse[0]) + 0.5) * coarse), axis=-1).reshape(-1, 2)
+    near_road = np.isfinite(cKDTree(points).query(centres, distance_upper_bound=SIDEWALK_OUTER + 1.5 + coarse)[0])
+    near_road = np.repeat(np.repeat(near_road.reshape(shape_coarse), factor, 0), factor, 1)
+    rows, cols = np.nonzero(near_road)
+    grid = np.stack([low[0] + (cols + 0.5) * RASTER_CELL, low[1] + (rows + 0.5) * RASTER_CELL], axis=1)
     u, d, _ = _arm_coordinates(arms, grid)
     distance = np.abs(d)
     classes = np.full(len(grid), SEG["vegetation"], np.uint8)
@@ -134,8 +144,11 @@ def paint_ground(arms: list) -> GroundRaster:
         & (np.mod(d, 1.0) < 0.5)
     stop = (np.abs(u - JUNCTION_RADIUS - 4.2) < 0.2) & (d > 0.1) & (d < LANE_WIDTH)
     classes[centre | edge | zebra | stop] = SEG["lane_marking"]
-    shape = (len(ys), len(xs))
-    return GroundRaster(classes.reshape(shape), centre.reshape(shape), (float(low[0]), float(low[1])))
+    raster = np.full(near_road.shape, SEG["vegetation"], np.uint8)
+    raster[rows, cols] = classes
+    yellow = np.zeros(near_road.shape, bool)
+    yellow[rows, cols] = centre
+    return GroundRaster(raster, yellow, (float(low[0]), float(low[1])))
 
 
 def ground_class_at(ground: GroundRaster, xy: np.ndarray) -> np.ndarray:
