@@ -101,3 +101,12 @@ def decode_plan(outputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.T
     confidence, best = probs.max(dim=1)
     trajectories = outputs["plan_trajectories"].float()
     return trajectories[torch.arange(len(best), device=best.device), best], confidence
+
+
+@torch.no_grad()
+def decode_all(outputs: dict[str, torch.Tensor], pipeline: Pipeline) -> dict:
+    """Every decoded prediction, keyed as `stack.metrics.suite.TaskMetrics.update` reads them."""
+    plan, _ = decode_plan(outputs)
+    return {"detections": decode_detections(outputs, pipeline), "depth": decode_depth(outputs, pipeline),
+            "segmentation": decode_segmentation(outputs, pipeline), "plan": plan,
+            "plan_modes": outputs["plan_trajectories"].float()}

@@ -1,0 +1,53 @@
+"""All four task metrics together, fed from decoded predictions and a Batch.
+
+`TaskMetrics(pipeline)` holds the detection, segmentation, depth and planning
+metrics configured from the pipeline; `update(predictions, batch)` takes the
+decoded predictions as plain tensors (see `stack.models.decoders.decode_all`, which
+produces exactly this mapping) and `compute()` returns one flat dict keyed
+`<task>/<metric>`, ready for a logger or a report.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from stack.metrics.depth import DepthMetric
+from stack.metrics.detection import DetectionMetric
+from stack.metrics.planning import PlanningMetric
+from stack.metrics.segmentation import SegmentationMetric
+from stack.pipeline import Pipeline
+
+PREDICTION_KEYS = ("detections", "depth", "segmentation", "plan", "plan_modes")
+"""Keys `update` reads: per-sample detections (objects with boxes/scores/labels), depth (B, N, H, W) m,
+segmentation (B, N, H, W) class index, plan (B, T, 2), plan_modes (B, K, T, 2)."""
+
+
+class TaskMetrics:
+    """Detection, segmentation, depth and planning metrics for one pipeline, accumulated over batches."""
+
+    def __init__(self, pipeline: Pipeline):
+        model = pipeline.model
+        self.detection = DetectionMetric(model.detection_classes)
+        self.segmentation = SegmentationMetric(model.segmentation_classes)
+        self.depth = DepthMetric(min_depth=1e-3, max_depth=model.depth.max_m)
+        self.planning = PlanningMetric(steps=model.planning_steps)
+
+    def update(self, predictions: Mapping[str, Any], batch) -> None:
+        missing = [key for key in PREDICTION_KEYS if key not in predictions]
+        if missing:
+            raise KeyError(f"predictions lack {missing}; expected keys {PREDICTION_KEYS} (decode_all gives them)")
+        self.detection.update_detections(predictions["detections"], batch.boxes, batch.box_labels)
+        self.segmentation.update(predictions["segmentation"], batch.semantic)
+        self.depth.update(predictions["depth"], batch.depth)
+        self.planning.update(predictions["plan"], batch.future_trajectory, batch.future_valid, batch.boxes,
+                             batch.box_labels, batch.past_trajectory, predictions["plan_modes"])
+
+    def compute(self) -> dict[str, float]:
+        out = {}
+        for task in ("detection", "segmentation", "depth", "planning"):
+            out.update({f"{task}/{key}": value for key, value in getattr(self, task).compute().items()})
+        return out
+
+    def reset(self) -> None:
+        for task in ("detection", "segmentation", "depth", "planning"):
+            getattr(self, task).reset()
