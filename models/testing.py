@@ -76,7 +76,8 @@ def random_batch(pipeline: Pipeline, batch_size: int = 2, seed: int = 0) -> Batc
     rig, model = pipeline.data.rig, pipeline.model
     classes = model.segmentation_classes
     ks, poses = rig_matrices(rig)
-    depth = np.broadcast_to(_ground_depth(pipeline), (batch_size, *_ground_depth(pipeline).shape)).copy()
+    ground = _ground_depth(pipeline)
+    depth = np.broadcast_to(ground, (batch_size, *ground.shape)).copy()
     semantic = np.where(depth > 0, classes.index("road") if "road" in classes else 0,
                         classes.index("sky") if "sky" in classes else len(classes) - 1)
     semantic = np.where(rng.random(depth.shape) < 0.02, IGNORE_INDEX, semantic).astype(np.int64)
