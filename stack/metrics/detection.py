@@ -141,12 +141,11 @@ class DetectionMetric:
         """mAP, AP per class (and per threshold), TP errors per class and mean, and the empty-detector baseline."""
         out: dict[str, float] = {}
         for label, name in enumerate(self.classes):
-            aps = []
-            for threshold in self.thresholds:
-                aps.append(self.average_precision(self._curve(label, threshold)))
-                out[f"AP_{name}@{threshold:g}m"] = aps[-1]
+            curves = {threshold: self._curve(label, threshold) for threshold in {*self.thresholds, TP_THRESHOLD}}
+            aps = [self.average_precision(curves[threshold]) for threshold in self.thresholds]
+            out.update({f"AP_{name}@{threshold:g}m": ap for threshold, ap in zip(self.thresholds, aps)})
             out[f"AP_{name}"] = float(np.mean(aps))
-            tp_curve = self._curve(label, TP_THRESHOLD)
+            tp_curve = curves[TP_THRESHOLD]
             for error in TP_ERRORS:
                 out[f"{error}_{name}"] = self.tp_error(tp_curve, error)
         out["mAP"] = float(np.mean([out[f"AP_{name}"] for name in self.classes]))
