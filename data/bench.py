@@ -1,0 +1,182 @@
+"""`stack bench data`: generator images/s, loader samples/s per backend, and their floors, side by side.
+
+1. Generator: `make_dataset` end to end (scene setup, simulation, ray casting,
+   JPEG/npy encoding, tar writing) on `BENCH_SCENES` scenes of the pipeline's
+   world, with `data.world.workers` processes: camera images (RGB + depth +
+   semantics + instances) per second.
+2. Loaders over the shards just written (train split, augmentation off, one
+   epoch after a warm-up epoch): samples/s of the `torch` backend
+   (`data.num_workers` processes) and of the `dali` backend (`data.num_workers`
+   threads, CPU decode without a GPU).
+3. Floors: the same JPEGs decoded in a bare loop by the same decoder — PIL in
+   `data.num_workers` processes for torch, a DALI pipeline with only the reader
+   and the image decoder for DALI. loader / floor says what the rest costs.
+4. Consumption: samples/s of one training step (forward + backward) of the
+   pipeline's model (`stack.models.build_model`; a timm resnet10t on the same
+   images if the model cannot be built), so loader / step says whether data
+   loading can keep up with training on this machine.
+"""
+
+from __future__ import annotations
+
+import copy
+import tempfile
+import time
+from multiprocessing import get_context
+from pathlib import Path
+
+import numpy as np
+
+from stack.pipeline import Pipeline
+
+BENCH_SCENES = 4
+
+
+def _generator(pipeline: Pipeline, root: Path) -> tuple[float, int]:
+    from stack.data.make import make_dataset
+
+    world = pipeline.data.world
+    start = time.perf_counter()
+    make_dataset(pipeline, log=lambda *_: None)
+    seconds = time.perf_counter() - start
+    images = world.scenes * world.frames_per_scene * len(pipeline.data.rig.cameras)
+    return images / seconds, images
+
+
+def _loader_rate(pipeline: Pipeline) -> float:
+    from stack.data import build_loader
+
+    loader = build_loader(pipeline, "train", 0, 1, shuffle=True, augment=False)
+    for _ in loader:  # warm-up epoch (worker start, page cache, DALI build)
+        pass
+    start, samples = time.perf_counter(), 0
+    for batch in loader:
+        samples += batch.images.shape[0]
+    return samples / (time.perf_counter() - start)
+
+
+def _jpeg_lists(pipeline: Pipeline) -> list:
+    from stack.data.loader import read_manifest, read_piece, split_shards
+    from stack.data.sharding import Piece
+
+    manifest = read_manifest(pipeline.data.root)
+    cameras = manifest["cameras"]
+    out = []
+    for path, count in split_shards(manifest, pipeline.data.root, "train"):
+        for sample in read_piece(Piece(path, 0, count)):
+            out.append([sample[f"{c}.jpg"] for c in cameras])
+    return out
+
+
+def _decode_all(jpegs: list) -> int:
+    import io
+
+    from PIL import Image
+
+    for data in jpegs:
+        with Image.open(io.BytesIO(data)) as image:
+            np.asarray(image.convert("RGB"))
+    return len(jpegs)
+
+
+def _pil_floor(pipeline: Pipeline, samples: list) -> float:
+    workers = max(pipeline.data.num_workers, 1)
+    chunks = [sum(samples[i::workers], []) for i in range(workers)]
+    with get_context("fork").Pool(workers) as pool:
+        pool.map(_decode_all, [c[:1] for c in chunks])
+        start = time.perf_counter()
+        pool.map(_decode_all, chunks)
+        return len(samples) / (time.perf_counter() - start)
+
+
+def _dali_floor(pipeline: Pipeline) -> float:
+    from nvidia.dali import fn, pipeline_def, types
+
+    from stack.data.dali_loader import dali_device
+    from stack.data.loader import read_manifest, split_shards
+
+    manifest = read_manifest(pipeline.data.root)
+    shards = split_shards(manifest, pipeline.data.root, "train")
+    device_id = dali_device()
+
+    @pipeline_def(batch_size=pipeline.data.batch_size, num_threads=max(pipeline.data.num_workers, 1),
+                  device_id=device_id, exec_dynamic=True)
+    def decode_only():
+        members = fn.readers.webdataset(paths=[p for p, _ in shards], index_paths=[str(Path(p).with_suffix(".idx")) for p, _ in shards],
+                                        ext=[f"{c}.jpg" for c in manifest["cameras"]], name="reader")
+        return tuple(fn.decoders.image(m, device="mixed" if device_id is not None else "cpu", output_type=types.RGB)
+                     for m in members)
+
+    pipe = decode_only()
+    pipe.build()
+    total = sum(c for _, c in shards)
+    iterations = max(total // pipeline.data.batch_size, 1)
+    for _ in range(iterations):
+        pipe.run()
+    start = time.perf_counter()
+    for _ in range(iterations):
+        pipe.run()
+    return iterations * pipeline.data.batch_size / (time.perf_counter() - start)
+
+
+def _training_step_rate(pipeline: Pipeline) -> tuple[float, str]:
+    """Samples/s of forward + backward on one batch from the loader (median of 3 after a warm-up)."""
+    import torch
+
+    from stack.data import build_loader
+
+    batch = next(iter(build_loader(pipeline, "train", 0, 1, augment=False)))
+    try:
+        from stack.models import build_model
+        from stack.models.losses import multitask_loss
+
+        model, what = build_model(pipeline), f"stack BevNet ({pipeline.model.backbone})"
+
+        def step():
+            multitask_loss(model.forward_batch(batch), batch, pipeline)["total"].backward()
+    except Exception as exc:  # the model package is optional for this benchmark
+        import timm
+
+        model, what = timm.create_model("resnet10t", num_classes=10), f"timm resnet10t estimate ({type(exc).__name__})"
+        images = batch.images.flatten(0, 1).float() / 255
+
+        def step():
+            model(images).sum().backward()
+    step()
+    times = []
+    for _ in range(3):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    return batch.images.shape[0] / float(np.median(times)), what
+
+
+def run(pipeline: Pipeline, args) -> int:
+    """Print the side-by-side table (markdown) for BENCHMARKS.md."""
+    import os
+
+    with tempfile.TemporaryDirectory() as folder:
+        bench = copy.deepcopy(pipeline)
+        bench.data.root = folder
+        bench.data.world.scenes = BENCH_SCENES
+        bench.data.world.val_fraction = 0.0
+        rate, images = _generator(bench, Path(folder))
+        print(f"generator: {images} camera images in {images / rate:.1f} s", flush=True)
+        torch_rate = _loader_rate(bench)
+        dali = copy.deepcopy(bench)
+        dali.data.backend = "dali"
+        dali_rate = _loader_rate(dali)
+        pil_floor = _pil_floor(bench, _jpeg_lists(bench))
+        dali_floor = _dali_floor(bench)
+        step_rate, step_what = _training_step_rate(bench)
+    rig, data = pipeline.data.rig, pipeline.data
+    print(f"\nmachine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}; images {rig.image_width}x{rig.image_height}, "
+          f"{len(rig.cameras)} cameras, batch {data.batch_size}, {data.num_workers} loader workers, "
+          f"{data.world.workers} render processes")
+    print("\n| what | rate | floor / reference | ratio |\n|---|---|---|---|")
+    print(f"| generator (make, end to end) | {rate:.1f} camera images/s | goal 40 images/s | {rate / 40:.2f}x goal |")
+    print(f"| torch loader | {torch_rate:.1f} samples/s | PIL bare decode {pil_floor:.1f} samples/s | {pil_floor / torch_rate:.2f}x slower than floor |")
+    print(f"| dali loader (cpu) | {dali_rate:.1f} samples/s | DALI bare decode {dali_floor:.1f} samples/s | {dali_floor / dali_rate:.2f}x slower than floor |")
+    print(f"| training step: {step_what} | {step_rate:.1f} samples/s | torch / step, dali / step | "
+          f"{torch_rate / step_rate:.1f}x, {dali_rate / step_rate:.1f}x |")
+    return 0
