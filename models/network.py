@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from stack.batch import COMMANDS, Batch
+from stack.errors import StackError
 from stack.models.backbone import ImageEncoder
 from stack.models.bev_heads import BevEncoder, DetectionHead, PlanningHead
 from stack.models.image_heads import DepthContextHead, SegmentationHead
@@ -44,6 +45,10 @@ class ViewTransform(nn.Module):
     def forward(self, depth_probs: torch.Tensor, context: torch.Tensor, geometry: BevPoolGeometry | None):
         if self.fixed is not None:
             return self.fixed(depth_probs, context)
+        if geometry is None:
+            raise StackError("BevNet.forward needs the pooling geometry of this batch's cameras: pass "
+                             "model.geometry(batch.intrinsics, batch.cam_to_ego) (or call forward_batch), "
+                             "or bake a fixed rig once with model.fix_geometry(model.rig_geometry(batch_size)).")
         return bev_pool(depth_probs, context, geometry)
 
 

@@ -133,6 +133,10 @@ def test_fixed_geometry_matches_per_batch_geometry(tiny):
 def test_backbone_errors_say_what_to_do(tmp_path):
     from stack.errors import StackError
 
+    p = pipeline("tiny")
+    batch = random_batch(p, batch_size=1)
+    with pytest.raises(StackError, match="fix_geometry"):
+        build_model(p)(batch.images, batch.ego_status, batch.command)
     with pytest.raises(StackError, match="timm has no model"):
         build_model(pipeline("tiny", "model.backbone=resnet_nonexistent"))
     with pytest.raises(StackError, match="does not exist"):
