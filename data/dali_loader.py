@@ -24,15 +24,17 @@ import numpy as np
 import torch
 
 from stack.data.augment import augment_row
-from stack.data.format import ARRAY_MEMBERS, SCHEMA_VERSION
+from stack.batch import IGNORE_INDEX, Batch
+from stack.data.format import SCHEMA_VERSION
 from stack.data.loader import read_manifest, split_shards
-from stack.data.samples import BadSample, ClassMaps, collate, to_fields
+from stack.data.samples import LOADER_MEMBERS, BadSample, ClassMaps, collate, label_fields
 from stack.data.sharding import batches_per_rank
 from stack.errors import StackError
 from stack.pipeline import Pipeline
 
-DALI_MEMBERS = tuple(name for name in ARRAY_MEMBERS if name != "instance")
-"""`.npy` members the loader needs (instance ids are not part of a Batch)."""
+DENSE = ("depth", "semantic")
+"""Per-pixel labels that DALI converts in its own threads (depth to float32, semantics through the class map)."""
+SMALL = tuple(name for name in LOADER_MEMBERS if name not in DENSE)
 
 
 def dali_device() -> int | None:
@@ -40,28 +42,43 @@ def dali_device() -> int | None:
     return torch.cuda.current_device() if torch.cuda.is_available() else None
 
 
-def build_pipeline(shards: list, cameras: list, batch_size: int, threads: int, rank: int, world_size: int,
-                   shuffle: bool, seed: int):
-    """A DALI pipeline whose outputs are the cameras' decoded images, then the `.npy` labels, then meta.json."""
+def build_pipeline(shards: list, cameras: list, maps: ClassMaps, batch_size: int, threads: int, rank: int,
+                   world_size: int, shuffle: bool, seed: int):
+    """DALI pipeline: CHW images per camera, float32 depth, int64 semantics, the small `.npy` labels, meta.json."""
     from nvidia.dali import fn, pipeline_def, types
 
     device_id = dali_device()
 
     @pipeline_def(batch_size=batch_size, num_threads=threads, device_id=device_id, seed=seed, exec_dynamic=True)
     def frames():
-        extensions = [f"{c}.jpg" for c in cameras] + [f"{n}.npy" for n in DALI_MEMBERS] + ["meta.json"]
+        extensions = [f"{c}.jpg" for c in cameras] + [f"{n}.npy" for n in DENSE + SMALL] + ["meta.json"]
         members = fn.readers.webdataset(
             paths=[path for path, _ in shards], index_paths=[str(Path(path).with_suffix(".idx")) for path, _ in shards],
             ext=extensions, shard_id=rank, num_shards=world_size, random_shuffle=shuffle, initial_fill=64,
             pad_last_batch=False, missing_component_behavior="error", name="reader")
-        images = [fn.decoders.image(members[i], device="mixed" if device_id is not None else "cpu",
-                                    output_type=types.RGB) for i in range(len(cameras))]
-        arrays = [fn.decoders.numpy(members[len(cameras) + i]) for i in range(len(DALI_MEMBERS))]
-        return (*images, *arrays, members[-1])
+        images = [fn.transpose(fn.decoders.image(members[i], device="mixed" if device_id is not None else "cpu",
+                                                 output_type=types.RGB), perm=[2, 0, 1]) for i in range(len(cameras))]
+        depth = fn.cast(fn.decoders.numpy(members[len(cameras)]), dtype=types.FLOAT)
+        semantic = fn.decoders.numpy(members[len(cameras) + 1])
+        if maps.semantic_is_identity:
+            semantic = fn.cast(semantic, dtype=types.INT64)
+        else:
+            keys = [int(k) for k in range(255)]
+            semantic = fn.lookup_table(semantic, keys=keys, values=[float(maps.semantic[k]) for k in keys],
+                                       default_value=float(IGNORE_INDEX), dtype=types.INT64)
+        small = [fn.decoders.numpy(members[len(cameras) + len(DENSE) + i]) for i in range(len(SMALL))]
+        return (*images, depth, semantic, *small, members[-1])
 
     pipe = frames()
     pipe.build()
     return pipe
+
+
+def _batch_array(tensor_list) -> np.ndarray:
+    """A dense DALI batch as one numpy array (copied: DALI reuses its buffers)."""
+    if hasattr(tensor_list, "as_cpu"):
+        tensor_list = tensor_list.as_cpu()
+    return np.array(tensor_list.as_tensor())
 
 
 def _host(tensor_list, index: int) -> np.ndarray:
@@ -98,8 +115,8 @@ class DaliLoader:
     def __iter__(self):
         cameras = self.manifest["cameras"]
         seed = (self.pipeline.train.seed * 1000003 + self.epoch) % (2 ** 31)
-        pipe = build_pipeline(self.shards, cameras, self.pipeline.data.batch_size, max(self.pipeline.data.num_workers, 1),
-                              self.rank, self.world_size, self.shuffle, seed)
+        pipe = build_pipeline(self.shards, cameras, self.maps, self.pipeline.data.batch_size,
+                              max(self.pipeline.data.num_workers, 1), self.rank, self.world_size, self.shuffle, seed)
         rng = np.random.default_rng([self.pipeline.train.seed, self.epoch, self.rank])
         if not self._epoch_set:
             self.epoch += 1
@@ -112,7 +129,7 @@ class DaliLoader:
             outputs = self._run(pipe)
             take = min(self.pipeline.data.batch_size, remaining)
             remaining -= take
-            yield collate([self._row(outputs, i, len(cameras), rng) for i in range(take)])
+            yield self._batch(outputs, take, len(cameras), rng)
         del pipe
 
     def _run(self, pipe):
@@ -123,13 +140,23 @@ class DaliLoader:
             raise BadSample(f"DALI could not read a sample of shard(s) {shards}: {str(exc).splitlines()[0]}; "
                             "run with data.backend=torch to name the sample, or re-create the shards") from exc
 
-    def _row(self, outputs, index: int, cameras: int, rng: np.random.Generator) -> dict:
-        meta = json.loads(_host(outputs[-1], index).tobytes())
-        if meta.get("schema") != SCHEMA_VERSION:
-            raise BadSample(f"a sample of split {self.split} has schema version {meta.get('schema')!r}, this stack reads "
-                            f"version {SCHEMA_VERSION} (scene {meta.get('scene')}, frame {meta.get('frame')}); "
-                            "re-create the shards with `stack data make`")
-        images = np.stack([_host(outputs[c], index) for c in range(cameras)])
-        arrays = {name: _host(outputs[cameras + i], index) for i, name in enumerate(DALI_MEMBERS)}
-        row = to_fields(images, arrays, self.maps, self.pipeline)
-        return augment_row(row, self.pipeline.data.augment, rng) if self.augment else row
+    def _batch(self, outputs, take: int, cameras: int, rng: np.random.Generator) -> Batch:
+        """The first `take` samples of a DALI batch as a Batch (augmented per row when asked)."""
+        for index in range(take):
+            meta = json.loads(_host(outputs[-1], index).tobytes())
+            if meta.get("schema") != SCHEMA_VERSION:
+                raise BadSample(f"a sample of split {self.split} has schema version {meta.get('schema')!r}, this stack "
+                                f"reads version {SCHEMA_VERSION} (scene {meta.get('scene')}, frame {meta.get('frame')}); "
+                                "re-create the shards with `stack data make`")
+        dense = {
+            "images": torch.from_numpy(np.stack([_batch_array(outputs[c])[:take] for c in range(cameras)], axis=1)),
+            "depth": torch.from_numpy(_batch_array(outputs[cameras])[:take]),
+            "semantic": torch.from_numpy(_batch_array(outputs[cameras + 1])[:take]),
+        }
+        first = cameras + len(DENSE)
+        labels = [label_fields({name: _host(outputs[first + i], index) for i, name in enumerate(SMALL)}, self.maps,
+                               self.pipeline) for index in range(take)]
+        if not self.augment:
+            return Batch(**dense, **{name: torch.stack([row[name] for row in labels]) for name in labels[0]})
+        rows = [{**{name: value[index] for name, value in dense.items()}, **labels[index]} for index in range(take)]
+        return collate([augment_row(row, self.pipeline.data.augment, rng) for row in rows])

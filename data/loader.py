@@ -35,7 +35,8 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from stack.data.augment import augment_row
 from stack.data.format import MANIFEST, SCHEMA_VERSION
-from stack.data.samples import BadSample, ClassMaps, check_members, collate, decode_arrays, decode_jpeg, to_fields
+from stack.data.samples import (LOADER_MEMBERS, BadSample, ClassMaps, check_members, collate, decode_arrays, decode_jpeg,
+                                to_fields)
 from stack.data.sharding import Piece, batches_per_rank, plan
 from stack.errors import StackError
 from stack.pipeline import Pipeline
@@ -139,7 +140,7 @@ class FrameSamples(IterableDataset):
     def decode(self, sample: dict, shard: str) -> dict:
         cameras = self.manifest["cameras"]
         check_members(sample, cameras, shard)
-        arrays = decode_arrays(sample, shard)
+        arrays = decode_arrays(sample, shard, LOADER_MEMBERS)
         images = np.stack([decode_jpeg(sample[f"{c}.jpg"], shard, sample["__key__"], f"{c}.jpg") for c in cameras])
         return to_fields(images, arrays, self.maps, self.pipeline)
 

@@ -28,6 +28,10 @@ class BadSample(StackError):
     """A sample (or shard) that cannot be read; the message names the shard and the key."""
 
 
+LOADER_MEMBERS = tuple(name for name in ARRAY_MEMBERS if name != "instance")
+"""`.npy` members the loaders need (instance ids are not part of a Batch)."""
+
+
 def check_members(sample: dict, cameras: list, shard: str) -> None:
     """Raise BadSample unless every member the schema requires is present and the schema version matches."""
     key = sample.get("__key__", "?")
@@ -45,10 +49,10 @@ def check_members(sample: dict, cameras: list, shard: str) -> None:
                         f"{SCHEMA_VERSION}; re-create the shards with this version's `stack data make`")
 
 
-def decode_arrays(sample: dict, shard: str) -> dict:
-    """Every `.npy` member as an array."""
+def decode_arrays(sample: dict, shard: str, names=ARRAY_MEMBERS) -> dict:
+    """The `.npy` members `names` as arrays."""
     arrays = {}
-    for name in ARRAY_MEMBERS:
+    for name in names:
         try:
             arrays[name] = np.load(io.BytesIO(sample[f"{name}.npy"]), allow_pickle=False)
         except (ValueError, OSError, EOFError) as exc:
@@ -76,6 +80,8 @@ class ClassMaps:
 
     semantic: np.ndarray
     detection: np.ndarray
+    semantic_is_identity: bool = False
+    """Stored ids already are the pipeline's ids (stored masks hold only those ids and IGNORE_INDEX)."""
 
     @classmethod
     def build(cls, manifest: dict, pipeline: Pipeline) -> "ClassMaps":
@@ -85,14 +91,15 @@ class ClassMaps:
                 semantic[index] = pipeline.model.segmentation_classes.index(name)
         detection = np.array([pipeline.model.detection_classes.index(n) if n in pipeline.model.detection_classes else -1
                               for n in manifest["detection_classes"]] + [-1], np.int64)
-        return cls(semantic, detection)
+        stored = len(manifest["semantic_classes"])
+        return cls(semantic, detection, bool((semantic[:stored] == np.arange(stored)).all()))
 
 
-def to_fields(images: np.ndarray, arrays: dict, maps: ClassMaps, pipeline: Pipeline) -> dict:
-    """One Batch row (no batch dimension) as tensors; `images` is (N, H, W, 3) uint8."""
+def label_fields(arrays: dict, maps: ClassMaps, pipeline: Pipeline) -> dict:
+    """The small (per-sample) fields of a Batch row: geometry, boxes, ego status, trajectories."""
     labels = maps.detection[arrays["box_ids"][:, 0]] if len(arrays["box_ids"]) else np.zeros(0, np.int64)
-    boxes = arrays["boxes"]
-    keep = (boxes[:, 9] > 0) & (labels >= 0) if len(boxes) else np.zeros(0, bool)
+    boxes = arrays["boxes"].reshape(-1, 10)
+    keep = (boxes[:, 9] > 0) & (labels >= 0)
     boxes, labels = boxes[keep, :9], labels[keep]
     order = np.argsort(np.hypot(boxes[:, 0], boxes[:, 1]), kind="stable")[:pipeline.model.max_boxes]
     padded = np.zeros((pipeline.model.max_boxes, 9), np.float32)
@@ -106,16 +113,24 @@ def to_fields(images: np.ndarray, arrays: dict, maps: ClassMaps, pipeline: Pipel
     valid[:len(stored)] = np.isfinite(stored).all(axis=1)
     future[~valid] = 0.0
     return {
-        "images": torch.from_numpy(np.ascontiguousarray(images.transpose(0, 3, 1, 2))),
         "intrinsics": torch.from_numpy(arrays["intrinsics"].astype(np.float32)),
         "cam_to_ego": torch.from_numpy(arrays["cam_to_ego"].astype(np.float32)),
-        "depth": torch.from_numpy(arrays["depth"].astype(np.float32)),
-        "semantic": torch.from_numpy(maps.semantic[arrays["semantic"]]),
         "boxes": torch.from_numpy(padded), "box_labels": torch.from_numpy(padded_labels),
         "ego_status": torch.from_numpy(arrays["ego"].astype(np.float32)),
         "command": torch.tensor(int(arrays["command"][0]), dtype=torch.int64),
         "past_trajectory": torch.from_numpy(arrays["past"].astype(np.float32)),
         "future_trajectory": torch.from_numpy(future), "future_valid": torch.from_numpy(valid),
+    }
+
+
+def to_fields(images: np.ndarray, arrays: dict, maps: ClassMaps, pipeline: Pipeline) -> dict:
+    """One Batch row (no batch dimension) as tensors; `images` is (N, H, W, 3) uint8."""
+    semantic = arrays["semantic"]
+    return {
+        "images": torch.from_numpy(np.ascontiguousarray(images.transpose(0, 3, 1, 2))),
+        "depth": torch.from_numpy(arrays["depth"].astype(np.float32)),
+        "semantic": torch.from_numpy(semantic.astype(np.int64) if maps.semantic_is_identity else maps.semantic[semantic]),
+        **label_fields(arrays, maps, pipeline),
     }
 
 
