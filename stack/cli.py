@@ -21,6 +21,8 @@ COMMANDS = {
     "config": "validate the pipeline and print it resolved",
     "bench": "side-by-side speed measurements (ops, data, model, infer)",
     "data": "render the driving world into shards (make), draw a sample (inspect), convert a dataset (convert)",
+    "train": "train the network (Lightning: DDP/FSDP2, bf16, resumable checkpoints; local, SLURM or torchrun)",
+    "profile": "profile a few training steps: Chrome trace with NVTX ranges, top ops, data-wait share",
 }
 """Command name -> one-line help. Add a command here only when it works end to end."""
 

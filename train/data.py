@@ -63,11 +63,13 @@ class ResumableLoader:
 
 
 def pipeline_loader(pipeline, split: str, rank: int, world_size: int) -> ResumableLoader:
-    """The `stack.data` loader for `split`, as a `ResumableLoader` for this rank."""
+    """The `stack.data` loader for `split` on this rank, as a `ResumableLoader`."""
     from stack.data import build_loader
 
-    def make_epoch(epoch: int):
-        return build_loader(pipeline, split, rank=rank, world_size=world_size, epoch=epoch)
+    loader = build_loader(pipeline, split, rank=rank, world_size=world_size)
 
-    first = build_loader(pipeline, split, rank=rank, world_size=world_size, epoch=0)
-    return ResumableLoader(make_epoch, len(first))
+    def make_epoch(epoch: int):
+        loader.set_epoch(epoch)  # the sample order and augmentation follow (seed, epoch)
+        return loader
+
+    return ResumableLoader(make_epoch, len(loader))

@@ -91,6 +91,7 @@ def _write_pipeline(pipeline: Pipeline, trainer: pl.Trainer) -> None:
 def _quiet_known_warnings() -> None:
     """Silence Lightning notes that do not apply (our loaders shard by rank themselves)."""
     for pattern in (".*does not have many workers.*", ".*`IterableDataset` has `__len__`.*",
-                    ".*ModelParallelStrategy.*experimental.*", ".*sync_dist=True.*", ".*LeafSpec.*"):
+                    ".*ModelParallelStrategy.*experimental.*", ".*sync_dist=True.*", ".*LeafSpec.*",
+                    ".*`srun` command is available.*"):
         warnings.filterwarnings("ignore", message=pattern)
     logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.WARNING)

@@ -1,7 +1,7 @@
 """The LightningModule: any multi-task network with the `stack.models` contract, trained with AdamW.
 
-The contract the trainer relies on (and nothing more): `model(batch) -> dict` of named
-outputs and `model.loss(outputs, batch) -> dict` of named loss terms including
+The contract the trainer relies on (and nothing more): `model.forward_batch(batch)` (or
+`model(batch)`) -> dict of named outputs, and `model.loss(outputs, batch) -> dict` of named loss terms including
 `total`. Everything about distribution (DDP, FSDP2), precision and checkpoints stays
 here and in `stack.train.parallel`, so models stay plain `nn.Module`s.
 
@@ -88,10 +88,12 @@ class TrainModule(pl.LightningModule):
     # ------------------------------------------------------------- training
 
     def forward(self, batch):
-        return self.model(batch)
+        """The network's named outputs for a Batch (`forward_batch` when the network has one)."""
+        run = getattr(self.model, "forward_batch", None)
+        return run(batch) if run is not None else self.model(batch)
 
     def training_step(self, batch, batch_idx):
-        losses = self.model.loss(self.model(batch), batch)
+        losses = self.model.loss(self(batch), batch)
         self._stop_if_not_finite({name: value.detach() for name, value in losses.items()}, "loss term")
         size = batch.images.shape[0]
         self.log_dict({f"train/loss_{k}": v.detach().float() for k, v in losses.items()},
@@ -100,7 +102,7 @@ class TrainModule(pl.LightningModule):
         return losses["total"]
 
     def validation_step(self, batch, batch_idx):
-        losses = self.model.loss(self.model(batch), batch)
+        losses = self.model.loss(self(batch), batch)
         self.log_dict({f"val/loss_{k}": v.float() for k, v in losses.items()}, batch_size=batch.images.shape[0],
                       on_step=False, on_epoch=True, sync_dist=True, prog_bar=False)
 

@@ -1,0 +1,33 @@
+"""`stack profile`: a few training steps under torch.profiler → Chrome trace (NVTX ranges), top ops, data-wait share.
+
+    stack profile -c configs/pipeline.yaml -c configs/presets/tiny.yaml train.profile_steps=6
+
+Writes train.out_dir/profile/trace.json (open in ui.perfetto.dev or chrome://tracing;
+under Nsight Systems the same ranges appear as NVTX) and phases.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """No options beyond the pipeline: train.profile_steps sets the number of recorded steps."""
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from stack.cli import load_pipeline_from_args
+    from stack.train.profile import profile_steps
+
+    pipeline = load_pipeline_from_args(args)
+    result = profile_steps(pipeline, Path(pipeline.train.out_dir) / "profile")
+    print(result["top_ops"])
+    wall = result["wall_s"]
+    print(f"{result['steps']} steps in {wall:.2f} s ({1000 * wall / result['steps']:.0f} ms/step); time per phase:")
+    for name, seconds in result["phases"].items():
+        print(f"  {name:<32} {1000 * seconds / result['steps']:8.1f} ms/step  {100 * seconds / wall:5.1f}%")
+    print(f"data-wait share: {100 * result['data_wait_share']:.1f}% of wall time")
+    print(f"trace: {result['trace']} (ui.perfetto.dev or chrome://tracing)\nplot: {result['png']}")
+    return 0
