@@ -110,5 +110,10 @@ class PlanningHead(nn.Module):
         for layer in self.layers:
             queries = layer(queries, tokens)
         queries = self.norm(queries)
-        steps = self.waypoints(queries).view(-1, self.modes, self.steps, 2)
-        return steps.cumsum(dim=2), self.score(queries).squeeze(-1)
+        # Waypoints reach tens of metres, where bf16 resolves only ~0.1 m: keep the last layer
+        # and the cumulative sum in fp32 even under mixed precision.
+        device_type = "cpu" if queries.device.type == "meta" else queries.device.type
+        with torch.autocast(device_type=device_type, enabled=False):
+            queries = queries.float()
+            steps = self.waypoints(queries).view(-1, self.modes, self.steps, 2)
+            return steps.cumsum(dim=2), self.score(queries).squeeze(-1)

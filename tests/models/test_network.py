@@ -102,6 +102,16 @@ def test_loss_survives_empty_and_unlabelled_batches(tiny):
     assert terms["det_box"] == 0 and terms["depth"] == 0 and terms["segmentation"] == 0
 
 
+def test_bf16_autocast_keeps_losses_finite_and_plans_in_fp32(tiny):
+    p, model, batch = tiny
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        outputs = model.forward_batch(batch)
+        terms = model.loss(outputs, batch)
+    assert outputs["heatmap"].dtype == torch.bfloat16
+    assert outputs["plan_trajectories"].dtype == torch.float32  # metres need more than bf16's 8 bits
+    assert all(torch.isfinite(v) for v in terms.values())
+
+
 def test_collision_term_pushes_a_plan_out_of_a_box(tiny):
     p, model, batch = tiny
     outputs = {k: v.detach() for k, v in model.forward_batch(batch).items()}
