@@ -9,6 +9,7 @@ from stack.config import load_pipeline
 from stack.models import build_model
 from stack.models.outputs import OUTPUTS, output_layout, output_shapes
 from stack.models.testing import random_batch
+from stack.testing import device_params
 
 warnings.filterwarnings("ignore", message="bev_pool: the extension")
 PRESETS = {"default": ["configs/pipeline.yaml"],
@@ -162,3 +163,19 @@ def test_backbone_checkpoint_is_loaded(tmp_path):
     model = build_model(pipeline("tiny", f"model.backbone_checkpoint={path}"))
     torch.testing.assert_close(model.image_encoder.backbone.state_dict()["conv1.0.weight"],
                                source.state_dict()["conv1.0.weight"])
+
+
+@pytest.mark.parametrize("device", device_params())
+def test_train_step_and_decoders_run_on_device(device):
+    from stack.models.decoders import decode_all
+
+    p = pipeline("tiny")
+    model = build_model(p).to(device)
+    batch = random_batch(p, batch_size=1, seed=4).to(device)
+    outputs = model.forward_batch(batch)
+    terms = model.loss(outputs, batch)
+    terms["total"].backward()
+    assert all(torch.isfinite(v) for v in terms.values())
+    assert all(param.grad is not None and param.grad.device.type == device for param in model.parameters())
+    decoded = decode_all({k: v.detach() for k, v in outputs.items()}, p)
+    assert decoded["depth"].device.type == device and len(decoded["detections"]) == 1
