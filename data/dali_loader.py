@@ -26,7 +26,7 @@ import torch
 from stack.data.augment import augment_row
 from stack.batch import IGNORE_INDEX, Batch
 from stack.data.format import SCHEMA_VERSION
-from stack.data.loader import read_manifest, split_shards
+from stack.data.loader import check_layout, read_manifest, split_shards
 from stack.data.samples import LOADER_MEMBERS, BadSample, ClassMaps, collate, label_fields
 from stack.data.sharding import batches_per_rank
 from stack.errors import StackError
@@ -97,6 +97,11 @@ class DaliLoader:
         self.pipeline, self.split, self.rank, self.world_size = pipeline, split, rank, world_size
         self.shuffle, self.augment, self.drop_last = shuffle, augment, split == "train"
         self.manifest = read_manifest(pipeline.data.root)
+        check_layout(pipeline, self.manifest, pipeline.data.root)
+        if self.manifest.get("layout") == "clips":
+            raise StackError("data.backend=dali reads frame shards; clip shards (H.264) decode with data.backend=torch "
+                             "(PyAV, CPU), or on a GPU with stack.data.clips.decode_h264_gpu (DALI cannot decode H.264 "
+                             "on the CPU)")
         self.shards = split_shards(self.manifest, pipeline.data.root, split)
         self.maps = ClassMaps.build(self.manifest, pipeline)
         self.epoch, self._epoch_set = 0, False

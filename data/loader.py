@@ -37,7 +37,7 @@ from stack.data.augment import augment_row
 from stack.data.format import MANIFEST, SCHEMA_VERSION
 from stack.data.samples import (LOADER_MEMBERS, BadSample, ClassMaps, check_members, collate, decode_arrays, decode_jpeg,
                                 to_fields)
-from stack.data.sharding import Piece, batches_per_rank, plan
+from stack.data.sharding import Piece, plan, worker_quotas
 from stack.errors import StackError
 from stack.pipeline import Pipeline
 
@@ -101,6 +101,18 @@ def read_piece(piece: Piece):
                         "the shard is truncated or was replaced; re-create the dataset with `stack data make`")
 
 
+def _plan_batch(pipeline: Pipeline, manifest: dict) -> int:
+    """Samples per planning unit: a batch of frames, or one clip (its frames fill batches in the worker)."""
+    return 1 if manifest.get("layout") == "clips" else pipeline.data.batch_size
+
+
+def check_layout(pipeline: Pipeline, manifest: dict, root) -> None:
+    found = manifest.get("layout", "frames")
+    if found != pipeline.data.layout:
+        raise StackError(f"data.layout={pipeline.data.layout} but {Path(root) / MANIFEST} holds {found} shards; set "
+                         f"data.layout={found} or re-create the dataset with `stack data make data.layout={pipeline.data.layout}`")
+
+
 class _Failure:
     """A worker's error, carried to the main process as data (so its message arrives without a worker traceback)."""
 
@@ -128,7 +140,7 @@ class FrameSamples(IterableDataset):
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info else (0, 1)
         seed = self.pipeline.train.seed
-        pieces = plan(self.shards, self.rank, self.world_size, worker, workers, self.pipeline.data.batch_size,
+        pieces = plan(self.shards, self.rank, self.world_size, worker, workers, _plan_batch(self.pipeline, self.manifest),
                       self.drop_last, self.epoch, seed, self.shuffle)
         rng = np.random.default_rng([seed, self.epoch, self.rank, worker])
         rows = self._rows(pieces, rng)
@@ -137,40 +149,46 @@ class FrameSamples(IterableDataset):
         except BadSample as exc:
             yield _Failure(str(exc))
 
-    def decode(self, sample: dict, shard: str) -> dict:
-        cameras = self.manifest["cameras"]
+    def decode(self, sample: dict, shard: str) -> list:
+        """The Batch rows of one stored sample: one for a frame sample, one per frame for a clip."""
+        cameras, key = self.manifest["cameras"], sample.get("__key__")
+        if self.manifest.get("layout") == "clips":
+            from stack.data.clips import decode_clip, frame_arrays
+
+            clip, videos = decode_clip(sample, cameras, shard)
+            return [to_fields(videos[:, t], frame_arrays(clip, t), self.maps, self.pipeline) for t in range(videos.shape[1])]
         check_members(sample, cameras, shard)
         arrays = decode_arrays(sample, shard, LOADER_MEMBERS)
-        images = np.stack([decode_jpeg(sample[f"{c}.jpg"], shard, sample["__key__"], f"{c}.jpg") for c in cameras])
-        return to_fields(images, arrays, self.maps, self.pipeline)
+        images = np.stack([decode_jpeg(sample[f"{c}.jpg"], shard, key, f"{c}.jpg") for c in cameras])
+        return [to_fields(images, arrays, self.maps, self.pipeline)]
 
     def _rows(self, pieces: list, rng: np.random.Generator):
-        """Decoded (and augmented) rows; with skip_bad_samples a bad one is replaced by the last good one."""
+        """Decoded (and augmented) rows; with skip_bad_samples a bad sample is replaced by the last good one."""
         skip, last_good, owed = self.pipeline.data.skip_bad_samples, None, 0
         for piece in pieces:
             produced = 0
             try:
                 for sample in read_piece(piece):
+                    produced += 1
                     try:
-                        row = self.decode(sample, piece.shard)
+                        rows = self.decode(sample, piece.shard)
                     except BadSample as exc:
                         if not skip:
                             raise
                         owed += self._skip(exc)
-                        produced += 1
                         continue
                     if self.augment:
-                        row = augment_row(row, self.pipeline.data.augment, rng)
-                    produced += 1
+                        rows = [augment_row(row, self.pipeline.data.augment, rng) for row in rows]
                     for _ in range(owed + 1):
-                        yield row
-                    last_good, owed = row, 0
+                        yield from rows
+                    last_good, owed = rows, 0
             except BadSample as exc:  # the shard itself is unreadable from here on
                 if not skip:
                     raise
                 owed += self._skip(exc, piece.stop - piece.start - produced)
             if owed and last_good is not None:
-                yield from (last_good for _ in range(owed))
+                for _ in range(owed):
+                    yield from last_good
                 owed = 0
         if owed:
             raise BadSample(f"every sample this loader worker was given is bad ({owed} skipped); see the log above")
@@ -200,6 +218,7 @@ class TorchLoader:
         self.shuffle, self.augment, self.drop_last = shuffle, augment, split == "train"
         root = pipeline.data.root
         self.manifest = read_manifest(root)
+        check_layout(pipeline, self.manifest, root)
         self.shards = split_shards(self.manifest, root, split)
         self.epoch, self._epoch_set = 0, False
         self.skipped = multiprocessing.get_context("fork").Value("q", 0)
@@ -211,8 +230,10 @@ class TorchLoader:
 
     def __len__(self) -> int:
         total = sum(count for _, count in self.shards)
-        return batches_per_rank(total, self.world_size, self.pipeline.data.num_workers,
-                                self.pipeline.data.batch_size, self.drop_last)
+        unit = _plan_batch(self.pipeline, self.manifest)
+        frames = self.manifest.get("frames_per_clip", 1) if unit == 1 and self.manifest.get("layout") == "clips" else 1
+        quotas = worker_quotas(total, self.world_size, self.pipeline.data.num_workers, unit, self.drop_last)
+        return sum(math.ceil(q * frames / self.pipeline.data.batch_size) for q in quotas)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch, self._epoch_set = epoch, True

@@ -46,14 +46,22 @@ def render_scene(task: tuple) -> list:
                          world.frame_rate_hz, world.agents_per_scene)
         ground = TorchGround(scene.town.ground, world.seed * 100003 + scene_index, device)
         noise = np.random.default_rng([world.seed, scene_index, 1])
-        samples = []
+        samples, frames, cameras = [], [], [c.name for c in rig.cameras]
         for frame_index, step_index in enumerate(scene.key_steps):
             frame = render_frame(scene, int(step_index), rig, ground, noise, device)
             frame.update(ego_labels(scene, int(step_index)))
             frame["boxes"] = np.concatenate([frame["boxes"], frame["visibility"][:, None]], axis=1)
+            if pipeline.data.layout == "clips":
+                frames.append(frame)
+                continue
             meta = {"scene": scene_index, "frame": frame_index, "split": split}
-            members = frame_members(frame, [c.name for c in rig.cameras], meta, pipeline.data.jpeg_quality)
+            members = frame_members(frame, cameras, meta, pipeline.data.jpeg_quality)
             samples.append((sample_key(scene_index, frame_index), members))
+        if frames:
+            from stack.data.clips import clip_members
+
+            meta = {"scene": scene_index, "split": split}
+            samples.append((f"s{scene_index:05d}", clip_members(frames, cameras, meta, world.frame_rate_hz)))
         return samples
     finally:
         torch.set_num_threads(threads)
@@ -78,7 +86,10 @@ def make_dataset(pipeline: Pipeline, log=print) -> dict:
     writers = {}
     for split in ("train", "val"):
         shutil.rmtree(root / split, ignore_errors=True)
-        writers[split] = ShardWriter(root / split, "frames", pipeline.data.samples_per_shard)
+        per_shard = pipeline.data.samples_per_shard
+        if pipeline.data.layout == "clips":  # a clip holds a whole scene: keep shards about as large as frame shards
+            per_shard = max(1, per_shard // world.frames_per_scene)
+        writers[split] = ShardWriter(root / split, pipeline.data.layout, per_shard)
     tasks = [(pipeline, s, splits[s], device) for s in range(world.scenes)]
     workers = min(world.workers, world.scenes)
     context = multiprocessing.get_context("spawn" if device == "cuda" else "fork")
@@ -101,7 +112,7 @@ def make_dataset(pipeline: Pipeline, log=print) -> dict:
         "cameras": [c.name for c in pipeline.data.rig.cameras],
         "image_size": [pipeline.data.rig.image_height, pipeline.data.rig.image_width],
         "semantic_classes": list(SEG_CLASSES), "detection_classes": list(CLASSES),
-        "layout": "frames", "frame_rate_hz": world.frame_rate_hz, "seed": world.seed,
+        "layout": pipeline.data.layout, "frames_per_clip": world.frames_per_scene, "frame_rate_hz": world.frame_rate_hz, "seed": world.seed,
         "splits": {split: [{"path": f"{split}/{s['path']}", "samples": s["samples"]} for s in w.shards]
                    for split, w in writers.items()},
     }

@@ -1,0 +1,150 @@
+"""Clip shards: one H.264 MP4 per camera per scene, plus per-frame labels (schema version 1, layout `clips`).
+
+A clip sample's key is `s{scene:05d}`; its members:
+
+| member            | content                                                                   |
+|-------------------|---------------------------------------------------------------------------|
+| `{camera}.mp4`    | H.264 (yuv420p, no B-frames) of that camera's T key frames at the frame rate |
+| `depth.npy`       | float16 (T, N, H, W)                                                      |
+| `semantic.npy`    | uint8 (T, N, H, W)                                                        |
+| `instance.npy`    | uint16 (T, N, H, W)                                                       |
+| `intrinsics.npy`, `cam_to_ego.npy` | as in frame shards (the rig is fixed over a clip)        |
+| `boxes.npy`       | float32 (T, A, 10), rows as in frame shards (A = agents of the scene)     |
+| `box_ids.npy`     | int32 (T, A, 2)                                                           |
+| `boxes2d.npy`     | float32 (J, 7): frame index, then the frame-shard columns                 |
+| `ego.npy`, `command.npy`, `past.npy`, `future.npy` | per frame, stacked on a leading T axis  |
+| `meta.json`       | {"schema": 1, "layout": "clips", "scene": int, "frames": T, "split": str} |
+
+Videos are encoded with PyAV's bundled libx264 (single-threaded, bit-exact
+flags, so shards stay byte-identical for a seed). On the CPU they decode with
+PyAV; on a GPU DALI's `fn.experimental.decoders.video` (NVDEC) decodes the same
+bytes — DALI cannot decode H.264 on the CPU.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from fractions import Fraction
+
+import numpy as np
+
+from stack.data.format import ARRAY_MEMBERS, DTYPES, SCHEMA_VERSION, npy_bytes
+
+PER_CLIP = ("intrinsics", "cam_to_ego")
+"""Members stored once per clip rather than per frame."""
+H264_OPTIONS = {"crf": "18", "preset": "veryfast", "threads": "1", "bf": "0"}
+
+
+def encode_h264(frames: np.ndarray, rate_hz: float) -> bytes:
+    """MP4 bytes of uint8 RGB frames (T, H, W, 3)."""
+    import av
+
+    buffer = io.BytesIO()
+    with av.open(buffer, mode="w", format="mp4", options={"fflags": "+bitexact"}) as container:
+        stream = container.add_stream("libx264", rate=Fraction(rate_hz).limit_denominator(1000))
+        stream.width, stream.height, stream.pix_fmt = frames.shape[2], frames.shape[1], "yuv420p"
+        stream.options = dict(H264_OPTIONS)
+        for frame in frames:
+            for packet in stream.encode(av.VideoFrame.from_ndarray(np.ascontiguousarray(frame), format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    return buffer.getvalue()
+
+
+def decode_h264(data: bytes) -> np.ndarray:
+    """uint8 RGB frames (T, H, W, 3) of MP4 bytes, decoded on the CPU with PyAV."""
+    import av
+
+    with av.open(io.BytesIO(data)) as container:
+        return np.stack([frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)])
+
+
+def _padded(rows: list, width: int, fill, dtype) -> np.ndarray:
+    most = max((len(r) for r in rows), default=0)
+    out = np.full((len(rows), most, width), fill, dtype)
+    for t, row in enumerate(rows):
+        out[t, :len(row)] = row
+    return out
+
+
+def clip_members(frames: list, cameras: list, meta: dict, rate_hz: float) -> list:
+    """[(extension, bytes)] of one clip sample from the scene's frame dicts (see stack.data.frame)."""
+    members = [(f"{name}.mp4", encode_h264(np.stack([f["images"][i] for f in frames]), rate_hz))
+               for i, name in enumerate(cameras)]
+    for name in ARRAY_MEMBERS:
+        if name in PER_CLIP:
+            array = frames[0][name]
+        elif name == "boxes":
+            array = _padded([f["boxes"] for f in frames], 10, np.nan, np.float32)
+        elif name == "box_ids":
+            array = _padded([f["box_ids"] for f in frames], 2, -1, np.int32)
+        elif name == "boxes2d":
+            array = np.concatenate([np.c_[np.full(len(f["boxes2d"]), t), f["boxes2d"]] for t, f in enumerate(frames)])
+            array = array.reshape(-1, 7)
+        else:
+            array = np.stack([f[name] for f in frames])
+        members.append((f"{name}.npy", npy_bytes(np.asarray(array, DTYPES[name]))))
+    payload = {"schema": SCHEMA_VERSION, "layout": "clips", "frames": len(frames), **meta}
+    members.append(("meta.json", json.dumps(payload, sort_keys=True).encode()))
+    return members
+
+
+def frame_arrays(clip: dict, t: int) -> dict:
+    """The frame-shard arrays of frame `t` of a decoded clip (padding boxes dropped)."""
+    arrays = {}
+    for name, array in clip.items():
+        if name in PER_CLIP:
+            arrays[name] = array
+        elif name == "boxes":
+            arrays[name] = array[t][np.isfinite(array[t]).all(axis=1)]
+        elif name == "box_ids":
+            arrays[name] = array[t][array[t][:, 0] >= 0]
+        elif name == "boxes2d":
+            arrays[name] = array[array[:, 0] == t, 1:]
+        else:
+            arrays[name] = array[t]
+    return arrays
+
+
+def decode_clip(sample: dict, cameras: list, shard: str) -> tuple[dict, np.ndarray]:
+    """(label arrays, uint8 videos (N, T, H, W, 3)) of a clip sample; bad members raise BadSample."""
+    from stack.data.samples import LOADER_MEMBERS, BadSample, decode_arrays
+
+    key = sample.get("__key__")
+    required = [f"{c}.mp4" for c in cameras] + [f"{n}.npy" for n in LOADER_MEMBERS] + ["meta.json"]
+    missing = [name for name in required if name not in sample]
+    if missing:
+        raise BadSample(f"shard {shard}, clip {key}: missing member(s) {', '.join(missing)}; re-create the shard")
+    meta = json.loads(sample["meta.json"])
+    if meta.get("schema") != SCHEMA_VERSION:
+        raise BadSample(f"shard {shard}, clip {key}: schema version {meta.get('schema')!r}, this stack reads version "
+                        f"{SCHEMA_VERSION}; re-create the shards with `stack data make`")
+    videos = []
+    for camera in cameras:
+        try:
+            videos.append(decode_h264(sample[f"{camera}.mp4"]))
+        except Exception as exc:  # PyAV raises its own error family (av.error.*)
+            raise BadSample(f"shard {shard}, clip {key}: member {camera}.mp4 is not decodable H.264 ({exc})") from exc
+        if len(videos[-1]) != meta["frames"]:
+            raise BadSample(f"shard {shard}, clip {key}: {camera}.mp4 has {len(videos[-1])} frames, the clip "
+                            f"{meta['frames']}; re-create the shard")
+    return decode_arrays(sample, shard, LOADER_MEMBERS), np.stack(videos)
+
+
+def decode_h264_gpu(videos: list, device_id: int = 0) -> list:
+    """Decode MP4 bytes on the GPU with DALI (NVDEC), as uint8 RGB (T, H, W, 3) numpy arrays."""
+    from nvidia.dali import fn, pipeline_def, types
+
+    @pipeline_def(batch_size=len(videos), num_threads=1, device_id=device_id)
+    def decode():
+        data = fn.external_source(source=lambda: [np.frombuffer(v, np.uint8) for v in videos], batch=True,
+                                  dtype=types.UINT8, cycle=False)
+        return fn.experimental.decoders.video(data, device="mixed")
+
+    pipe = decode()
+    pipe.build()
+    (frames,) = pipe.run()
+    frames = frames.as_cpu()
+    return [np.array(frames[i]) for i in range(len(videos))]
