@@ -23,6 +23,7 @@ COMMANDS = {
     "data": "render the driving world into shards (make), draw a sample (inspect), convert a dataset (convert)",
     "train": "train the network (Lightning: DDP/FSDP2, bf16, resumable checkpoints; local, SLURM or torchrun)",
     "profile": "profile a few training steps: Chrome trace with NVTX ranges, top ops, data-wait share",
+    "eval": "evaluate a trained checkpoint: every head against its trivial baseline on the validation split",
 }
 """Command name -> one-line help. Add a command here only when it works end to end."""
 

@@ -1,0 +1,34 @@
+"""`stack eval CHECKPOINT`: each head of a trained network against its trivial baseline (validation split).
+
+    stack eval runs/tiny/train/model.pt -c configs/pipeline.yaml -c configs/presets/tiny.yaml
+
+CHECKPOINT is the `model.pt` that `stack train` writes (or a Lightning `.ckpt`); the
+network is rebuilt from the pipeline it carries. Exit code 0 when every head clears its
+bar, 1 when one does not. Writes eval/metrics.json and eval/heads.png beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("checkpoint", help="model.pt written by `stack train` (or a Lightning .ckpt file)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from stack.cli import load_pipeline_from_args
+    from stack.train.evaluate import evaluate_checkpoint, verdicts
+
+    pipeline = load_pipeline_from_args(args) if (args.config or args.overrides) else None
+    metrics, out = evaluate_checkpoint(Path(args.checkpoint), pipeline)
+    rows = verdicts(metrics)
+    print(f"| head | metric | model | trivial baseline | bar | verdict |\n|---|---|---|---|---|---|")
+    for row in rows:
+        print(f"| {row.head} | {row.metric} | {row.value:.3f} | {row.baseline:.3f} | {row.bar} | "
+              f"{'pass' if row.passed else 'FAIL'} |")
+    print(f"{int(metrics['eval/batches'])} validation batches in {metrics['eval/seconds']:.1f} s; "
+          f"all metrics: {out / 'metrics.json'}; plot: {out / 'heads.png'}")
+    return 0 if all(row.passed for row in rows) else 1

@@ -1,0 +1,130 @@
+"""`stack eval CHECKPOINT`: every head of a trained network against its trivial baseline on the validation split.
+
+The checkpoint carries its pipeline, so the network is rebuilt exactly (through
+`stack.models`, as deploy does); the validation data comes from the pipeline on the
+command line (by default the checkpoint's own). Metrics are `stack.metrics.TaskMetrics`
+over `stack.models.decoders.decode_all`. A head "beats" its baseline by the margin the
+project sets for a trained model:
+
+- planning: L2 at 3 s at least 30% below the constant-velocity planner;
+- depth: AbsRel at least 30% below the per-image mean-depth predictor;
+- segmentation: mIoU at least twice the majority-class predictor's;
+- detection: mAP above 0.2 (the empty detector scores 0).
+
+Results go to `<checkpoint folder>/eval/metrics.json` and a bar chart `heads.png`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from stack.pipeline import Pipeline
+
+
+@dataclass
+class HeadVerdict:
+    head: str
+    metric: str
+    value: float
+    baseline: float
+    bar: str
+    passed: bool
+
+
+def verdicts(metrics: dict) -> list[HeadVerdict]:
+    """Each head's headline metric, its trivial baseline, the bar it must clear, and whether it does."""
+    def get(key):
+        return float(metrics.get(key, float("nan")))
+
+    l2, l2_cv = get("planning/L2_at_3s"), get("planning/baseline_cv/L2_at_3s")
+    rel, rel_mean = get("depth/AbsRel"), get("depth/baseline_mean_depth/AbsRel")
+    miou, miou_major = get("segmentation/mIoU"), get("segmentation/baseline_majority/mIoU")
+    mean_ap = get("detection/mAP")
+    return [
+        HeadVerdict("planning", "L2@3s (m)", l2, l2_cv, "<= 0.7 x constant velocity", l2 <= 0.7 * l2_cv),
+        HeadVerdict("depth", "AbsRel", rel, rel_mean, "<= 0.7 x mean depth", rel <= 0.7 * rel_mean),
+        HeadVerdict("segmentation", "mIoU", miou, miou_major, ">= 2 x majority class", miou >= 2 * miou_major),
+        HeadVerdict("detection", "mAP", mean_ap, get("detection/baseline_empty/mAP"), "> 0.2", mean_ap > 0.2),
+    ]
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, pipeline: Pipeline, batches, device: torch.device,
+             limit: int | None = None) -> dict:
+    """TaskMetrics of `model` over `batches` (at most `limit` batches)."""
+    from stack.metrics.suite import TaskMetrics
+    from stack.models.decoders import decode_all
+
+    metrics = TaskMetrics(pipeline)
+    model = model.to(device).eval()
+    run = getattr(model, "forward_batch", None) or model
+    count = 0
+    for batch in batches:
+        if limit is not None and count >= limit:
+            break
+        batch = batch.to(device)
+        metrics.update(decode_all(run(batch), pipeline), batch.to("cpu"))
+        count += 1
+    return {**metrics.compute(), "eval/batches": float(count)}
+
+
+def evaluate_checkpoint(checkpoint: Path, pipeline: Pipeline | None, progress: bool = True) -> tuple[dict, Path]:
+    """Rebuild the checkpoint's network, evaluate it on `pipeline`'s validation split; (metrics, out folder)."""
+    from stack.checkpoint import load_model_checkpoint
+    from stack.data import build_loader
+    from stack.models import build_model
+    from stack.train.parallel import accelerator_name
+
+    stored, state, meta = load_model_checkpoint(checkpoint)
+    pipeline = pipeline or stored
+    model = build_model(stored)
+    model.load_state_dict(state)
+    device = torch.device("cuda" if accelerator_name(pipeline.train) == "gpu" else "cpu")
+    loader = build_loader(pipeline, "val", rank=0, world_size=1)
+    start = time.perf_counter()
+    batches = _with_progress(loader, progress)
+    metrics = evaluate(model, stored, batches, device)
+    metrics["eval/seconds"] = time.perf_counter() - start
+    metrics["eval/global_step"] = float(meta.get("extra", {}).get("global_step", -1))
+    out = checkpoint.parent / "eval"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=1, sort_keys=True) + "\n")
+    plot_verdicts(verdicts(metrics), out / "heads.png")
+    return metrics, out
+
+
+def _with_progress(loader, progress: bool):
+    if not progress:
+        yield from loader
+        return
+    from rich.progress import Progress
+
+    with Progress(transient=True) as bar:
+        task = bar.add_task("evaluating", total=len(loader))
+        for batch in loader:
+            yield batch
+            bar.advance(task)
+
+
+def plot_verdicts(rows: list[HeadVerdict], path: Path) -> Path:
+    """One panel per head: the model's metric beside its trivial baseline, titled with the bar and verdict."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(1, len(rows), figsize=(3.2 * len(rows), 3.2))
+    for axis, row in zip(axes, rows):
+        axis.bar(["model", "baseline"], [row.value, row.baseline], color=["tab:green" if row.passed else "tab:red",
+                                                                            "tab:gray"])
+        axis.set_title(f"{row.head}\n{row.bar}: {'pass' if row.passed else 'FAIL'}", fontsize=9)
+        axis.set_ylabel(row.metric)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return path
