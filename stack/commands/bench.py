@@ -12,6 +12,7 @@ import importlib
 
 BENCHMARKS: dict[str, str] = {
     "model": "stack.models.bench:run",
+    "ops": "stack.ops.bench:run",
     "data": "stack.data.bench:run",
 }
 """Benchmark name -> "module:function". Add an entry when the benchmark works."""

@@ -1,0 +1,286 @@
+"""`stack bench ops`: BEV pooling, naive vs reference vs fused op, side by side.
+
+For the tiny and default presets (and the given pipeline when it is neither), on the
+rig's real geometry: the naive Lift-Splat version that materialises the frustum
+tensor (B, N, D, H, W, C) and scatter-adds it, `bev_pool_ref`, the fused
+`torch.ops.stack.bev_pool` (forward, and forward + backward), and the export form
+(`FixedBevPool`) under ONNX Runtime. Each variant reports its median time and its
+peak memory above the inputs. Peaks are measured in a child process (one per preset)
+as peak RSS, reset through /proc/self/clear_refs, with glibc told to give every
+allocation of 64 KiB or more back to the system on free so that RSS follows the live
+tensors; timings run in this process with the allocator left as it is (there, fixed
+mmap thresholds would add a page fault per fresh 4 KiB to every large allocation).
+
+The floor is the bytes the op cannot avoid moving -- read depth, context and the
+geometry tables once, write the grid once -- over the memory bandwidth measured in
+the same run by a large tensor copy.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import gc
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from stack.pipeline import Pipeline
+
+PRESETS = {"tiny": ["pipeline.yaml", "presets/tiny.yaml"], "default": ["pipeline.yaml"]}
+"""Presets every run measures, as config files under configs/."""
+
+
+@dataclasses.dataclass
+class Case:
+    name: str
+    geometry: object
+    depth: torch.Tensor
+    context: torch.Tensor
+    keep: torch.Tensor
+    """(B*N*D*H*W,) bool: frustum points inside the grid (what the naive version selects)."""
+    cells: torch.Tensor
+    """(kept,) int64: cell of each kept point, in frustum order."""
+
+    def describe(self) -> str:
+        g = self.geometry
+        return (f"{self.name}: B={g.batch} N={g.cameras} D={g.depth_bins} features {g.feat_h}x{g.feat_w} "
+                f"C={self.context.shape[2]} grid {g.grid_x}x{g.grid_y}; {self.keep.numel()} frustum points, "
+                f"{g.num_points} in the grid, {g.num_cells} non-empty cells")
+
+
+def build_case(name: str, pipeline: Pipeline) -> Case:
+    from stack.ops import bev_geometry
+    from stack.rig import rig_matrices
+
+    rig, model = pipeline.data.rig, pipeline.model
+    batch = pipeline.data.batch_size
+    ks, poses = (torch.tensor(m, dtype=torch.float32) for m in rig_matrices(rig))
+    geometry = bev_geometry(ks.expand(batch, -1, -1, -1), poses.expand(batch, -1, -1, -1),
+                            (rig.image_height, rig.image_width), model.feature_stride, model.depth, model.bev)
+    gen = torch.Generator().manual_seed(0)
+    g = geometry
+    depth = torch.randn(g.batch, g.cameras, g.depth_bins, g.feat_h, g.feat_w, generator=gen).softmax(2)
+    context = torch.randn(g.batch, g.cameras, model.neck_channels, g.feat_h, g.feat_w, generator=gen)
+    keep = torch.zeros(depth.numel(), dtype=torch.bool)
+    keep[g.ranks_depth.long()] = True
+    cell_of = torch.full((depth.numel(),), -1, dtype=torch.long)
+    cell_of[g.ranks_depth.long()] = g.ranks_bev.long()
+    return Case(name, geometry, depth, context, keep, cell_of[keep])
+
+
+def bev_pool_naive(case: Case) -> torch.Tensor:
+    """Lift-Splat as first written: the full (B, N, D, H, W, C) frustum, then select and scatter-add."""
+    g, channels = case.geometry, case.context.shape[2]
+    frustum = case.depth.unsqueeze(-1) * case.context.permute(0, 1, 3, 4, 2).unsqueeze(2)
+    points = frustum.reshape(-1, channels)[case.keep]
+    grid = torch.zeros(g.batch * g.grid_x * g.grid_y, channels).index_add_(0, case.cells, points)
+    return grid.view(g.batch, g.grid_x, g.grid_y, channels).permute(0, 3, 1, 2).contiguous()
+
+
+def _forward_backward(pool, case: Case, grad: torch.Tensor):
+    def step():
+        depth = case.depth.detach().requires_grad_()
+        context = case.context.detach().requires_grad_()
+        pool(depth, context, case.geometry).backward(grad)
+        return depth.grad
+    return step
+
+
+# ----------------------------------------------------------------------- measuring
+
+
+def _rss() -> dict:
+    found = {}
+    with open("/proc/self/status") as status:
+        for line in status:
+            key, value = line.split(":", 1)
+            if key in ("VmRSS", "VmHWM"):
+                found[key] = int(value.split()[0]) * 1024
+    return found
+
+
+def peak_bytes(fn) -> int:
+    """Peak resident memory above the current level while `fn` runs (its result is dropped).
+
+    Meaningful only after `track_allocations_in_rss()`.
+    """
+    gc.collect()
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    before = _rss()["VmRSS"]
+    with open("/proc/self/clear_refs", "w") as clear:
+        clear.write("5")  # resets VmHWM to the current RSS
+    fn()
+    return max(0, _rss()["VmHWM"] - before)
+
+
+def track_allocations_in_rss() -> None:
+    """Make glibc mmap (and unmap on free) every allocation of 64 KiB or more, for this process."""
+    ctypes.CDLL("libc.so.6").mallopt(-3, 64 * 1024)  # M_MMAP_THRESHOLD; also stops its dynamic growth
+
+
+def median_seconds(fn, min_total: float = 1.0, min_reps: int = 5) -> float:
+    fn()  # warm-up
+    times, start = [], time.perf_counter()
+    while len(times) < min_reps or time.perf_counter() - start < min_total:
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def copy_bandwidth(megabytes: int = 512) -> float:
+    """Bytes/s of a large tensor copy (read + write counted), with torch's threads."""
+    src = torch.ones(megabytes * 2**20 // 4)
+    dst = torch.empty_like(src)
+    seconds = median_seconds(lambda: dst.copy_(src), min_total=1.0)
+    return 2 * src.nbytes / seconds
+
+
+def floor_bytes(case: Case) -> int:
+    """Read depth, context and the geometry tables once; write the (B, C, X, Y) grid once."""
+    g = case.geometry
+    tables = sum(t.nbytes for t in (g.ranks_depth, g.ranks_feat, g.ranks_bev, g.interval_starts, g.interval_lengths))
+    grid = g.batch * case.context.shape[2] * g.grid_x * g.grid_y * case.context.element_size()
+    return case.depth.nbytes + case.context.nbytes + tables + grid
+
+
+def onnx_runtime_runner(case: Case, folder: Path):
+    """A callable running `FixedBevPool` exported for this geometry under ONNX Runtime, or None."""
+    try:
+        import onnxruntime
+    except ImportError:
+        return None
+    from stack.ops import FixedBevPool
+
+    path = folder / f"bev_pool_{case.name}.onnx"
+    torch.onnx.export(FixedBevPool(case.geometry).eval(), (case.depth, case.context), str(path),
+                      input_names=["depth", "context"], output_names=["bev"], opset_version=17, dynamo=False)
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = torch.get_num_threads()
+    options.enable_cpu_mem_arena = False  # its arena would hide the peak after the first run
+    session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    feeds = {"depth": case.depth.numpy(), "context": case.context.numpy()}
+    return lambda: session.run(None, feeds)
+
+
+# ------------------------------------------------------------------------ reporting
+
+
+def variants(case: Case, folder: Path) -> dict:
+    """Name -> zero-argument callable, all computing the same grid (forward) or its gradient."""
+    from stack.ops import bev_pool, bev_pool_ref, extension_loaded
+
+    found = {"naive (frustum tensor + index_add)": lambda: bev_pool_naive(case),
+             "reference (gather + index_add)": lambda: bev_pool_ref(case.depth, case.context, case.geometry)}
+    if extension_loaded():
+        found["op stack::bev_pool"] = lambda: bev_pool(case.depth, case.context, case.geometry)
+    runner = onnx_runtime_runner(case, folder)
+    if runner is not None:
+        found["export form, ONNX Runtime"] = runner
+    g = case.geometry
+    grad = torch.randn(g.batch, case.context.shape[2], g.grid_x, g.grid_y)
+    found["naive fwd+bwd"] = _forward_backward(lambda d, c, _: _naive_autograd(case, d, c), case, grad)
+    found["reference fwd+bwd"] = _forward_backward(bev_pool_ref, case, grad)
+    if extension_loaded():
+        found["op fwd+bwd"] = _forward_backward(bev_pool, case, grad)
+    return found
+
+
+def _naive_autograd(case: Case, depth: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
+    return bev_pool_naive(dataclasses.replace(case, depth=depth, context=context))
+
+
+def measure_times(case: Case, folder: Path, log) -> dict:
+    """Variant -> (median seconds, max abs error vs the reference or NaN for gradients)."""
+    from stack.ops import bev_pool_ref
+
+    expected = bev_pool_ref(case.depth, case.context, case.geometry)
+    found = {}
+    for name, fn in variants(case, folder).items():
+        error = float("nan")
+        if "bwd" not in name:
+            out = fn()
+            error = float((torch.as_tensor(out[0] if isinstance(out, list) else out) - expected).abs().max())
+        found[name] = (median_seconds(fn), error)
+        log(f"  {name}: {found[name][0] * 1e3:.2f} ms")
+    return found
+
+
+def measure_peaks(case: Case, folder: Path) -> dict:
+    """Variant -> peak bytes above the inputs; call in a process of its own."""
+    track_allocations_in_rss()
+    found = {}
+    for name, fn in variants(case, folder).items():
+        fn()
+        found[name] = peak_bytes(fn)
+    return found
+
+
+def peaks_in_child(name: str, pipeline: Pipeline, folder: Path) -> dict:
+    from stack.config import pipeline_to_yaml
+
+    path = folder / f"{name}.yaml"
+    path.write_text(pipeline_to_yaml(pipeline))
+    result = subprocess.run([sys.executable, "-m", "stack.ops.bench", name, str(path)], capture_output=True,
+                            text=True, check=True)
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def format_case(case: Case, times: dict, peaks: dict, bandwidth: float) -> str:
+    op = "op stack::bev_pool"
+    lines = [f"{case.describe()}", "",
+             "| variant | time (ms) | time / op | peak above inputs (MiB) | peak / op | max abs error vs reference |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for name, (seconds, error) in times.items():
+        base = "op fwd+bwd" if "bwd" in name else op
+        base_time, base_peak = times.get(base, (float("nan"),))[0], peaks.get(base, 0)
+        peak_ratio = f"{peaks[name] / base_peak:.1f}x" if base_peak else "-"
+        err = "-" if error != error else f"{error:.1e}"
+        lines.append(f"| {name} | {seconds * 1e3:.2f} | {seconds / base_time:.1f}x | {peaks[name] / 2**20:.1f} | "
+                     f"{peak_ratio} | {err} |")
+    floor = floor_bytes(case)
+    floor_s = floor / bandwidth
+    op_time = times.get(op, (float("nan"),))[0]
+    lines += ["", f"floor: {floor / 2**20:.1f} MiB to move (depth + context + tables read, grid written) at "
+              f"{bandwidth / 1e9:.1f} GB/s = {floor_s * 1e3:.2f} ms; op forward = {op_time / floor_s:.1f}x the floor"]
+    return "\n".join(lines)
+
+
+def run(pipeline: Pipeline, args) -> int:
+    from stack.config import CONFIG_DIR, load_pipeline
+
+    cases = {name: load_pipeline([CONFIG_DIR / f for f in files]) for name, files in PRESETS.items()}
+    if pipeline.name not in cases:
+        cases[pipeline.name] = pipeline
+    print(f"stack bench ops: torch {torch.__version__}, {torch.get_num_threads()} threads", flush=True)
+    bandwidth = copy_bandwidth()
+    print(f"measured copy bandwidth: {bandwidth / 1e9:.1f} GB/s (512 MiB tensor copy, read + write)", flush=True)
+    reports = []
+    with tempfile.TemporaryDirectory() as folder:
+        for name, preset in cases.items():
+            case = build_case(name, preset)
+            print(f"measuring {case.describe()}", flush=True)
+            times = measure_times(case, Path(folder), lambda line: print(line, flush=True))
+            print("  peak memory (child process) ...", flush=True)
+            reports.append(format_case(case, times, peaks_in_child(name, preset, Path(folder)), bandwidth))
+    print("\n" + "\n\n".join(reports))
+    return 0
+
+
+def _peaks_main(name: str, yaml_path: str) -> None:
+    from stack.config import pipeline_from_yaml
+
+    pipeline = pipeline_from_yaml(Path(yaml_path).read_text(), source=yaml_path)
+    with tempfile.TemporaryDirectory() as folder:
+        print(json.dumps(measure_peaks(build_case(name, pipeline), Path(folder))))
+
+
+if __name__ == "__main__":
+    _peaks_main(*sys.argv[1:3])
