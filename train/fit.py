@@ -56,6 +56,7 @@ def fit(pipeline: Pipeline, model: Callable[[Pipeline], nn.Module] | None = None
         loaders: LoaderFactory | None = None, progress: bool = True) -> tuple[TrainModule, pl.Trainer, StepStats]:
     """Train the network `model(pipeline)` builds (default: `stack.models.build_model`) on `loaders`
     (default: `stack.data`). The network is built after seeding, so its initial weights follow train.seed."""
+    resume = str(resolve_resume(pipeline.train.resume)) if pipeline.train.resume else None
     _quiet_known_warnings()
     pl.seed_everything(pipeline.train.seed, workers=True, verbose=False)
     module = TrainModule(pipeline, model(pipeline) if model is not None else None)
@@ -65,7 +66,6 @@ def fit(pipeline: Pipeline, model: Callable[[Pipeline], nn.Module] | None = None
     train_loader, val_loader = make("train", rank, world), make("val", rank, world)
     if hasattr(train_loader, "__len__"):
         module.total_steps = pipeline.train.max_epochs * len(train_loader)
-    resume = str(resolve_resume(pipeline.train.resume)) if pipeline.train.resume else None
     _write_pipeline(pipeline, trainer)
     trainer.fit(module, train_dataloaders=train_loader, val_dataloaders=val_loader, ckpt_path=resume)
     return module, trainer, stats
