@@ -28,6 +28,8 @@ install: $(STAMP)
 
 demo: install
 	$(BIN)/stack data make $(TINY)
+	$(BIN)/stack train $(TINY)
+	$(BIN)/stack eval runs/tiny/train/model.pt $(TINY)
 	$(BIN)/stack config $(TINY)
 
 test: install slurm
