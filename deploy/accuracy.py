@@ -15,6 +15,7 @@ Deep Learning Inference", arXiv:2004.09602, section 5.1 on partial quantization)
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -93,7 +94,12 @@ def compare(fp32: dict, quantized: dict, budgets: list[HeadBudget]) -> list[Head
     rows = []
     for item in budgets:
         a, b = float(fp32[item.metric]), float(quantized[item.metric])
-        drop = a - b if item.higher_is_better else b - a
+        if math.isnan(a) and math.isnan(b):  # nothing to score on these samples (e.g. no labelled boxes)
+            drop = 0.0
+        elif math.isnan(a) or math.isnan(b):
+            drop = math.inf
+        else:
+            drop = a - b if item.higher_is_better else b - a
         rows.append(HeadResult(item.head, item.metric, a, b, drop, item.budget))
     return rows
 

@@ -100,10 +100,3 @@ def batch_feeds(batch) -> list[dict]:
     command = batch.command.numpy().astype(np.int64)
     return [{"images": images[i:i + 1], "ego_status": status[i:i + 1], "command": command[i:i + 1]}
             for i in range(images.shape[0])]
-
-
-def validation_batches(pipeline: Pipeline, count: int) -> tuple[list, str]:
-    """(batches holding at least `count` samples, a description of where they came from)."""
-    from stack.deploy.validation import load_validation
-
-    return load_validation(pipeline, count)

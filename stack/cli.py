@@ -24,6 +24,8 @@ COMMANDS = {
     "train": "train the network (Lightning: DDP/FSDP2, bf16, resumable checkpoints; local, SLURM or torchrun)",
     "profile": "profile a few training steps: Chrome trace with NVTX ranges, top ops, data-wait share",
     "eval": "evaluate a trained checkpoint: every head against its trivial baseline on the validation split",
+    "export": "export a checkpoint to ONNX (standard ops, metadata) and check it against PyTorch",
+    "deploy": "quantize, gate (accuracy per head, FPS measured or predicted) and bundle for a target",
 }
 """Command name -> one-line help. Add a command here only when it works end to end."""
 

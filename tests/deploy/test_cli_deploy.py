@@ -1,0 +1,104 @@
+"""`stack export` and `stack deploy` end to end on the tiny preset: exit codes, files, bad input."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = ["-c", "configs/pipeline.yaml", "-c", "configs/presets/tiny.yaml"]
+FAST = ["export.calibration_samples=4", "export.accuracy_samples=2", "export.timing_runs=20",
+        "export.timing_warmup=3", "export.sensitivity_samples=1"]
+
+pytestmark = pytest.mark.slow
+
+
+def stack(*args):
+    return subprocess.run([sys.executable, "-m", "stack", *args], cwd=REPO, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONWARNINGS": "ignore"}, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """(checkpoint of an untrained tiny network, overrides pointing at a small rendered dataset)."""
+    from stack.checkpoint import save_model_checkpoint
+    from stack.config import load_pipeline
+    from stack.models import build_model
+
+    folder = tmp_path_factory.mktemp("tiny")
+    data = [f"data.root={folder / 'data'}", "data.world.scenes=3", "data.world.frames_per_scene=4",
+            "data.world.val_fraction=0.34", "data.world.workers=1"]
+    made = stack("data", "make", *TINY, *data)
+    assert made.returncode == 0, made.stderr
+    pipeline = load_pipeline(TINY[1::2], data)
+    checkpoint = save_model_checkpoint(folder / "tiny.pt", pipeline, build_model(pipeline).state_dict())
+    return checkpoint, [f"export.out_dir={folder / 'export'}", *FAST], folder
+
+
+def assert_bad_input(result, *needles):
+    assert result.returncode == 2, (result.returncode, result.stderr[-2000:])
+    assert "Traceback" not in result.stderr
+    for needle in needles:
+        assert needle in result.stderr, f"{needle!r} not in: {result.stderr}"
+
+
+def test_export_writes_onnx_with_parity(tiny):
+    checkpoint, overrides, folder = tiny
+    result = stack("export", str(checkpoint), *overrides)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "every operator native" in result.stdout
+    assert result.stdout.count(" ok") == 6  # six named outputs within tolerance
+    from stack.deploy.export import read_metadata
+
+    meta = read_metadata(folder / "export" / "model.onnx")
+    assert meta["pipeline_name"] == "tiny" and meta["detection_classes"][0] == "car"
+    assert set(meta["output_layout"]) == {"depth_logits", "seg_logits", "heatmap", "box_regression",
+                                          "plan_trajectories", "plan_scores"}
+    assert meta["input_normalisation"]["inside_graph"] is True and len(meta["rig"]["cameras"]) == 6
+
+
+def test_deploy_ci_cpu_measures_and_passes(tiny):
+    checkpoint, overrides, folder = tiny
+    result = stack("deploy", "--target", "ci-cpu", str(checkpoint), *overrides)
+    assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
+    bundle = folder / "export" / "ci-cpu"
+    gate = json.loads((bundle / "gate.json").read_text())
+    assert gate["passed"] and gate["fps"]["mode"] == "measured"
+    assert [h["head"] for h in gate["accuracy"]["heads"]] == ["detection", "segmentation", "depth", "planning"]
+    assert {"model.onnx", "model.int8.onnx", "pipeline.yaml", "report.md", "latency.png"} <= {p.name for p in bundle.iterdir()}
+
+
+def test_deploy_orin_is_predicted_and_fails_an_unreachable_bar(tiny):
+    checkpoint, overrides, folder = tiny
+    result = stack("deploy", "--target", "orin", str(checkpoint), *overrides, "targets.orin.min_fps=100000")
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:] + result.stdout[-3000:]
+    bundle = folder / "export" / "orin"
+    report = (bundle / "report.md").read_text()
+    assert report.startswith("# Deploy report: orin — FAIL") and "PREDICTED" in report
+    assert "trtexec --onnx=model.int8.onnx" in (bundle / "build_engine.sh").read_text()
+    assert "below the required 100000 FPS" in result.stdout
+
+
+def test_missing_checkpoint(tiny):
+    assert_bad_input(stack("deploy", "--target", "orin", "runs/nope/last.ckpt"), "nope/last.ckpt", "does not exist")
+
+
+def test_unknown_target(tiny):
+    checkpoint, overrides, _ = tiny
+    assert_bad_input(stack("deploy", "--target", "orni", str(checkpoint), *overrides), "unknown target 'orni'",
+                     "Did you mean 'orin'")
+
+
+def test_checkpoint_from_another_pipeline(tiny):
+    checkpoint, overrides, _ = tiny
+    assert_bad_input(stack("deploy", "--target", "orin", str(checkpoint), "-c", "configs/pipeline.yaml", *overrides),
+                     "another pipeline", "model.backbone")
+
+
+def test_calibration_set_too_small(tiny):
+    checkpoint, overrides, _ = tiny
+    assert_bad_input(stack("deploy", "--target", "cpu", str(checkpoint), *overrides, "export.calibration_samples=500"),
+                     "calibration set too small", "export.calibration_samples")
