@@ -14,6 +14,10 @@ BENCHMARKS: dict[str, str] = {
     "model": "stack.models.bench:run",
     "ops": "stack.ops.bench:run",
     "data": "stack.data.bench:run",
+    "train-step": "stack.train.bench:run_step",
+    "train-memory": "stack.train.bench:run_memory",
+    "infer": "stack.deploy.bench:infer",
+    "latency": "stack.deploy.bench:latency",
 }
 """Benchmark name -> "module:function". Add an entry when the benchmark works."""
 
