@@ -32,15 +32,23 @@ from stack.pipeline import Pipeline
 BENCH_SCENES = 4
 
 
-def _generator(pipeline: Pipeline, root: Path) -> tuple[float, int]:
+def _cpu_seconds() -> float:
+    import resource
+
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def _generator(pipeline: Pipeline, root: Path) -> tuple[float, float, int]:
+    """(camera images per wall second, per CPU second of this process and its workers, images)."""
     from stack.data.make import make_dataset
 
     world = pipeline.data.world
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), _cpu_seconds()
     make_dataset(pipeline, log=lambda *_: None)
-    seconds = time.perf_counter() - start
+    seconds, cpu = time.perf_counter() - start, _cpu_seconds() - cpu
     images = world.scenes * world.frames_per_scene * len(pipeline.data.rig.cameras)
-    return images / seconds, images
+    return images / seconds, images / cpu, images
 
 
 def _loader_rate(pipeline: Pipeline) -> float:
@@ -160,7 +168,7 @@ def run(pipeline: Pipeline, args) -> int:
         bench.data.root = folder
         bench.data.world.scenes = BENCH_SCENES
         bench.data.world.val_fraction = 0.0
-        rate, images = _generator(bench, Path(folder))
+        rate, cpu_rate, images = _generator(bench, Path(folder))
         print(f"generator: {images} camera images in {images / rate:.1f} s", flush=True)
         torch_rate = _loader_rate(bench)
         dali = copy.deepcopy(bench)
@@ -174,7 +182,10 @@ def run(pipeline: Pipeline, args) -> int:
           f"{len(rig.cameras)} cameras, batch {data.batch_size}, {data.num_workers} loader workers, "
           f"{data.world.workers} render processes")
     print("\n| what | rate | floor / reference | ratio |\n|---|---|---|---|")
+    cores = min(data.world.workers, os.cpu_count() or 1)
     print(f"| generator (make, end to end) | {rate:.1f} camera images/s | goal 40 images/s | {rate / 40:.2f}x goal |")
+    print(f"| generator per CPU second (load-independent) | {cpu_rate:.1f} images/CPU-s | x {cores} idle cores = "
+          f"{cpu_rate * cores:.1f} images/s | {cpu_rate * cores / 40:.2f}x goal |")
     print(f"| torch loader | {torch_rate:.1f} samples/s | PIL bare decode {pil_floor:.1f} samples/s | {pil_floor / torch_rate:.2f}x slower than floor |")
     print(f"| dali loader (cpu) | {dali_rate:.1f} samples/s | DALI bare decode {dali_floor:.1f} samples/s | {dali_floor / dali_rate:.2f}x slower than floor |")
     print(f"| training step: {step_what} | {step_rate:.1f} samples/s | torch / step, dali / step | "

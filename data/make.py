@@ -101,11 +101,11 @@ def make_dataset(pipeline: Pipeline, log=print) -> dict:
             with context.Pool(workers) as pool:
                 for scene_index, samples in enumerate(pool.imap(render_scene, tasks)):
                     _write(writers[splits[scene_index]], samples)
-                    progress.advance(bar)
+                    _advance(progress, bar, scene_index, world.scenes, splits[scene_index])
         else:
             for scene_index, task in enumerate(tasks):
                 _write(writers[splits[scene_index]], render_scene(task))
-                progress.advance(bar)
+                _advance(progress, bar, scene_index, world.scenes, splits[scene_index])
     for writer in writers.values():
         writer.close_shard()
     manifest = {
@@ -117,6 +117,13 @@ def make_dataset(pipeline: Pipeline, log=print) -> dict:
                    for split, w in writers.items()},
     }
     return write_manifest(root, manifest)
+
+
+def _advance(progress, bar, scene_index: int, scenes: int, split: str) -> None:
+    """Advance the bar, and log a line per scene (visible in logs where no bar is drawn)."""
+    progress.advance(bar)
+    elapsed = progress.tasks[bar].elapsed or 0.0
+    progress.console.print(f"scene {scene_index + 1}/{scenes} written to {split} ({elapsed:.0f} s elapsed)")
 
 
 def _write(writer: ShardWriter, samples: list) -> None:
