@@ -5,7 +5,9 @@ attention) on one frame (batch 1, all cameras); bev_pool's gather-multiply-add i
 not a matmul, so its work is counted analytically (2 FLOPs per kept frustum point
 and channel). The floor is the same FLOPs at the machine's measured dense fp32
 matmul rate, measured in the same run; the ratio time / floor says how far each
-component is from compute-bound. Times are medians of `REPEATS` runs after a warm-up.
+component is from compute-bound. Times are medians after one warm-up run, of at least
+MIN_RUNS and at most MAX_RUNS runs, stopping once BUDGET_S seconds are spent (so the
+large preset stays within minutes on a CPU).
 """
 
 from __future__ import annotations
@@ -18,6 +20,19 @@ import torch
 from stack.pipeline import Pipeline
 
 REPEATS = 3
+"""Runs of the matmul peak measurement."""
+MIN_RUNS, MAX_RUNS, BUDGET_S = 2, 7, 20.0
+
+
+def timed_runs(run_once) -> list[float]:
+    """Seconds of each call of `run_once()` after a warm-up, within the MIN/MAX_RUNS and BUDGET_S bounds."""
+    run_once()
+    times: list[float] = []
+    while len(times) < MAX_RUNS and (len(times) < MIN_RUNS or sum(times) < BUDGET_S):
+        start = time.perf_counter()
+        run_once()
+        times.append(time.perf_counter() - start)
+    return times
 
 
 def _sync(device: torch.device) -> None:
@@ -53,7 +68,7 @@ def component_flops(model, batch, geometry) -> dict[str, float]:
     return flops
 
 
-def component_times(model, batch, geometry, repeats: int = 2 * REPEATS + 1) -> dict[str, float]:
+def component_times(model, batch, geometry) -> dict[str, float]:
     """Median forward seconds per top-level component and for the whole forward (`total`),
     from module hooks in the same runs, so the parts and the whole are comparable."""
     from stack.models.network import COMPONENTS
@@ -77,8 +92,7 @@ def component_times(model, batch, geometry, repeats: int = 2 * REPEATS + 1) -> d
         hooks += [module.register_forward_pre_hook(before), module.register_forward_hook(after)]
     try:
         with torch.no_grad():
-            for _ in range(repeats + 1):
-                model(batch.images, batch.ego_status, batch.command, geometry)
+            timed_runs(lambda: model(batch.images, batch.ego_status, batch.command, geometry))
     finally:
         for hook in hooks:
             hook.remove()
@@ -88,17 +102,16 @@ def component_times(model, batch, geometry, repeats: int = 2 * REPEATS + 1) -> d
 def train_step_time(model, batch, geometry) -> float:
     """Median seconds of forward + loss + backward in train mode."""
     device = batch.images.device
-    model.train()
-    times = []
-    for _ in range(REPEATS + 1):
+
+    def step():
         model.zero_grad(set_to_none=True)
-        _sync(device)
-        start = time.perf_counter()
         model.loss(model(batch.images, batch.ego_status, batch.command, geometry), batch)["total"].backward()
         _sync(device)
-        times.append(time.perf_counter() - start)
+
+    model.train()
+    times = timed_runs(step)
     model.eval()
-    return statistics.median(times[1:])
+    return statistics.median(times)
 
 
 def run(pipeline: Pipeline, args) -> int:
