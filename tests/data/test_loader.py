@@ -75,3 +75,25 @@ def test_validation_without_augmentation_is_deterministic(dataset):
     second = list(build_loader(pipeline, "val", 0, 1))
     for a, b in zip(first, second):
         assert torch.equal(a.images, b.images) and torch.equal(a.boxes, b.boxes)
+
+
+def test_rank_and_world_size_come_from_the_environment(dataset, monkeypatch):
+    pipeline, _ = dataset
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    loader = build_loader(pipeline, "val")
+    assert (loader.rank, loader.world_size) == (1, 2)
+    explicit = build_loader(pipeline, "val", rank=0, world_size=1)
+    assert len(explicit) >= len(loader)
+
+
+def test_each_iteration_is_a_new_shuffled_epoch(dataset, small_pipeline):
+    pipeline, _ = dataset
+    loader = build_loader(small_pipeline(pipeline.data.root, "data.batch_size=1"), "train", 0, 1, augment=False)
+    orders = [_fingerprints(loader) for _ in range(3)]
+    assert all(sorted(order) == sorted(orders[0]) for order in orders)
+    assert len({tuple(order) for order in orders}) > 1
+    loader.set_epoch(5)
+    first = _fingerprints(loader)
+    loader.set_epoch(5)
+    assert _fingerprints(loader) == first

@@ -143,3 +143,17 @@ def test_ego_trajectory_is_consistent_with_its_speed(dataset):
     assert abs(first_step - speed * 0.5) < 1.5
     assert arrays["future"][-1, 0] > arrays["future"][0, 0] - 1e-3 and arrays["past"][0, 0] < 0
     assert int(arrays["command"][0]) in (0, 1, 2)
+
+
+def test_cli_make_writes_shards_and_reports_them(tmp_path):
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[2]
+    result = subprocess.run([sys.executable, "-m", "stack", "data", "make", "data.rig.image_width=64",
+                             "data.rig.image_height=32", "data.world.scenes=2", "data.world.frames_per_scene=2",
+                             "data.world.workers=1", f"data.root={tmp_path}"], cwd=repo, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "train: 2 samples in 1 shards" in result.stdout and "scene 2/2 written to val" in result.stdout
+    assert (tmp_path / "train" / "frames-000000.idx").read_text().startswith("v1.2 2\n")
