@@ -71,3 +71,10 @@ class DepthMetric:
         self.sums = torch.zeros(len(METRICS), dtype=torch.float64)
         self.baseline_sums = torch.zeros(len(METRICS), dtype=torch.float64)
         self.images, self.skipped = 0, 0
+
+    def merge(self, other: "DepthMetric") -> None:
+        """Add another accumulator's per-image sums (e.g. from another rank)."""
+        self.sums += other.sums
+        self.baseline_sums += other.baseline_sums
+        self.images += other.images
+        self.skipped += other.skipped

@@ -158,3 +158,7 @@ class DetectionMetric:
 
     def reset(self) -> None:
         self.samples = []
+
+    def merge(self, other: "DetectionMetric") -> None:
+        """Add another accumulator's samples (e.g. gathered from other ranks with all_gather_object)."""
+        self.samples.extend(other.samples)

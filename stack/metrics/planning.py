@@ -86,5 +86,10 @@ class PlanningMetric:
         self._add("minADE", (ade * has).sum(), has.sum())
         self._add("minFDE", (fde * has).sum(), has.sum())
 
+    def merge(self, other: "PlanningMetric") -> None:
+        """Add another accumulator's sums and counts (e.g. from another rank)."""
+        for key in other.sums:
+            self._add(key, torch.tensor(other.sums[key]), torch.tensor(other.counts[key]))
+
     def compute(self) -> dict[str, float]:
         return {key: self.sums[key] / self.counts[key] if self.counts[key] else float("nan") for key in self.sums}

@@ -70,3 +70,7 @@ class SegmentationMetric:
 
     def reset(self) -> None:
         self.confusion.zero_()
+
+    def merge(self, other: "SegmentationMetric") -> None:
+        """Add another accumulator's confusion matrix (e.g. from another rank)."""
+        self.confusion += other.confusion

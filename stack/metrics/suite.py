@@ -51,3 +51,8 @@ class TaskMetrics:
     def reset(self) -> None:
         for task in ("detection", "segmentation", "depth", "planning"):
             getattr(self, task).reset()
+
+    def merge(self, other: "TaskMetrics") -> None:
+        """Fold in another accumulator, e.g. each rank's from `torch.distributed.all_gather_object`."""
+        for task in ("detection", "segmentation", "depth", "planning"):
+            getattr(self, task).merge(getattr(other, task))

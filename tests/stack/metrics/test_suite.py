@@ -3,6 +3,7 @@
 import math
 import warnings
 
+import pytest
 import torch
 
 from stack.config import load_pipeline
@@ -30,3 +31,21 @@ def test_untrained_model_is_scored_on_every_task_with_baselines():
     assert result["detection/samples"] == 4 and result["depth/images"] == 4 * len(pipeline.data.rig.cameras)
     # the synthetic ego keeps its speed: extrapolating it beats an untrained planner by far
     assert 2 * result["planning/baseline_cv/L2_at_3s"] < result["planning/L2_at_3s"]
+
+
+def test_merging_shards_equals_evaluating_the_whole_split():
+    warnings.filterwarnings("ignore", message="bev_pool: the extension")
+    pipeline = load_pipeline(["configs/pipeline.yaml", "configs/presets/tiny.yaml"])
+    model = build_model(pipeline).eval()
+    whole, shards = TaskMetrics(pipeline), [TaskMetrics(pipeline), TaskMetrics(pipeline)]
+    for seed, shard in enumerate(shards):  # as two ranks would see the split
+        batch = random_batch(pipeline, batch_size=1, seed=10 + seed)
+        with torch.no_grad():
+            decoded = decode_all(model.forward_batch(batch), pipeline)
+        whole.update(decoded, batch)
+        shard.update(decoded, batch)
+    shards[0].merge(shards[1])
+    merged, expected = shards[0].compute(), whole.compute()
+    assert merged.keys() == expected.keys()
+    for key, value in expected.items():
+        assert (math.isnan(value) and math.isnan(merged[key])) or merged[key] == pytest.approx(value, rel=1e-12), key
