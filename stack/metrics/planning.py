@@ -89,7 +89,8 @@ class PlanningMetric:
     def merge(self, other: "PlanningMetric") -> None:
         """Add another accumulator's sums and counts (e.g. from another rank)."""
         for key in other.sums:
-            self._add(key, torch.tensor(other.sums[key]), torch.tensor(other.counts[key]))
+            self.sums[key] = self.sums.get(key, 0.0) + other.sums[key]
+            self.counts[key] = self.counts.get(key, 0.0) + other.counts[key]
 
     def compute(self) -> dict[str, float]:
         return {key: self.sums[key] / self.counts[key] if self.counts[key] else float("nan") for key in self.sums}
