@@ -39,7 +39,7 @@ def _cpu_seconds() -> float:
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
-def _generator(pipeline: Pipeline, root: Path) -> tuple[float, float, int]:
+def _generator(pipeline: Pipeline) -> tuple[float, float, int]:
     """(camera images per wall second, per CPU second of this process and its workers, images)."""
     from stack.data.make import make_dataset
 
@@ -129,8 +129,6 @@ def _dali_floor(pipeline: Pipeline) -> float:
 
 def _training_step_rate(pipeline: Pipeline) -> tuple[float, str]:
     """Samples/s of forward + backward on one batch from the loader (median of 3 after a warm-up)."""
-    import torch
-
     from stack.data import build_loader
 
     batch = next(iter(build_loader(pipeline, "train", 0, 1, augment=False)))
@@ -168,7 +166,7 @@ def run(pipeline: Pipeline, args) -> int:
         bench.data.root = folder
         bench.data.world.scenes = BENCH_SCENES
         bench.data.world.val_fraction = 0.0
-        rate, cpu_rate, images = _generator(bench, Path(folder))
+        rate, cpu_rate, images = _generator(bench)
         print(f"generator: {images} camera images in {images / rate:.1f} s", flush=True)
         torch_rate = _loader_rate(bench)
         dali = copy.deepcopy(bench)

@@ -72,7 +72,7 @@ def _facade(uv, albedo):
     return torch.where(window[:, None], torch.tensor([0.12, 0.16, 0.22], device=uv.device), albedo)
 
 
-def shade(hits: render.Hits, dirs, ground: TorchGround, sun, shadowed, light) -> torch.Tensor:
+def shade(hits: render.Hits, dirs, ground: TorchGround, sun, shadowed) -> torch.Tensor:
     """Linear RGB (R, 3) of every ray's hit, before exposure and noise."""
     is_ground = (hits.instance == 0) & (hits.normal[:, 2] > 0.99) & torch.isin(
         hits.semantic, torch.tensor([SEG["road"], SEG["lane_marking"], SEG["sidewalk"], SEG["vegetation"]], device=dirs.device))
@@ -139,7 +139,7 @@ def render_frame(scene: Scene, step_index: int, rig: RigConfig, ground: TorchGro
         shadowed = torch.zeros_like(lit)
         if lit.any():
             shadowed[lit] = render.in_shadow(hits.point[lit], sun, prims, render.near_rows(prims, origin, 80.0))
-        colour = shade(hits, dirs, ground, sun, shadowed, scene.light)
+        colour = shade(hits, dirs, ground, sun, shadowed)
         out["images"].append(_expose(colour, scene.light, rng).reshape(height, width, 3))
         finite = torch.isfinite(hits.depth)
         out["depth"].append(torch.where(finite, hits.depth.clamp(max=1000.0), torch.zeros_like(hits.depth))

@@ -16,11 +16,10 @@ import numpy as np
 
 from stack.data.loader import read_piece
 from stack.data.roads import SEG_CLASSES
-from stack.data.samples import BadSample, check_members, decode_arrays, decode_jpeg
+from stack.data.samples import check_members, decode_arrays, decode_jpeg
 from stack.data.sharding import Piece
 from stack.data.traffic import CLASSES
 from stack.errors import StackError
-from stack.pipeline import Pipeline
 
 CLASS_COLOURS = {"car": "#1f77b4", "truck": "#9467bd", "pedestrian": "#d62728", "cyclist": "#ff7f0e"}
 SEG_COLOURS = np.array([[128, 64, 128], [255, 255, 255], [244, 35, 232], [70, 70, 70], [107, 142, 35],
@@ -94,7 +93,7 @@ def _bev(axis, arrays: dict, classes: list, extent: float = 50.0) -> None:
     axis.legend(loc="lower right", fontsize=8)
 
 
-def inspect_shard(pipeline: Pipeline, shard: str, index: int = 0, out: str | None = None) -> str:
+def inspect_shard(shard: str, index: int = 0, out: str | None = None) -> str:
     """Write the mosaic of sample `index` of `shard` to `out` (default: beside the shard); returns the path."""
     import matplotlib
 
@@ -151,5 +150,3 @@ def _layers(images: np.ndarray, arrays: dict, camera: int) -> list:
     seg = np.where(semantic[..., None] < len(SEG_COLOURS), SEG_COLOURS[np.minimum(semantic, len(SEG_COLOURS) - 1)], 0)
     return [images[camera], coloured, seg.astype(np.uint8)]
 
-
-__all__ = ["inspect_shard", "box_corners", "BadSample"]

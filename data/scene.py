@@ -40,7 +40,7 @@ def _random_vehicle_route(town: Town, rng: np.random.Generator, lateral: float =
     return vehicle_route(town, entry, exit_, lateral)
 
 
-def _spawn(kind: str, town: Town, rng: np.random.Generator, near: np.ndarray, track_id: int) -> Agent:
+def _spawn(kind: str, town: Town, rng: np.random.Generator, track_id: int) -> Agent:
     size = tuple(np.array(SIZES[kind]) * rng.uniform(0.92, 1.08, 3))
     colour = int(rng.integers(0, 12))
     if kind == "pedestrian":
@@ -75,7 +75,7 @@ def _place_agents(town: Town, ego: Agent, count: int, rng: np.random.Generator) 
     for track_id in range(1, count + 1):
         kind = str(rng.choice(kinds, p=weights / weights.sum()))
         for _ in range(60):
-            agent = _spawn(kind, town, rng, ego_xy, track_id)
+            agent = _spawn(kind, town, rng, track_id)
             xy, _ = agent.route.at(agent.s)
             if np.linalg.norm(xy - ego_xy) < 70.0 and _clear_of(agent, placed + [ego]):
                 placed.append(agent)

@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     if action == "inspect":
         from stack.data.inspect import inspect_shard
 
-        print(inspect_shard(pipeline, operands[0], args.sample, args.out))
+        print(inspect_shard(operands[0], args.sample, args.out))
         return 0
     from stack.data.convert import convert
 

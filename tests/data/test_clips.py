@@ -13,7 +13,7 @@ from stack.errors import StackError
 
 
 @pytest.fixture(scope="module")
-def clips(dataset, small_pipeline, tmp_path_factory):
+def clips(small_pipeline, tmp_path_factory):
     from stack.data.make import make_dataset
 
     root = tmp_path_factory.mktemp("clips")

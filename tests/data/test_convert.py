@@ -60,7 +60,7 @@ def write_fixture(root: Path, rig) -> None:
                                      "prev": tokens[i - 1] if i else "", "next": tokens[i + 1] if i < 2 else ""})
             tables["ego_pose"].append({"token": f"ep-{token}", "timestamp": 0, "translation": _ego(t).tolist(),
                                        "rotation": list(Quaternion(axis=[0, 0, 1], angle=HEADING))})
-            _sample_data(root, tables, token, scene_index, t)
+            _sample_data(root, tables, token, scene_index)
             _annotations(tables, token, tokens, i, t)
     tables["instance"] = [{"token": f"i-{n}", "category_token": c, "nbr_annotations": 6, "first_annotation_token": "",
                            "last_annotation_token": ""} for n, c in (("car", "c-car"), ("ped", "c-ped"))]
@@ -70,7 +70,7 @@ def write_fixture(root: Path, rig) -> None:
         (version / f"{name}.json").write_text(json.dumps(rows))
 
 
-def _sample_data(root, tables, token, scene_index, t):
+def _sample_data(root, tables, token, scene_index):
     for channel in CHANNELS + ["LIDAR_TOP"]:
         folder = root / "samples" / channel
         folder.mkdir(exist_ok=True)

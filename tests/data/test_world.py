@@ -6,7 +6,6 @@ import tarfile
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from stack.data.format import ARRAY_MEMBERS, DTYPES, SCHEMA_VERSION
 from stack.rig import rig_matrices
