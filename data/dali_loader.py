@@ -27,7 +27,7 @@ from stack.data.augment import augment_row
 from stack.batch import IGNORE_INDEX, Batch
 from stack.data.format import SCHEMA_VERSION
 from stack.data.loader import check_layout, read_manifest, split_shards
-from stack.data.samples import LOADER_MEMBERS, BadSample, ClassMaps, collate, label_fields
+from stack.data.samples import LOADER_MEMBERS, BadSample, ClassMaps, collate, label_fields, stack_fields
 from stack.data.sharding import batches_per_rank
 from stack.errors import StackError
 from stack.pipeline import Pipeline
@@ -162,6 +162,6 @@ class DaliLoader:
         labels = [label_fields({name: _host(outputs[first + i], index) for i, name in enumerate(SMALL)}, self.maps,
                                self.pipeline) for index in range(take)]
         if not self.augment:
-            return Batch(**dense, **{name: torch.stack([row[name] for row in labels]) for name in labels[0]})
+            return Batch(**dense, **stack_fields(labels, labels[0]))
         rows = [{**{name: value[index] for name, value in dense.items()}, **labels[index]} for index in range(take)]
         return collate([augment_row(row, self.pipeline.data.augment, rng) for row in rows])

@@ -135,5 +135,14 @@ def to_fields(images: np.ndarray, arrays: dict, maps: ClassMaps, pipeline: Pipel
 
 
 def collate(rows: list) -> Batch:
-    """Stack Batch rows (dicts from `to_fields`) into a Batch."""
-    return Batch(**{f.name: torch.stack([row[f.name] for row in rows]) for f in fields(Batch)})
+    """Stack Batch rows (dicts from `to_fields`) into a Batch.
+
+    numpy stacks: torch.stack of large CPU tensors runs through the intra-op
+    thread pool, which on a busy machine was 15-40x slower than one memcpy per row.
+    """
+    return Batch(**stack_fields(rows, [f.name for f in fields(Batch)]))
+
+
+def stack_fields(rows: list, names) -> dict:
+    """{name: the rows' tensors stacked on a new leading axis} (see `collate` for why numpy stacks)."""
+    return {name: torch.from_numpy(np.stack([row[name].numpy() for row in rows])) for name in names}
