@@ -7,7 +7,7 @@ import pytest
 import torch
 from bev_cases import bev_pool_naive, make_geometry, random_inputs
 
-from stack.ops import BevPoolError, bev_pool, bev_pool_ref, extension_loaded
+from stack.ops import BevPoolError, bev_geometry, bev_pool, bev_pool_ref, extension_loaded
 from stack.ops import _extension
 from stack.pipeline import BevGridConfig
 from stack.testing import device_params
@@ -73,6 +73,22 @@ def test_bev_pool_matches_the_reference(device, case, batch):
         assert geometry.num_cells == batch and geometry.interval_lengths.min() > 100
     if case == "nothing_in_range":
         assert geometry.num_points == 0 and not out.any()
+
+
+@pytest.mark.parametrize("device", device_params())
+def test_the_tiny_preset_rig_matches_the_reference(device):
+    from stack.config import CONFIG_DIR, load_pipeline
+    from stack.rig import rig_matrices
+
+    pipeline = load_pipeline([CONFIG_DIR / "pipeline.yaml", CONFIG_DIR / "presets" / "tiny.yaml"])
+    rig, model = pipeline.data.rig, pipeline.model
+    ks, poses = (torch.tensor(m, dtype=torch.float32)[None].expand(2, -1, -1, -1) for m in rig_matrices(rig))
+    geometry = bev_geometry(ks.to(device), poses.to(device), (rig.image_height, rig.image_width),
+                            model.feature_stride, model.depth, model.bev)
+    assert (geometry.grid_x, geometry.grid_y, geometry.cameras) == (64, 64, len(rig.cameras))
+    depth, context = random_inputs(geometry, channels=model.neck_channels, device=device)
+    torch.testing.assert_close(bev_pool(depth, context, geometry), bev_pool_ref(depth, context, geometry),
+                               **TOL[torch.float32])
 
 
 @pytest.mark.parametrize("device", device_params())
@@ -175,6 +191,15 @@ def test_torch_compile_fullgraph(device):
     torch.testing.assert_close(out, module(depth, context), **TOL[torch.float32])
     out.sum().backward()
     assert d.grad is not None and d.grad.abs().sum() > 0
+
+
+@pytest.mark.slow
+def test_torch_compile_inductor_fullgraph():
+    geometry, *_ = make_geometry()
+    depth, context = random_inputs(geometry, channels=4)
+    module = Splat(geometry)
+    compiled = torch.compile(module, fullgraph=True)
+    torch.testing.assert_close(compiled(depth, context), module(depth, context), **TOL[torch.float32])
 
 
 def test_bad_inputs_raise_clear_errors():
