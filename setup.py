@@ -72,6 +72,20 @@ def _find_cuda_home() -> str | None:
     return None
 
 
+def _toolkit_matches(cuda_home: str, torch_cuda: str) -> bool:
+    """nvcc's CUDA major version is torch's (torch refuses to build across majors)."""
+    import re
+    import subprocess
+
+    version = subprocess.run([os.path.join(cuda_home, "bin", "nvcc"), "--version"], capture_output=True, text=True).stdout
+    found = re.search(r"release (\d+)\.", version)
+    if found and found.group(1) == torch_cuda.split(".")[0]:
+        return True
+    print(f"stack: building stack._C without CUDA kernels: nvcc in {cuda_home} is CUDA "
+          f"{found.group(1) if found else '?'}, torch was built with CUDA {torch_cuda}", file=sys.stderr)
+    return False
+
+
 def extension_args() -> dict:
     """`ext_modules` and `cmdclass` for stack._C, or {} where it cannot be built here."""
     sources = sorted(glob.glob("csrc/*.cpp"))
@@ -89,7 +103,7 @@ def extension_args() -> dict:
         return _skip("no C++ compiler found")
     compile_args = {"cxx": ["-O3"]}
     cuda_sources = sorted(glob.glob("csrc/*.cu"))
-    if cpp_extension.CUDA_HOME and torch.version.cuda and cuda_sources:
+    if cuda_home and torch.version.cuda and cuda_sources and _toolkit_matches(cuda_home, torch.version.cuda):
         os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "8.7;9.0")
         compile_args["nvcc"] = ["-O3", "-lineinfo"]
         extension = cpp_extension.CUDAExtension("stack._C", sources + cuda_sources, extra_compile_args=compile_args,
