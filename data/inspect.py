@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from stack.data.loader import read_piece
+from stack.data.loader import ShortShard, read_piece
 from stack.data.roads import SEG_CLASSES
 from stack.data.samples import check_members, decode_arrays, decode_jpeg
 from stack.data.sharding import Piece
@@ -38,14 +38,25 @@ def box_corners(box: np.ndarray) -> np.ndarray:
 
 
 def _load(shard: str, index: int) -> tuple[str, list, np.ndarray, dict]:
+    """(key, camera names, images (N, H, W, 3), label arrays) of frame `index` of a frame or clip shard."""
     if not Path(shard).is_file():
         raise StackError(f"shard {shard} does not exist; expected a .tar written by `stack data make`")
-    samples = list(read_piece(Piece(shard, index, index + 1)))
-    key = samples[0]["__key__"]
-    cameras = [name[:-4] for name in samples[0] if name.endswith(".jpg")]
-    check_members(samples[0], cameras, shard)
-    images = np.stack([decode_jpeg(samples[0][f"{c}.jpg"], shard, key, f"{c}.jpg") for c in cameras])
-    return key, cameras, images, decode_arrays(samples[0], shard)
+    first = next(iter(read_piece(Piece(shard, 0, 1))), {})
+    if any(name.endswith(".mp4") for name in first):
+        from stack.data.clips import decode_clip, frame_arrays
+
+        frames = json.loads(first["meta.json"])["frames"]
+        sample = list(read_piece(Piece(shard, index // frames, index // frames + 1)))[0]
+        cameras = [name[:-4] for name in sample if name.endswith(".mp4")]
+        clip, videos = decode_clip(sample, cameras, shard)
+        return f"{sample['__key__']} frame {index % frames}", cameras, videos[:, index % frames], \
+            frame_arrays(clip, index % frames)
+    sample = list(read_piece(Piece(shard, index, index + 1)))[0]
+    key = sample["__key__"]
+    cameras = [name[:-4] for name in sample if name.endswith(".jpg")]
+    check_members(sample, cameras, shard)
+    images = np.stack([decode_jpeg(sample[f"{c}.jpg"], shard, key, f"{c}.jpg") for c in cameras])
+    return key, cameras, images, decode_arrays(sample, shard)
 
 
 def _draw_boxes(axis, arrays: dict, camera: int, classes: list) -> None:
@@ -94,7 +105,8 @@ def _bev(axis, arrays: dict, classes: list, extent: float = 50.0) -> None:
 
 
 def inspect_shard(shard: str, index: int = 0, out: str | None = None) -> str:
-    """Write the mosaic of sample `index` of `shard` to `out` (default: beside the shard); returns the path."""
+    """Write the mosaic of sample `index` of `shard` (frame `index` for clip shards) to `out` (default: beside
+    the shard); returns the path."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -102,8 +114,9 @@ def inspect_shard(shard: str, index: int = 0, out: str | None = None) -> str:
 
     try:
         key, cameras, images, arrays = _load(shard, index)
-    except IndexError:
-        raise StackError(f"shard {shard} has no sample {index}; use --sample with a smaller index") from None
+    except ShortShard as exc:
+        raise StackError(f"shard {shard} has no sample {index} (it holds {exc.samples} samples; a clip shard's "
+                         "samples are clips, and --sample counts their frames); use a smaller --sample") from None
     manifest_path = Path(shard).parent.parent / "manifest.json"
     manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
     classes = manifest.get("detection_classes", list(CLASSES))
@@ -134,7 +147,7 @@ def inspect_shard(shard: str, index: int = 0, out: str | None = None) -> str:
     figure.legend(handles=swatches, loc="lower center", ncol=len(swatches), fontsize=9, title="semantic classes")
     figure.suptitle(f"{Path(shard).name} · sample {key} · command {command} · speed {speed:.1f} m/s · "
                     f"accel {accel:+.1f} m/s² · yaw rate {yaw_rate:+.2f} rad/s", fontsize=12)
-    out_path = Path(out) if out else Path(shard).with_name(f"{Path(shard).stem}-{key}.png")
+    out_path = Path(out) if out else Path(shard).with_name(f"{Path(shard).stem}-{index}.png")
     figure.savefig(out_path, bbox_inches="tight")
     plt.close(figure)
     return str(out_path)

@@ -79,6 +79,14 @@ def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
     return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
 
 
+class ShortShard(BadSample):
+    """A shard that holds fewer samples than asked for."""
+
+    def __init__(self, samples: int, message: str):
+        super().__init__(message)
+        self.samples = samples
+
+
 def read_piece(piece: Piece):
     """The raw samples [start, stop) of a shard, via webdataset's tar iterators; errors name the shard."""
     from webdataset.tariterators import group_by_keys, tar_file_iterator
@@ -97,7 +105,7 @@ def read_piece(piece: Piece):
         where = f"after sample {key}" if key else "at its start"
         raise BadSample(f"shard {piece.shard}: not a readable tar ({exc}) {where}; re-create it with `stack data make`") from exc
     if index + 1 < piece.stop:
-        raise BadSample(f"shard {piece.shard}: holds {index + 1} samples, the manifest promises at least {piece.stop}; "
+        raise ShortShard(index + 1, f"shard {piece.shard}: holds {index + 1} samples, the manifest promises at least {piece.stop}; "
                         "the shard is truncated or was replaced; re-create the dataset with `stack data make`")
 
 

@@ -75,3 +75,14 @@ def test_dali_gpu_video_decode_gives_the_same_frames_as_pyav(clips):
     for cpu, gpu in zip((decode_h264(v) for v in videos), decode_h264_gpu(videos)):
         assert cpu.shape == gpu.shape
         assert _psnr(cpu, gpu) > 40  # same bitstream; only YUV->RGB conversion rounding differs
+
+
+def test_inspect_draws_a_frame_of_a_clip_shard(clips, tmp_path):
+    from stack.data.inspect import inspect_shard
+
+    pipeline, manifest = clips
+    shard = str(Path(pipeline.data.root) / manifest["splits"]["train"][0]["path"])
+    out = inspect_shard(shard, 2, str(tmp_path / "clip.png"))
+    assert Path(out).stat().st_size > 50_000
+    with pytest.raises(StackError, match="has no sample 99"):
+        inspect_shard(shard, 99, str(tmp_path / "none.png"))
