@@ -10,7 +10,9 @@
    threads, CPU decode without a GPU).
 3. Floors: the same JPEGs decoded in a bare loop by the same decoder — PIL in
    `data.num_workers` processes for torch, a DALI pipeline with only the reader
-   and the image decoder for DALI. loader / floor says what the rest costs.
+   and the image decoder for DALI. loader / floor says what the rest costs; the
+   DALI loader's graph alone (labels decoded and converted, nothing assembled in
+   Python) splits that cost between label bytes and Python.
 4. Consumption: samples/s of one training step (forward + backward) of the
    pipeline's model (`stack.models.build_model`; a timm resnet10t on the same
    images if the model cannot be built), so loader / step says whether data
@@ -127,6 +129,25 @@ def _dali_floor(pipeline: Pipeline) -> float:
     return iterations * pipeline.data.batch_size / (time.perf_counter() - start)
 
 
+def _dali_graph_rate(pipeline: Pipeline) -> float:
+    """Samples/s of the DALI loader's own graph (all members decoded and converted), without Batch assembly."""
+    from stack.data.dali_loader import build_pipeline
+    from stack.data.loader import read_manifest, split_shards
+    from stack.data.samples import ClassMaps
+
+    manifest = read_manifest(pipeline.data.root)
+    shards = split_shards(manifest, pipeline.data.root, "train")
+    pipe = build_pipeline(shards, manifest["cameras"], ClassMaps.build(manifest, pipeline), pipeline.data.batch_size,
+                          max(pipeline.data.num_workers, 1), 0, 1, False, 0)
+    iterations = max(sum(c for _, c in shards) // pipeline.data.batch_size, 1)
+    for _ in range(iterations):
+        pipe.run()
+    start = time.perf_counter()
+    for _ in range(iterations):
+        pipe.run()
+    return iterations * pipeline.data.batch_size / (time.perf_counter() - start)
+
+
 def _training_step_rate(pipeline: Pipeline) -> tuple[float, str]:
     """Samples/s of forward + backward on one batch from the loader (median of 3 after a warm-up)."""
     from stack.data import build_loader
@@ -174,6 +195,7 @@ def run(pipeline: Pipeline, args) -> int:
         dali_rate = _loader_rate(dali)
         pil_floor = _pil_floor(bench, _jpeg_lists(bench))
         dali_floor = _dali_floor(bench)
+        dali_graph = _dali_graph_rate(bench)
         step_rate, step_what = _training_step_rate(bench)
     rig, data = pipeline.data.rig, pipeline.data
     print(f"\nmachine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}; images {rig.image_width}x{rig.image_height}, "
@@ -186,6 +208,8 @@ def run(pipeline: Pipeline, args) -> int:
           f"{cpu_rate * cores:.1f} images/s | {cpu_rate * cores / 40:.2f}x goal |")
     print(f"| torch loader | {torch_rate:.1f} samples/s | PIL bare decode {pil_floor:.1f} samples/s | {pil_floor / torch_rate:.2f}x slower than floor |")
     print(f"| dali loader (cpu) | {dali_rate:.1f} samples/s | DALI bare decode {dali_floor:.1f} samples/s | {dali_floor / dali_rate:.2f}x slower than floor |")
+    print(f"| dali graph only (all members, no Batch assembly) | {dali_graph:.1f} samples/s | DALI bare decode "
+          f"{dali_floor:.1f} samples/s | {dali_floor / dali_graph:.2f}x slower than floor |")
     print(f"| training step: {step_what} | {step_rate:.1f} samples/s | torch / step, dali / step | "
           f"{torch_rate / step_rate:.1f}x, {dali_rate / step_rate:.1f}x |")
     return 0
