@@ -105,38 +105,35 @@ def bev_geometry(intrinsics: torch.Tensor, cam_to_ego: torch.Tensor, image_size:
     centres (z-depth); conventions are those of `stack.rig`. Runs on the inputs' device.
     """
     _check_rig(intrinsics, cam_to_ego, image_size, feature_stride)
-    device = intrinsics.device
     batch, cameras = intrinsics.shape[:2]
     feat_h, feat_w = image_size[0] // feature_stride, image_size[1] // feature_stride
-    points = _frustum_in_ego(intrinsics, cam_to_ego, feat_h, feat_w, feature_stride, depth)
     grid_x, grid_y = grid_cells(bev)
-    cell_x = torch.floor((points[..., 0] - bev.x_range[0]) / bev.cell_size).long()
-    cell_y = torch.floor((points[..., 1] - bev.y_range[0]) / bev.cell_size).long()
-    height = points[..., 2]
-    keep = ((cell_x >= 0) & (cell_x < grid_x) & (cell_y >= 0) & (cell_y < grid_y)
-            & (height >= bev.z_range[0]) & (height < bev.z_range[1]))
     shape = (batch, cameras, depth.bins, feat_h, feat_w)
     _check_int32(math.prod(shape), batch * grid_x * grid_y)
-    ranks_depth = torch.arange(math.prod(shape), device=device).view(shape)
-    pixel = torch.arange(batch * cameras * feat_h * feat_w, device=device).view(batch, cameras, 1, feat_h, feat_w)
-    sample = torch.arange(batch, device=device).view(batch, 1, 1, 1, 1)
-    ranks_bev = (sample * grid_x + cell_x) * grid_y + cell_y
-    ranks_bev, ranks_depth = ranks_bev[keep], ranks_depth[keep]
-    ranks_feat = pixel.expand(shape)[keep]
-    ranks_bev, order = torch.sort(ranks_bev, stable=True)
+    cells, keep = _frustum_cells(intrinsics, cam_to_ego, feat_h, feat_w, feature_stride, depth, bev)
+    ranks_depth = keep.reshape(-1).nonzero().squeeze(1)  # flat (B, N, D, H, W) index, ascending
+    ranks_bev, order = torch.sort(cells.reshape(-1)[ranks_depth], stable=True)  # int32 keys sort ~2x faster
+    ranks_depth = ranks_depth[order]
+    pixels, pixels_per_camera = feat_h * feat_w, depth.bins * feat_h * feat_w
+    ranks_feat = ranks_depth // pixels_per_camera * pixels + ranks_depth % pixels
     _, lengths = torch.unique_consecutive(ranks_bev, return_counts=True)
     starts = torch.cumsum(lengths, 0) - lengths
     i32 = torch.int32
     return BevPoolGeometry(
-        ranks_depth=ranks_depth[order].to(i32), ranks_feat=ranks_feat[order].to(i32),
-        ranks_bev=ranks_bev.to(i32), interval_starts=starts.to(i32), interval_lengths=lengths.to(i32),
+        ranks_depth=ranks_depth.to(i32), ranks_feat=ranks_feat.to(i32), ranks_bev=ranks_bev,
+        interval_starts=starts.to(i32), interval_lengths=lengths.to(i32),
         batch=batch, cameras=cameras, depth_bins=depth.bins, feat_h=feat_h, feat_w=feat_w,
         grid_x=grid_x, grid_y=grid_y,
     )
 
 
-def _frustum_in_ego(intrinsics, cam_to_ego, feat_h, feat_w, stride, depth) -> torch.Tensor:
-    """(B, N, D, H, W, 3) ego-frame position of every frustum point, float64."""
+def _frustum_cells(intrinsics, cam_to_ego, feat_h, feat_w, stride, depth, bev) -> tuple:
+    """(cell index int32, inside-the-grid mask), both (B, N, D, H, W), of every frustum point.
+
+    A point is ray(pixel) * z + t with ray = R K^-1 (u, v, 1) (unit z in the camera), so each
+    ego coordinate is one broadcast multiply-add of (B, N, 1, H, W) rays by (D,) bin centres,
+    in float64 so that cell boundaries do not depend on the device.
+    """
     device, f64 = intrinsics.device, torch.float64
     u = (torch.arange(feat_w, device=device, dtype=f64) + 0.5) * stride
     v = (torch.arange(feat_h, device=device, dtype=f64) + 0.5) * stride
@@ -144,9 +141,22 @@ def _frustum_in_ego(intrinsics, cam_to_ego, feat_h, feat_w, stride, depth) -> to
                           torch.ones(feat_h, feat_w, device=device, dtype=f64)], dim=-1)
     rays = torch.einsum("bnij,hwj->bnhwi", torch.linalg.inv(intrinsics.to(f64)), pixels)
     rays = rays / rays[..., 2:3]  # unit z: scaling by a bin centre gives that z-depth
-    in_camera = rays[:, :, None] * depth_bin_centres(depth, device).view(1, 1, -1, 1, 1, 1)
     pose = cam_to_ego.to(f64)
-    return torch.einsum("bnij,bndhwj->bndhwi", pose[..., :3, :3], in_camera) + pose[:, :, None, None, None, :3, 3]
+    rays = torch.einsum("bnij,bnhwj->bnihw", pose[..., :3, :3], rays).unsqueeze(3)  # (B, N, 3, 1, H, W)
+    origin = pose[..., :3, 3].view(*pose.shape[:2], 3, 1, 1, 1)
+    bins = depth_bin_centres(depth, device).view(1, 1, -1, 1, 1)
+
+    def coordinate(axis: int) -> torch.Tensor:
+        return torch.addcmul(origin[:, :, axis], rays[:, :, axis], bins)  # (B, N, D, H, W)
+
+    grid_x, grid_y = grid_cells(bev)
+    cell_x = torch.floor((coordinate(0) - bev.x_range[0]) / bev.cell_size).to(torch.int32)
+    cell_y = torch.floor((coordinate(1) - bev.y_range[0]) / bev.cell_size).to(torch.int32)
+    height = coordinate(2)
+    keep = (cell_x >= 0) & (cell_x < grid_x) & (cell_y >= 0) & (cell_y < grid_y)
+    keep &= (height >= bev.z_range[0]) & (height < bev.z_range[1])
+    sample = torch.arange(cell_x.shape[0], device=device, dtype=torch.int32).view(-1, 1, 1, 1, 1)
+    return (sample * grid_x + cell_x) * grid_y + cell_y, keep
 
 
 def _check_rig(intrinsics, cam_to_ego, image_size, feature_stride) -> None:
