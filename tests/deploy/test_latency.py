@@ -68,3 +68,15 @@ def test_target_without_peaks_cannot_be_predicted():
     cpu = load_target("cpu", load_pipeline())
     with pytest.raises(ValueError, match="no fp16 peak"):
         predict(_conv_graph(), cpu)
+
+
+@pytest.mark.slow
+def test_stated_error_matches_the_published_references(orin):
+    """The fit reproduces the fitted reference and the held-out error is the one the gate's margin uses."""
+    from stack.deploy.latency import DEFAULT_EFFICIENCY, GATE_MARGIN, HELD_OUT_ERROR
+    from stack.deploy.latency_refs import errors
+
+    rows = {row["role"]: row for row in errors(orin, DEFAULT_EFFICIENCY)}
+    assert abs(rows["fitted"]["error"]) < 0.02
+    assert rows["held out"]["error"] == pytest.approx(HELD_OUT_ERROR, abs=0.02)
+    assert GATE_MARGIN * (1 + HELD_OUT_ERROR) == pytest.approx(1.0, abs=0.01)

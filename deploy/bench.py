@@ -1,0 +1,128 @@
+"""`stack bench infer` and `stack bench latency`: the deploy stage's side-by-side measurements.
+
+infer: the trained network (`{train.out_dir}/model.pt`) on ONNX Runtime CPU, fp32 vs INT8
+in both QDQ flavours (U8S8 for the CPU, S8S8 as TensorRT wants), timed in interleaved
+rounds in one process (so drift hits all alike), each with its per-head accuracy on the
+same validation samples. Floor: the graph's FLOPs over this machine's fp32 matmul rate
+(the reference workload, timed in the same run).
+
+latency: the latency model's fit to the published Jetson AGX Orin reference(s), its error,
+and the predicted latency of this pipeline's network on every TensorRT target.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import onnx
+
+ROUNDS = 5
+
+
+def infer(pipeline, args) -> int:
+    from stack.checkpoint import check_same_network, load_model_checkpoint
+    from stack.deploy.evaluate import make_evaluator
+    from stack.deploy.latency import predict
+    from stack.deploy.network import batch_feeds, export_network
+    from stack.deploy.accuracy import session_runner
+    from stack.deploy.export import export_onnx
+    from stack.deploy.quantize import quantize
+    from stack.deploy.runtime import REFERENCE_MATMUL, ort_session, reference_workload_ms
+    from stack.deploy.validation import calibration_and_accuracy
+
+    checkpoint = Path(pipeline.train.out_dir) / "model.pt"
+    stored, state_dict, _ = load_model_checkpoint(checkpoint)
+    check_same_network(stored, pipeline, checkpoint)
+    network = export_network(pipeline, state_dict)
+    calibration, accuracy, source = calibration_and_accuracy(pipeline)
+    calibration_feeds = [f for b in calibration for f in batch_feeds(b)]
+    feeds = batch_feeds(accuracy[0])[0]
+    evaluate = make_evaluator(pipeline, accuracy)
+    with tempfile.TemporaryDirectory() as folder:
+        folder = Path(folder)
+        fp32 = export_onnx(network.net, network.example, network.output_names, folder / "fp32.onnx",
+                           pipeline.export.opset, network.metadata).path
+        models = {"fp32": fp32}
+        for flavour, label in (("onnxruntime-cpu", "int8 U8S8 (cpu flavour)"), ("tensorrt", "int8 S8S8 (tensorrt flavour)")):
+            models[label] = quantize(fp32, folder / f"{flavour}.onnx", flavour, calibration_feeds,
+                                     folder / f"{flavour}.json", pipeline.export.keep_fp32).path
+        print(f"# stack bench infer: {pipeline.name}, ONNX Runtime CPU, {source}")
+        metrics = {name: evaluate(session_runner(path)) for name, path in models.items()}
+        times = _interleaved({name: ort_session(path) for name, path in models.items()}, feeds, pipeline.export)
+        reference = reference_workload_ms()
+        gflop = predict(onnx.load(str(fp32)), _any_gpu_target(pipeline)).total_flops / 1e9
+    rate = 2 * REFERENCE_MATMUL ** 3 / reference / 1e6  # GFLOP/s of the fp32 reference matmul
+    _print_infer(metrics, times, gflop, rate, reference)
+    return 0
+
+
+def _interleaved(sessions: dict, feeds: dict, cfg) -> dict:
+    """Median and p99 per model, timed in ROUNDS alternating rounds after a warm-up of each."""
+    import numpy as np
+
+    from stack.deploy.runtime import time_session
+
+    for session in sessions.values():
+        time_session(session, feeds, runs=1, warmup=cfg.timing_warmup)
+    samples = {name: [] for name in sessions}
+    per_round = max(1, cfg.timing_runs // ROUNDS)
+    for _ in range(ROUNDS):
+        for name, session in sessions.items():
+            stats = time_session(session, feeds, runs=per_round, warmup=1)
+            samples[name].append(stats)
+    out = {}
+    for name, rounds in samples.items():
+        medians = [s.median_ms for s in rounds]
+        out[name] = {"median_ms": float(np.median(medians)), "p99_ms": float(max(s.p99_ms for s in rounds)),
+                     "runs": per_round * ROUNDS}
+    return out
+
+
+def _any_gpu_target(pipeline):
+    return next(t for t in pipeline.targets.values() if t.runtime == "tensorrt" and t.fp16_tflops > 0)
+
+
+def _print_infer(metrics: dict, times: dict, gflop: float, rate_gflops: float, reference_ms: float) -> None:
+    base = times["fp32"]["median_ms"]
+    floor_ms = gflop / rate_gflops * 1e3
+    keys = list(next(iter(metrics.values())))
+    print(f"graph: {gflop:.2f} GFLOP; reference fp32 matmul {reference_ms:.2f} ms = {rate_gflops:.0f} GFLOP/s; "
+          f"fp32 floor {floor_ms:.1f} ms")
+    print("| model | median ms | p99 ms | speed-up vs fp32 | " + " | ".join(keys) + " |")
+    print("|---|---|---|---|" + "---|" * len(keys))
+    for name, row in times.items():
+        values = " | ".join(f"{metrics[name][k]:.4f}" for k in keys)
+        print(f"| {name} | {row['median_ms']:.1f} | {row['p99_ms']:.1f} | {base / row['median_ms']:.2f}x | {values} |")
+
+
+def latency(pipeline, args) -> int:
+    from stack.deploy.latency import DEFAULT_EFFICIENCY, predict
+    from stack.deploy.latency_refs import PRIOR, errors, fit_efficiency, load_models
+    from stack.deploy.network import export_network
+    from stack.deploy.export import export_onnx
+    from stack.models import build_model
+
+    orin = pipeline.targets["orin"]
+    models = load_models()
+    fitted = fit_efficiency(orin, PRIOR, models)
+    print(f"# stack bench latency: prior {PRIOR}, fitted {fitted}, in use {DEFAULT_EFFICIENCY}")
+    print("| reference | role | precision | published ms | predicted ms | error | source |")
+    print("|---|---|---|---|---|---|---|")
+    for row in errors(orin, DEFAULT_EFFICIENCY, models):
+        print(f"| {row['reference']} | {row['role']} | {row['precision']} | {row['published_ms']} | "
+              f"{row['predicted_ms']} | {row['error']:+.1%} | {row['source']} |")
+    network = export_network(pipeline, build_model(pipeline).state_dict())
+    with tempfile.TemporaryDirectory() as folder:
+        path = export_onnx(network.net, network.example, network.output_names, Path(folder) / "m.onnx",
+                           pipeline.export.opset, network.metadata).path
+        model = onnx.load(str(path))
+    print(f"\n{pipeline.name} network, fp16 everywhere vs all convs/matmuls INT8 (predicted, not measured):")
+    print("| target | fp16 ms | int8 ms | int8 FPS | bar FPS |\n|---|---|---|---|---|")
+    for name, target in sorted(pipeline.targets.items()):
+        if target.runtime != "tensorrt":
+            continue
+        fp16 = predict(model, target, keep_fp32=tuple(pipeline.export.keep_fp32)).total_ms
+        int8 = predict(model, target, keep_fp32=tuple(pipeline.export.keep_fp32), all_int8=True).total_ms
+        print(f"| {name} | {fp16:.2f} | {int8:.2f} | {1000 / int8:.0f} | {target.min_fps:g} |")
+    return 0
