@@ -13,7 +13,7 @@ INSTALL_INPUTS := pyproject.toml setup.py Makefile $(shell find csrc -type f 2>/
 TORCH_PINS := $(shell grep -oE '"torch(vision)?==[^"]+"' pyproject.toml | tr -d '"')
 TINY := -c configs/pipeline.yaml -c configs/presets/tiny.yaml
 
-.PHONY: install demo test clean slurm
+.PHONY: install demo test gate clean slurm
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -31,9 +31,21 @@ demo: install
 	$(BIN)/stack train $(TINY)
 	$(BIN)/stack eval runs/tiny/train/model.pt $(TINY)
 	$(BIN)/stack config $(TINY)
+	$(BIN)/stack deploy --target orin $(GATE_CKPT) $(TINY)
+	$(BIN)/stack deploy --target cpu $(GATE_CKPT) $(TINY)
 
 test: install slurm
 	$(BIN)/python -m pytest
+	$(MAKE) --no-print-directory gate
+
+# The FPS gate that `make test` (so CI) ends with: ci-cpu measured with ONNX Runtime, orin
+# predicted by the latency model, both on the tiny preset's trained model (the one
+# `make demo` trains; data and a training run are made first when it is absent).
+GATE_CKPT := runs/tiny/train/model.pt
+gate: install
+	@test -f $(GATE_CKPT) || { $(BIN)/stack data make $(TINY) && $(BIN)/stack train $(TINY); }
+	$(BIN)/stack deploy --target ci-cpu $(GATE_CKPT) $(TINY)
+	$(BIN)/stack deploy --target orin $(GATE_CKPT) $(TINY)
 
 # SLURM + munge for the trainer's one-node cluster test (Debian packages; installed once).
 slurm:
