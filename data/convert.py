@@ -26,12 +26,11 @@ Scenes go to train/val by the devkit's official splits for the version, or by
 from __future__ import annotations
 
 import math
-import shutil
 from pathlib import Path
 
 import numpy as np
 
-from stack.data.format import ShardWriter, frame_members, sample_key, write_manifest
+from stack.data.format import ShardWriter, frame_members, remove_shards, sample_key, write_manifest
 from stack.data.make import split_of
 from stack.data.roads import SEG_CLASSES
 from stack.data.traffic import CLASSES
@@ -235,7 +234,7 @@ def convert(pipeline: Pipeline, source_format: str | None, source: str | None, v
     root, rig = Path(pipeline.data.root), pipeline.data.rig
     official = _split_names(version)
     for split in ("train", "val"):
-        shutil.rmtree(root / split, ignore_errors=True)
+        remove_shards(root / split)
     writers = {s: ShardWriter(root / s, "frames", pipeline.data.samples_per_shard) for s in ("train", "val")}
     tracks: dict = {}
     scenes = sorted(nusc.scene, key=lambda s: s["name"])

@@ -73,6 +73,13 @@ def encode_jpeg(image: np.ndarray, quality: int) -> bytes:
     return buffer.getvalue()
 
 
+def remove_shards(folder: Path) -> None:
+    """Delete the shards (and their indexes) a previous run wrote into `folder`, and nothing else."""
+    for pattern in ("frames-*.tar", "frames-*.idx", "clips-*.tar", "clips-*.idx", "*.tar.tmp"):
+        for path in Path(folder).glob(pattern):
+            path.unlink()
+
+
 class ShardWriter:
     """Writes samples to numbered `.tar` shards with deterministic headers, plus a DALI index per shard.
 

@@ -11,12 +11,11 @@ shards whatever the number of workers. Validation takes whole scenes (the last
 from __future__ import annotations
 
 import multiprocessing
-import shutil
 from pathlib import Path
 
 import numpy as np
 
-from stack.data.format import ShardWriter, frame_members, write_manifest
+from stack.data.format import ShardWriter, frame_members, remove_shards, write_manifest
 from stack.data.roads import SEG_CLASSES
 from stack.data.traffic import CLASSES
 from stack.pipeline import Pipeline
@@ -85,7 +84,7 @@ def make_dataset(pipeline: Pipeline, log=print) -> dict:
     splits = {s: split_of(s, world.scenes, world.val_fraction) for s in range(world.scenes)}
     writers = {}
     for split in ("train", "val"):
-        shutil.rmtree(root / split, ignore_errors=True)
+        remove_shards(root / split)
         per_shard = pipeline.data.samples_per_shard
         if pipeline.data.layout == "clips":  # a clip holds a whole scene: keep shards about as large as frame shards
             per_shard = max(1, per_shard // world.frames_per_scene)
