@@ -13,17 +13,21 @@ import argparse
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("checkpoint", help="model.pt written by `stack train` (or a Lightning .ckpt file)")
+    # CHECKPOINT arrives through the shared `overrides` positional, as for `stack export`.
+    parser.usage = "stack eval [options] CHECKPOINT [key=value ...]"
+    parser.epilog = "CHECKPOINT: the model.pt (or Lightning .ckpt) that `stack train` wrote."
 
 
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from stack.cli import load_pipeline_from_args
+    from stack.commands.export import take_checkpoint
     from stack.train.evaluate import evaluate_checkpoint, verdicts
 
+    checkpoint = take_checkpoint(args)
     pipeline = load_pipeline_from_args(args) if (args.config or args.overrides) else None
-    metrics, out = evaluate_checkpoint(Path(args.checkpoint), pipeline)
+    metrics, out = evaluate_checkpoint(Path(checkpoint), pipeline)
     rows = verdicts(metrics)
     print(f"| head | metric | model | trivial baseline | bar | verdict |\n|---|---|---|---|---|---|")
     for row in rows:
