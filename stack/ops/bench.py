@@ -22,6 +22,7 @@ import ctypes
 import dataclasses
 import gc
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -55,15 +56,21 @@ class Case:
                 f"{g.num_points} in the grid, {g.num_cells} non-empty cells")
 
 
-def build_case(name: str, pipeline: Pipeline) -> Case:
+def geometry_builder(pipeline: Pipeline):
+    """A zero-argument callable building the batch's geometry from the pipeline's rig."""
     from stack.ops import bev_geometry
     from stack.rig import rig_matrices
 
     rig, model = pipeline.data.rig, pipeline.model
     batch = pipeline.data.batch_size
     ks, poses = (torch.tensor(m, dtype=torch.float32) for m in rig_matrices(rig))
-    geometry = bev_geometry(ks.expand(batch, -1, -1, -1), poses.expand(batch, -1, -1, -1),
-                            (rig.image_height, rig.image_width), model.feature_stride, model.depth, model.bev)
+    return lambda: bev_geometry(ks.expand(batch, -1, -1, -1), poses.expand(batch, -1, -1, -1),
+                                (rig.image_height, rig.image_width), model.feature_stride, model.depth, model.bev)
+
+
+def build_case(name: str, pipeline: Pipeline) -> Case:
+    model = pipeline.model
+    geometry = geometry_builder(pipeline)()
     gen = torch.Generator().manual_seed(0)
     g = geometry
     depth = torch.randn(g.batch, g.cameras, g.depth_bins, g.feat_h, g.feat_w, generator=gen).softmax(2)
@@ -213,13 +220,14 @@ def measure_times(case: Case, folder: Path, log) -> dict:
     return found
 
 
-def measure_peaks(case: Case, folder: Path) -> dict:
+def measure_peaks(case: Case, pipeline: Pipeline, folder: Path) -> dict:
     """Variant -> peak bytes above the inputs; call in a process of its own."""
     track_allocations_in_rss()
     found = {}
     for name, fn in variants(case, folder).items():
         fn()
         found[name] = peak_bytes(fn)
+    found["geometry (bev_geometry, per batch)"] = peak_bytes(geometry_builder(pipeline))
     return found
 
 
@@ -241,9 +249,12 @@ def format_case(case: Case, times: dict, peaks: dict, bandwidth: float) -> str:
     for name, (seconds, error) in times.items():
         base = "op fwd+bwd" if "bwd" in name else op
         base_time, base_peak = times.get(base, (float("nan"),))[0], peaks.get(base, 0)
+        if name.startswith("geometry"):
+            base_time, base_peak = float("nan"), 0
         peak_ratio = f"{peaks[name] / base_peak:.1f}x" if base_peak else "-"
         err = "-" if error != error else f"{error:.1e}"
-        lines.append(f"| {name} | {seconds * 1e3:.2f} | {seconds / base_time:.1f}x | {peaks[name] / 2**20:.1f} | "
+        time_ratio = "-" if base_time != base_time else f"{seconds / base_time:.1f}x"
+        lines.append(f"| {name} | {seconds * 1e3:.2f} | {time_ratio} | {peaks[name] / 2**20:.1f} | "
                      f"{peak_ratio} | {err} |")
     floor = floor_bytes(case)
     floor_s = floor / bandwidth
@@ -259,7 +270,9 @@ def run(pipeline: Pipeline, args) -> int:
     cases = {name: load_pipeline([CONFIG_DIR / f for f in files]) for name, files in PRESETS.items()}
     if pipeline.name not in cases:
         cases[pipeline.name] = pipeline
-    print(f"stack bench ops: torch {torch.__version__}, {torch.get_num_threads()} threads", flush=True)
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    print(f"stack bench ops: torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs, "
+          f"load average {load} (figures are only meaningful on a quiet machine)", flush=True)
     bandwidth = copy_bandwidth()
     print(f"measured copy bandwidth: {bandwidth / 1e9:.1f} GB/s (512 MiB tensor copy, read + write)", flush=True)
     reports = []
@@ -268,6 +281,7 @@ def run(pipeline: Pipeline, args) -> int:
             case = build_case(name, preset)
             print(f"measuring {case.describe()}", flush=True)
             times = measure_times(case, Path(folder), lambda line: print(line, flush=True))
+            times["geometry (bev_geometry, per batch)"] = (median_seconds(geometry_builder(preset)), float("nan"))
             print("  peak memory (child process) ...", flush=True)
             reports.append(format_case(case, times, peaks_in_child(name, preset, Path(folder)), bandwidth))
     print("\n" + "\n\n".join(reports))
@@ -279,7 +293,7 @@ def _peaks_main(name: str, yaml_path: str) -> None:
 
     pipeline = pipeline_from_yaml(Path(yaml_path).read_text(), source=yaml_path)
     with tempfile.TemporaryDirectory() as folder:
-        print(json.dumps(measure_peaks(build_case(name, pipeline), Path(folder))))
+        print(json.dumps(measure_peaks(build_case(name, pipeline), pipeline, Path(folder))))
 
 
 if __name__ == "__main__":

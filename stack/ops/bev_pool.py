@@ -146,15 +146,15 @@ def _frustum_cells(intrinsics, cam_to_ego, feat_h, feat_w, stride, depth, bev) -
     origin = pose[..., :3, 3].view(*pose.shape[:2], 3, 1, 1, 1)
     bins = depth_bin_centres(depth, device).view(1, 1, -1, 1, 1)
 
-    def coordinate(axis: int) -> torch.Tensor:
-        return torch.addcmul(origin[:, :, axis], rays[:, :, axis], bins)  # (B, N, D, H, W)
+    def in_cells(axis: int, low: float, size: float) -> torch.Tensor:
+        """(coordinate - low) / size for every point, (B, N, D, H, W): one pass."""
+        return torch.addcmul((origin[:, :, axis] - low) / size, rays[:, :, axis] / size, bins)
 
     grid_x, grid_y = grid_cells(bev)
-    cell_x = torch.floor((coordinate(0) - bev.x_range[0]) / bev.cell_size).to(torch.int32)
-    cell_y = torch.floor((coordinate(1) - bev.y_range[0]) / bev.cell_size).to(torch.int32)
-    height = coordinate(2)
-    keep = (cell_x >= 0) & (cell_x < grid_x) & (cell_y >= 0) & (cell_y < grid_y)
-    keep &= (height >= bev.z_range[0]) & (height < bev.z_range[1])
+    cell_x = in_cells(0, bev.x_range[0], bev.cell_size).floor_().to(torch.int32)
+    cell_y = in_cells(1, bev.y_range[0], bev.cell_size).floor_().to(torch.int32)
+    height = in_cells(2, bev.z_range[0], bev.z_range[1] - bev.z_range[0])  # inside: 0 <= height < 1
+    keep = (cell_x >= 0) & (cell_x < grid_x) & (cell_y >= 0) & (cell_y < grid_y) & (height >= 0) & (height < 1)
     sample = torch.arange(cell_x.shape[0], device=device, dtype=torch.int32).view(-1, 1, 1, 1, 1)
     return (sample * grid_x + cell_x) * grid_y + cell_y, keep
 
