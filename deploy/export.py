@@ -85,7 +85,25 @@ def _fold_static_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
     """
     import onnxscript.optimizer
 
-    return onnxscript.optimizer.optimize(model)
+    model = onnxscript.optimizer.optimize(model)
+    _restore_scoped_names(model)
+    return model
+
+
+def _restore_scoped_names(model: onnx.ModelProto) -> None:
+    """Name nodes the optimizer renamed (`node_Conv_44`) after their module-scoped output tensor.
+
+    Names carry the module path (`/net/image_encoder/backbone/conv1/Conv`), which reports,
+    sensitivity tables and `export.keep_fp32` patterns rely on.
+    """
+    taken = {node.name for node in model.graph.node}
+    for node in model.graph.node:
+        output = node.output[0] if node.output else ""
+        if node.name.startswith("node_") and output.startswith("/") and output.endswith("_output_0"):
+            scoped = output[: -len("_output_0")]
+            if scoped not in taken:
+                taken.add(scoped)
+                node.name = scoped
 
 
 def set_metadata(model: onnx.ModelProto, metadata: dict) -> None:

@@ -58,6 +58,11 @@ def test_export_writes_onnx_with_parity(tiny):
     assert set(meta["output_layout"]) == {"depth_logits", "seg_logits", "heatmap", "box_regression",
                                           "plan_trajectories", "plan_scores"}
     assert meta["input_normalisation"]["inside_graph"] is True and len(meta["rig"]["cameras"]) == 6
+    import onnx
+
+    nodes = onnx.load(str(folder / "export" / "model.onnx")).graph.node
+    assert all(node.name.startswith("/net/") for node in nodes), [n.name for n in nodes if not n.name.startswith("/")]
+    assert not {"Mod", "ScatterND", "ScatterElements"} & {node.op_type for node in nodes}
 
 
 def test_deploy_ci_cpu_measures_and_passes(tiny):

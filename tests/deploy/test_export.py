@@ -43,3 +43,4 @@ def test_tensorrt_check_flags_scatter_with_reduction():
     problems = tensorrt_problems(helper.make_model(graph))
     assert any("reduction" in p and "pool" in p for p in problems)
     assert any(p.startswith("NonZero") for p in problems)
+
