@@ -74,11 +74,11 @@ def build_pipeline(shards: list, cameras: list, maps: ClassMaps, batch_size: int
     return pipe
 
 
-def _batch_array(tensor_list) -> np.ndarray:
-    """A dense DALI batch as one numpy array (copied: DALI reuses its buffers)."""
+def _batch_view(tensor_list) -> np.ndarray:
+    """A dense DALI batch as a numpy view of DALI's buffer: copy it before the next `run` reuses the buffer."""
     if hasattr(tensor_list, "as_cpu"):
         tensor_list = tensor_list.as_cpu()
-    return np.array(tensor_list.as_tensor())
+    return np.asarray(tensor_list.as_tensor())
 
 
 def _host(tensor_list, index: int) -> np.ndarray:
@@ -153,10 +153,10 @@ class DaliLoader:
                 raise BadSample(f"a sample of split {self.split} has schema version {meta.get('schema')!r}, this stack "
                                 f"reads version {SCHEMA_VERSION} (scene {meta.get('scene')}, frame {meta.get('frame')}); "
                                 "re-create the shards with `stack data make`")
-        dense = {
-            "images": torch.from_numpy(np.stack([_batch_array(outputs[c])[:take] for c in range(cameras)], axis=1)),
-            "depth": torch.from_numpy(_batch_array(outputs[cameras])[:take]),
-            "semantic": torch.from_numpy(_batch_array(outputs[cameras + 1])[:take]),
+        dense = {  # one copy each out of DALI's buffers
+            "images": torch.from_numpy(np.stack([_batch_view(outputs[c])[:take] for c in range(cameras)], axis=1)),
+            "depth": torch.from_numpy(np.array(_batch_view(outputs[cameras])[:take])),
+            "semantic": torch.from_numpy(np.array(_batch_view(outputs[cameras + 1])[:take])),
         }
         first = cameras + len(DENSE)
         labels = [label_fields({name: _host(outputs[first + i], index) for i, name in enumerate(SMALL)}, self.maps,
