@@ -94,7 +94,7 @@ class TrainModule(pl.LightningModule):
 
     def training_step(self, batch, batch_idx):
         losses = self.model.loss(self(batch), batch)
-        self._stop_if_not_finite({name: value.detach() for name, value in losses.items()}, "loss term")
+        self._step_losses = {name: value.detach() for name, value in losses.items()}  # checked before the update
         size = batch.images.shape[0]
         self.log_dict({f"train/loss_{k}": v.detach().float() for k, v in losses.items()},
                       batch_size=size, on_step=True, on_epoch=False, prog_bar=False)
@@ -107,28 +107,38 @@ class TrainModule(pl.LightningModule):
                       on_step=False, on_epoch=True, sync_dist=True, prog_bar=False)
 
     def on_before_optimizer_step(self, optimizer) -> None:
-        """Clip gradients (also under FSDP2, where Lightning's clipping is not offered) and check them."""
+        """Clip gradients (also under FSDP2, where Lightning's clipping is not offered), then check
+        this step's loss terms and gradient norm before the optimizer applies anything."""
         train = self.pipeline.train
         params = [p for p in self.model.parameters() if p.grad is not None]
-        if not params:
-            return
         norm = torch.nn.utils.clip_grad_norm_(params, train.grad_clip if train.grad_clip > 0 else math.inf)
         norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
         self.log("train/grad_norm", norm.float(), on_step=True, on_epoch=False)
-        if train.precision != "16-mixed":  # fp16's grad scaler skips non-finite steps on purpose
-            self._stop_if_not_finite({"gradient norm": norm.detach()}, "")
+        values = dict(getattr(self, "_step_losses", {}))
+        if train.precision != "16-mixed":  # fp16's grad scaler skips non-finite gradients on purpose
+            values["gradient norm"] = norm.detach()
+        self._stop_if_not_finite(values)
 
-    def _stop_if_not_finite(self, values: dict[str, torch.Tensor], what: str) -> None:
-        bad = [name for name, value in values.items() if not torch.isfinite(value).all()]
-        flag = torch.tensor(float(bool(bad)), device=self.device)
-        if self.trainer.world_size > 1:  # every rank stops together, or the others hang in a collective
-            flag = self.trainer.strategy.reduce(flag, reduce_op="max")
-        if flag.item() == 0:
+    def _stop_if_not_finite(self, values: dict[str, torch.Tensor]) -> None:
+        """One flag per step, reduced over ranks (every rank stops together, none hangs in a collective):
+        the only host synchronisation the guard adds."""
+        flags = torch.stack([~torch.isfinite(v).all() for v in values.values()]).float()
+        if self.trainer.world_size > 1:
+            flags = self.trainer.strategy.reduce(flags, reduce_op="max")
+        flags = flags.cpu()
+        if not flags.any():
             return
-        shown = ", ".join(f"{name}={values[name].float().flatten()[0].item()}" for name in bad) or "on another rank"
+        names = list(values)
+        local = [n for n in names if n != "gradient norm" and not torch.isfinite(values[n]).all()]
+        if local:
+            shown = "loss term " + ", ".join(f"{n}={values[n].float().flatten()[0].item()}" for n in local)
+        elif "gradient norm" in values and not torch.isfinite(values["gradient norm"]).all():
+            shown = f"gradient norm={values['gradient norm'].item()}"
+        else:
+            shown = "a loss term on another rank"
         kept = self.last_good_checkpoint or "none was written yet"
         raise TrainingDiverged(
-            f"training diverged at step {self.global_step}: {what + ' ' if what else ''}{shown} is not finite. "
+            f"training diverged at step {self.global_step}: {shown} is not finite. "
             f"Last good checkpoint: {kept}. Lower train.lr, raise train.warmup_steps or set "
             f"train.grad_clip, then resume with train.resume=<that checkpoint>.")
 
