@@ -33,6 +33,8 @@ SIM_DT = 0.1
 """Simulation step, seconds."""
 PAST_SECONDS, FUTURE_SECONDS, TRAJECTORY_STEP = 2.0, 3.0, 0.5
 TURN_ANGLE = math.radians(30.0)
+STOP_LINE = 4.2
+"""Stop line distance before the junction entry (beyond the zebra crossing), metres."""
 
 
 @dataclass
@@ -46,6 +48,8 @@ class Route:
     """(entry, exit) arc length of the junction part; infinite for routes that avoid it."""
     turn: int = 1
     """0 left, 1 straight, 2 right (stack.batch.COMMANDS)."""
+    entry_arm: int = -1
+    """Arm the route enters the junction from (-1: not a vehicle route)."""
 
     @property
     def length(self) -> float:
@@ -59,7 +63,7 @@ class Route:
         return xy, float(self.headings[i])
 
 
-def _make_route(polyline: np.ndarray, junction=(math.inf, math.inf), turn=1) -> Route:
+def _make_route(polyline: np.ndarray, junction=(math.inf, math.inf), turn=1, entry_arm=-1) -> Route:
     steps = np.linalg.norm(np.diff(polyline, axis=0), axis=1)
     s = np.concatenate([[0.0], np.cumsum(steps)])
     grid = np.arange(0.0, s[-1], POINT_SPACING)
@@ -67,7 +71,7 @@ def _make_route(polyline: np.ndarray, junction=(math.inf, math.inf), turn=1) -> 
     delta = np.gradient(points, axis=0)
     headings = np.unwrap(np.arctan2(delta[:, 1], delta[:, 0]))
     curvature = np.gradient(headings) / POINT_SPACING
-    return Route(points, headings, curvature, junction, turn)
+    return Route(points, headings, curvature, junction, turn, entry_arm)
 
 
 def _lane(arm: np.ndarray, offset: float) -> np.ndarray:
@@ -89,18 +93,19 @@ def vehicle_route(town: Town, entry: int, exit_: int, lateral: float = LANE_WIDT
     change = math.remainder(math.atan2(direction_out[1], direction_out[0]) - math.atan2(direction_in[1], direction_in[0]), 2 * math.pi)
     turn = 0 if change > TURN_ANGLE else 2 if change < -TURN_ANGLE else 1
     entry_s = (len(incoming) - 1) * POINT_SPACING
-    return _make_route(np.concatenate([incoming, bezier, outgoing]), (entry_s, entry_s + 2 * reach * 1.2), turn)
+    return _make_route(np.concatenate([incoming, bezier, outgoing]), (entry_s, entry_s + 2 * reach * 1.2), turn, entry)
 
 
 def pedestrian_route(town: Town, rng: np.random.Generator) -> Route:
     """Along one sidewalk; sometimes toward the junction and across the zebra crossing."""
     arm = int(rng.integers(len(town.arms)))
     side = rng.choice([-1.0, 1.0])
-    walkway = _lane(town.arms[arm], side * (ROAD_HALF_WIDTH + SIDEWALK_OUTER) / 2)
+    lateral = (ROAD_HALF_WIDTH + SIDEWALK_OUTER) / 2 + rng.uniform(-1.0, 1.0)  # people do not walk in single file
+    walkway = _lane(town.arms[arm], side * lateral)
     start = int((JUNCTION_RADIUS + 2.0) / POINT_SPACING)
     if rng.random() < 0.5:
         toward = walkway[start:][::-1]
-        other = _lane(town.arms[arm], -side * (ROAD_HALF_WIDTH + SIDEWALK_OUTER) / 2)[start:]
+        other = _lane(town.arms[arm], -side * lateral)[start:]
         return _make_route(np.concatenate([toward, other]))
     return _make_route(walkway[start:] if rng.random() < 0.5 else walkway[start:][::-1])
 
@@ -176,9 +181,19 @@ def _junction_gap(agent: Agent, vehicles: list) -> float:
         other_to_entry = other.route.junction[0] - other.s
         inside = other.route.junction[0] <= other.s <= other.route.junction[1]
         earlier = 0.0 < other_to_entry < to_entry or (other_to_entry == to_entry and other.track_id < agent.track_id)
-        if inside or (earlier and other_to_entry < 12.0):
-            return max(to_entry - 1.0, 0.1)
+        same_approach = other.route.entry_arm == agent.route.entry_arm  # car following orders those
+        if inside or (earlier and other_to_entry < 12.0 and not same_approach):
+            return max(to_entry - STOP_LINE - agent.size[0] / 2, 0.1)
     return math.inf
+
+
+def _pedestrian_accel(agent: Agent, vehicles: list) -> float:
+    """Walk at the desired pace; stop (within a step) for a vehicle standing in the way."""
+    others = [v for v in vehicles if v is not agent]
+    positions = np.array([v.history[-1][:2] for v in others]).reshape(-1, 2)
+    gap, _ = _leader(agent, others, positions)
+    target = 0.0 if gap < 1.0 else agent.desired_speed
+    return (target - agent.speed) / SIM_DT
 
 
 def step(agents: list) -> None:
@@ -187,8 +202,11 @@ def step(agents: list) -> None:
     vehicles = [a for a in agents if a.kind != "pedestrian"]
     accelerations = []
     for index, agent in enumerate(agents):
-        if agent.parked or agent.kind == "pedestrian":
+        if agent.parked:
             accelerations.append(0.0)
+            continue
+        if agent.kind == "pedestrian":
+            accelerations.append(_pedestrian_accel(agent, vehicles))
             continue
         others = [o for k, o in enumerate(agents) if k != index]
         gap, leader_speed = _leader(agent, others, np.delete(positions, index, axis=0))
