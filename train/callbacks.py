@@ -70,8 +70,9 @@ PRECISION_DTYPES = {"32-true": torch.float32, "bf16-mixed": torch.bfloat16, "16-
 class StepStats(pl.Callback):
     """Logs samples/s, data-wait share, step time, MFU and peak memory every `every` steps."""
 
-    def __init__(self, every: int, peak_tflops: float = 0.0, precision: str = "32-true"):
+    def __init__(self, every: int, peak_tflops: float = 0.0, precision: str = "32-true", print_lines: bool = False):
         self.every = every
+        self.print_lines = print_lines
         self.peak_tflops = peak_tflops
         self.precision = precision
         self.step_flops: float | None = None
@@ -135,6 +136,14 @@ class StepStats(pl.Callback):
             stats["perf/mfu"] = self.step_flops / step_s / (self.peak_tflops * 1e12)
         self.history.append({"step": trainer.global_step, **stats})
         pl_module.log_dict(stats, on_step=True, on_epoch=False, rank_zero_only=True)
+        if self.print_lines and trainer.is_global_zero:
+            loss = trainer.callback_metrics.get("loss")
+            total = trainer.max_steps if trainer.max_steps > 0 else trainer.max_epochs * trainer.num_training_batches
+            print(f"step {trainer.global_step}/{total} epoch {trainer.current_epoch} "
+                  f"loss {float(loss) if loss is not None else float('nan'):.4f} "
+                  f"{stats['perf/samples_per_s']:.1f} samples/s, step {stats['perf/step_ms']:.0f} ms, "
+                  f"data wait {100 * stats['perf/data_wait_share']:.0f}%, MFU {100 * stats.get('perf/mfu', 0):.1f}%, "
+                  f"peak mem {stats['perf/peak_memory_mb']:.0f} MiB", flush=True)
         self._reset_window()
 
 

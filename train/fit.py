@@ -10,6 +10,7 @@ and torchrun, picks up the ranks their launchers created.
 from __future__ import annotations
 
 import logging
+import sys
 import warnings
 from pathlib import Path
 from typing import Callable
@@ -34,17 +35,21 @@ def build_trainer(pipeline: Pipeline, progress: bool = True, validate: bool = Tr
 
     train = pipeline.train
     out = Path(train.out_dir)
-    stats = StepStats(train.log_every_n_steps, train.peak_tflops, train.precision)
+    # Without a terminal (SLURM logs, files) the progress bar is replaced by one log line per window.
+    stats = StepStats(train.log_every_n_steps, train.peak_tflops, train.precision,
+                      print_lines=progress and not sys.stdout.isatty())
     callbacks = [LoaderPosition(), stats,
                  RollingCheckpoints(out, train.checkpoint_every_n_steps, train.keep_checkpoints)]
-    if progress:
+    progress_bar = progress and sys.stdout.isatty()
+    if progress_bar:
         callbacks.append(RichProgressBar(leave=True))
     trainer = pl.Trainer(
         accelerator=accelerator_name(train), devices=train.devices, num_nodes=train.num_nodes,
         strategy=build_strategy(train), precision=train.precision,
         max_epochs=train.max_epochs, max_steps=train.max_steps,
-        logger=[TensorBoardLogger(out, name="tensorboard", version=""), CSVLogger(out, name="csv", version="")],
-        callbacks=callbacks, enable_checkpointing=False, enable_progress_bar=progress,
+        logger=[TensorBoardLogger(out, name="tensorboard", version=""), CSVLogger(out, name="csv", version="",
+                                                                             flush_logs_every_n_steps=train.log_every_n_steps)],
+        callbacks=callbacks, enable_checkpointing=False, enable_progress_bar=progress_bar,
         log_every_n_steps=train.log_every_n_steps, use_distributed_sampler=False,
         num_sanity_val_steps=0, limit_val_batches=1.0 if validate else 0, deterministic=False,
         enable_model_summary=False,
