@@ -102,3 +102,13 @@ def test_failed_checkpoint_write_keeps_the_previous_one(tmp_path, monkeypatch):
 def test_resume_from_nothing_is_a_clear_error(tmp_path):
     with pytest.raises(StackError, match="train.resume=.*nothing is there"):
         resolve_resume(tmp_path / "missing")
+
+
+@pytest.mark.gpu
+def test_trains_on_a_gpu_in_bf16(tmp_path):
+    module, trainer, stats = run(tmp_path, "train.accelerator=gpu", "train.precision=bf16-mixed")
+    curve = losses(tmp_path)
+    assert len(curve) == 12 and all(torch.isfinite(torch.tensor(curve)))
+    last = stats.history[-1]
+    assert 0 < last["perf/mfu"] < 1 and last["perf/peak_memory_mb"] > 0
+    assert next(module.model.parameters()).device.type == "cuda"
