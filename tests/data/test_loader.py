@@ -97,3 +97,32 @@ def test_each_iteration_is_a_new_shuffled_epoch(dataset, small_pipeline):
     first = _fingerprints(loader)
     loader.set_epoch(5)
     assert _fingerprints(loader) == first
+
+
+@pytest.mark.parametrize("backend", ["torch", "dali"])
+def test_lightning_fits_on_either_backend_for_len_batches_per_epoch(dataset, small_pipeline, backend):
+    lightning = pytest.importorskip("lightning")
+    pipeline, _ = dataset
+    loader = build_loader(small_pipeline(pipeline.data.root, f"data.backend={backend}"), "train", augment=False)
+
+    class Probe(lightning.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer, self.samples = torch.nn.Linear(3, 1), 0
+
+        def training_step(self, batch, index):
+            self.samples += batch.images.shape[0]
+            return self.layer(batch.images.float().mean(dim=(1, 3, 4))).mean()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+        def transfer_batch_to_device(self, batch, device, index):
+            return batch.to(device)
+
+    probe = Probe()
+    trainer = lightning.Trainer(max_epochs=2, accelerator="cpu", logger=False, enable_checkpointing=False,
+                                enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(probe, train_dataloaders=loader)
+    assert trainer.global_step == 2 * len(loader)
+    assert probe.samples == 2 * len(loader) * pipeline.data.batch_size
