@@ -1,0 +1,40 @@
+"""`stack bench ops` machinery: the variants it times compute the same grid; the floor is the bytes it names."""
+
+import torch
+
+from stack.config import CONFIG_DIR, load_pipeline
+from stack.ops import bench, bev_pool_ref
+
+
+def tiny_case(batch=1):
+    pipeline = load_pipeline([CONFIG_DIR / "pipeline.yaml", CONFIG_DIR / "presets" / "tiny.yaml"],
+                             [f"data.batch_size={batch}"])
+    return bench.build_case("tiny", pipeline)
+
+
+def test_naive_variant_matches_the_reference():
+    case = tiny_case(batch=2)
+    expected = bev_pool_ref(case.depth, case.context, case.geometry)
+    torch.testing.assert_close(bench.bev_pool_naive(case), expected, atol=1e-5, rtol=1e-5)
+    assert int(case.keep.sum()) == case.geometry.num_points == case.cells.numel()
+
+
+def test_every_forward_variant_agrees_and_the_report_names_the_floor(tmp_path):
+    case = tiny_case()
+    expected = bev_pool_ref(case.depth, case.context, case.geometry)
+    for name, fn in bench.variants(case, tmp_path).items():
+        out = fn()
+        if "bwd" in name:
+            assert out.shape == case.depth.shape and out.abs().sum() > 0, name
+        else:
+            out = torch.as_tensor(out[0] if isinstance(out, list) else out)
+            torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5, msg=name)
+    g = case.geometry
+    grid_bytes = g.batch * case.context.shape[2] * g.grid_x * g.grid_y * 4
+    tables_bytes = 4 * (3 * g.num_points + 2 * g.num_cells)
+    assert bench.floor_bytes(case) == case.depth.nbytes + case.context.nbytes + tables_bytes + grid_bytes
+    times = {"op stack::bev_pool": (0.002, 0.0), "naive (frustum tensor + index_add)": (0.02, 0.0)}
+    peaks = {"op stack::bev_pool": 2**20, "naive (frustum tensor + index_add)": 10 * 2**20}
+    report = bench.format_case(case, times, peaks, bandwidth=1e10)
+    assert "| naive (frustum tensor + index_add) | 20.00 | 10.0x | 10.0 | 10.0x |" in report
+    assert "floor:" in report and "op forward =" in report
