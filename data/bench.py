@@ -112,7 +112,8 @@ def _dali_floor(pipeline: Pipeline) -> float:
     @pipeline_def(batch_size=pipeline.data.batch_size, num_threads=max(pipeline.data.num_workers, 1),
                   device_id=device_id, exec_dynamic=True)
     def decode_only():
-        members = fn.readers.webdataset(paths=[p for p, _ in shards], index_paths=[str(Path(p).with_suffix(".idx")) for p, _ in shards],
+        members = fn.readers.webdataset(paths=[p for p, _ in shards],
+                                        index_paths=[str(Path(p).with_suffix(".idx")) for p, _ in shards],
                                         ext=[f"{c}.jpg" for c in manifest["cameras"]], name="reader")
         return tuple(fn.decoders.image(m, device="mixed" if device_id is not None else "cpu", output_type=types.RGB)
                      for m in members)
@@ -198,7 +199,8 @@ def run(pipeline: Pipeline, args) -> int:
         dali_graph = _dali_graph_rate(bench)
         step_rate, step_what = _training_step_rate(bench)
     rig, data = pipeline.data.rig, pipeline.data
-    print(f"\nmachine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}; images {rig.image_width}x{rig.image_height}, "
+    print(f"\nmachine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}; "
+          f"images {rig.image_width}x{rig.image_height}, "
           f"{len(rig.cameras)} cameras, batch {data.batch_size}, {data.num_workers} loader workers, "
           f"{data.world.workers} render processes")
     print("\n| what | rate | floor / reference | ratio |\n|---|---|---|---|")
@@ -206,8 +208,10 @@ def run(pipeline: Pipeline, args) -> int:
     print(f"| generator (make, end to end) | {rate:.1f} camera images/s | goal 40 images/s | {rate / 40:.2f}x goal |")
     print(f"| generator per CPU second (load-independent) | {cpu_rate:.1f} images/CPU-s | x {cores} idle cores = "
           f"{cpu_rate * cores:.1f} images/s | {cpu_rate * cores / 40:.2f}x goal |")
-    print(f"| torch loader | {torch_rate:.1f} samples/s | PIL bare decode {pil_floor:.1f} samples/s | {pil_floor / torch_rate:.2f}x slower than floor |")
-    print(f"| dali loader (cpu) | {dali_rate:.1f} samples/s | DALI bare decode {dali_floor:.1f} samples/s | {dali_floor / dali_rate:.2f}x slower than floor |")
+    print(f"| torch loader | {torch_rate:.1f} samples/s | PIL bare decode {pil_floor:.1f} samples/s | "
+          f"{pil_floor / torch_rate:.2f}x slower than floor |")
+    print(f"| dali loader (cpu) | {dali_rate:.1f} samples/s | DALI bare decode {dali_floor:.1f} samples/s | "
+          f"{dali_floor / dali_rate:.2f}x slower than floor |")
     print(f"| dali graph only (all members, no Batch assembly) | {dali_graph:.1f} samples/s | DALI bare decode "
           f"{dali_floor:.1f} samples/s | {dali_floor / dali_graph:.2f}x slower than floor |")
     print(f"| training step: {step_what} | {step_rate:.1f} samples/s | torch / step, dali / step | "

@@ -87,7 +87,8 @@ def shade(hits: render.Hits, dirs, ground: TorchGround, sun, shadowed) -> torch.
     colour = colour * (1 - haze[:, None]) + HAZE.to(dirs.device) * haze[:, None]
     unit = dirs / dirs.norm(dim=1, keepdim=True)
     elevation = unit[:, 2:3].clamp(min=0)
-    sky = torch.tensor([0.75, 0.82, 0.9], device=dirs.device) * (1 - elevation) + torch.tensor([0.35, 0.5, 0.8], device=dirs.device) * elevation
+    horizon, zenith = (torch.tensor(c, device=dirs.device) for c in ([0.75, 0.82, 0.9], [0.35, 0.5, 0.8]))
+    sky = horizon * (1 - elevation) + zenith * elevation
     sky = sky + 0.6 * (unit @ sun).clamp(min=0)[:, None] ** 64
     return torch.where(torch.isfinite(hits.depth)[:, None], colour, sky)
 

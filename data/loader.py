@@ -103,9 +103,11 @@ def read_piece(piece: Piece):
                     yield sample
     except (tarfile.TarError, OSError, ValueError) as exc:
         where = f"after sample {key}" if key else "at its start"
-        raise BadSample(f"shard {piece.shard}: not a readable tar ({exc}) {where}; re-create it with `stack data make`") from exc
+        raise BadSample(f"shard {piece.shard}: not a readable tar ({exc}) {where}; "
+                        "re-create it with `stack data make`") from exc
     if index + 1 < piece.stop:
-        raise ShortShard(index + 1, f"shard {piece.shard}: holds {index + 1} samples, the manifest promises at least {piece.stop}; "
+        raise ShortShard(index + 1, f"shard {piece.shard}: holds {index + 1} samples, the manifest promises at least "
+                                    f"{piece.stop}; "
                         "the shard is truncated or was replaced; re-create the dataset with `stack data make`")
 
 
@@ -118,7 +120,8 @@ def check_layout(pipeline: Pipeline, manifest: dict, root) -> None:
     found = manifest.get("layout", "frames")
     if found != pipeline.data.layout:
         raise StackError(f"data.layout={pipeline.data.layout} but {Path(root) / MANIFEST} holds {found} shards; set "
-                         f"data.layout={found} or re-create the dataset with `stack data make data.layout={pipeline.data.layout}`")
+                         f"data.layout={found} or re-create the dataset with "
+                         f"`stack data make data.layout={pipeline.data.layout}`")
 
 
 class _Failure:

@@ -111,7 +111,8 @@ def make_dataset(pipeline: Pipeline, log=print) -> dict:
         "cameras": [c.name for c in pipeline.data.rig.cameras],
         "image_size": [pipeline.data.rig.image_height, pipeline.data.rig.image_width],
         "semantic_classes": list(SEG_CLASSES), "detection_classes": list(CLASSES),
-        "layout": pipeline.data.layout, "frames_per_clip": world.frames_per_scene, "frame_rate_hz": world.frame_rate_hz, "seed": world.seed,
+        "layout": pipeline.data.layout, "frames_per_clip": world.frames_per_scene,
+        "frame_rate_hz": world.frame_rate_hz, "seed": world.seed,
         "splits": {split: [{"path": f"{split}/{s['path']}", "samples": s["samples"]} for s in w.shards]
                    for split, w in writers.items()},
     }

@@ -65,13 +65,16 @@ def _agent_parts(agent, x, y, yaw, boxes, cyls, sphs, attrs) -> None:
         body_top = height * (0.62 if agent.kind == "car" else 1.0)
         cargo = 0.72 if agent.kind == "truck" else 1.0
         shift = -(1 - cargo) / 2 * length
-        boxes.append([x + c * shift, y + s * shift, (0.25 + body_top) / 2, length * cargo / 2, width / 2, (body_top - 0.25) / 2, yaw])
+        boxes.append([x + c * shift, y + s * shift, (0.25 + body_top) / 2,
+                      length * cargo / 2, width / 2, (body_top - 0.25) / 2, yaw])
         attrs["boxes"].append(_attr(cls, inst, colour if agent.kind == "car" else (0.85, 0.85, 0.82)))
         cab_len = length * (0.5 if agent.kind == "car" else 0.26)
         cab_x = -0.08 * length if agent.kind == "car" else length / 2 - cab_len / 2
         cab_bottom = body_top if agent.kind == "car" else 0.4
-        boxes.append([x + c * cab_x, y + s * cab_x, (cab_bottom + height) / 2, cab_len / 2, width * 0.44, (height - cab_bottom) / 2, yaw])
-        attrs["boxes"].append(_attr(cls, inst, (0.12, 0.15, 0.2) if agent.kind == "car" else colour, GLASS if agent.kind == "car" else MATTE))
+        boxes.append([x + c * cab_x, y + s * cab_x, (cab_bottom + height) / 2,
+                      cab_len / 2, width * 0.44, (height - cab_bottom) / 2, yaw])
+        glass = agent.kind == "car"  # car cabins are windows; a truck cab is painted
+        attrs["boxes"].append(_attr(cls, inst, (0.12, 0.15, 0.2) if glass else colour, GLASS if glass else MATTE))
         return
     head = 0.12
     body_radius = width * 0.38
@@ -200,7 +203,7 @@ def in_shadow(points, sun, prims: Primitives, rows: dict) -> torch.Tensor:
     Shadow rays are parallel, so in a frame looking down the sun direction each
     caster covers a disc: only the points inside it get an exact ray test.
     """
-    helper = torch.tensor([0.0, 0.0, 1.0], device=sun.device) if abs(float(sun[2])) < 0.9 else torch.tensor([1.0, 0.0, 0.0], device=sun.device)
+    helper = torch.tensor([0.0, 0.0, 1.0] if abs(float(sun[2])) < 0.9 else [1.0, 0.0, 0.0], device=sun.device)
     e1 = torch.linalg.cross(sun, helper)
     e1 = e1 / e1.norm()
     basis = torch.stack([e1, torch.linalg.cross(sun, e1)], 1)

@@ -90,7 +90,8 @@ def vehicle_route(town: Town, entry: int, exit_: int, lateral: float = LANE_WIDT
     t = np.linspace(0.0, 1.0, 40)[1:-1, None]
     p1, p2 = a + direction_in * reach, b - direction_out * reach
     bezier = (1 - t) ** 3 * a + 3 * (1 - t) ** 2 * t * p1 + 3 * (1 - t) * t ** 2 * p2 + t ** 3 * b
-    change = math.remainder(math.atan2(direction_out[1], direction_out[0]) - math.atan2(direction_in[1], direction_in[0]), 2 * math.pi)
+    heading_in, heading_out = (math.atan2(d[1], d[0]) for d in (direction_in, direction_out))
+    change = math.remainder(heading_out - heading_in, 2 * math.pi)
     turn = 0 if change > TURN_ANGLE else 2 if change < -TURN_ANGLE else 1
     entry_s = (len(incoming) - 1) * POINT_SPACING
     return _make_route(np.concatenate([incoming, bezier, outgoing]), (entry_s, entry_s + 2 * reach * 1.2), turn, entry)
