@@ -97,6 +97,8 @@ def _bev(axis, arrays: dict, classes: list, extent: float = 50.0) -> None:
     axis.set_ylim(-extent, extent)
     axis.set_aspect("equal")
     axis.grid(alpha=0.3)
+    axis.set_title("bird's-eye view (ego frame): filled boxes are seen by a camera, outlined ones are hidden;"
+                   " arrows: velocity over 0.5 s", fontsize=9)
     axis.set_xlabel("-y (m, right)")
     axis.set_ylabel("x (m, forward)")
     for name, colour in CLASS_COLOURS.items():
