@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from stack.data.format import ShardWriter, frame_members, remove_shards, sample_key, write_manifest
+from stack.data.format import ShardWriter, frame_members, remove_dataset, sample_key, write_manifest
 from stack.data.make import split_of
 from stack.data.roads import SEG_CLASSES
 from stack.data.traffic import CLASSES
@@ -233,8 +233,7 @@ def convert(pipeline: Pipeline, source_format: str | None, source: str | None, v
     nusc = _open(source, version)
     root, rig = Path(pipeline.data.root), pipeline.data.rig
     official = _split_names(version)
-    for split in ("train", "val"):
-        remove_shards(root / split)
+    remove_dataset(root)
     writers = {s: ShardWriter(root / s, "frames", pipeline.data.samples_per_shard) for s in ("train", "val")}
     tracks: dict = {}
     scenes = sorted(nusc.scene, key=lambda s: s["name"])

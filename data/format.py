@@ -73,6 +73,14 @@ def encode_jpeg(image: np.ndarray, quality: int) -> bytes:
     return buffer.getvalue()
 
 
+def remove_dataset(root: Path) -> None:
+    """Delete what a previous run wrote under `root` (manifest first, so a half-written dataset never
+    looks complete), and nothing else."""
+    (Path(root) / MANIFEST).unlink(missing_ok=True)
+    for split in ("train", "val"):
+        remove_shards(Path(root) / split)
+
+
 def remove_shards(folder: Path) -> None:
     """Delete the shards (and their indexes) a previous run wrote into `folder`, and nothing else."""
     for pattern in ("frames-*.tar", "frames-*.idx", "clips-*.tar", "clips-*.idx", "*.tar.tmp"):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from stack.data.format import ShardWriter, frame_members, remove_shards, write_manifest
+from stack.data.format import ShardWriter, frame_members, remove_dataset, write_manifest
 from stack.data.roads import SEG_CLASSES
 from stack.data.traffic import CLASSES
 from stack.pipeline import Pipeline
@@ -82,13 +82,11 @@ def make_dataset(pipeline: Pipeline, log=print) -> dict:
     world, root = pipeline.data.world, Path(pipeline.data.root)
     device = _device(pipeline)
     splits = {s: split_of(s, world.scenes, world.val_fraction) for s in range(world.scenes)}
-    writers = {}
-    for split in ("train", "val"):
-        remove_shards(root / split)
-        per_shard = pipeline.data.samples_per_shard
-        if pipeline.data.layout == "clips":  # a clip holds a whole scene: keep shards about as large as frame shards
-            per_shard = max(1, per_shard // world.frames_per_scene)
-        writers[split] = ShardWriter(root / split, pipeline.data.layout, per_shard)
+    remove_dataset(root)
+    per_shard = pipeline.data.samples_per_shard
+    if pipeline.data.layout == "clips":  # a clip holds a whole scene: keep shards about as large as frame shards
+        per_shard = max(1, per_shard // world.frames_per_scene)
+    writers = {split: ShardWriter(root / split, pipeline.data.layout, per_shard) for split in ("train", "val")}
     tasks = [(pipeline, s, splits[s], device) for s in range(world.scenes)]
     workers = min(world.workers, world.scenes)
     context = multiprocessing.get_context("spawn" if device == "cuda" else "fork")

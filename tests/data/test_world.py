@@ -170,3 +170,17 @@ def test_rendering_on_cuda_matches_the_cpu(dataset):
     depth = [np.load(io.BytesIO(result["depth.npy"])).astype(np.float32) for result in (cpu, cuda)]
     assert (semantic[0] == semantic[1]).mean() > 0.995  # float rounding may flip a few edge pixels
     np.testing.assert_allclose(np.median(np.abs(depth[0] - depth[1])), 0.0, atol=1e-3)
+
+
+def test_make_replaces_its_own_shards_and_keeps_other_files(tmp_path, small_pipeline):
+    from stack.data.make import make_dataset
+
+    (tmp_path / "train").mkdir()
+    (tmp_path / "train" / "notes.txt").write_text("mine")
+    (tmp_path / "train" / "frames-000099.tar").write_bytes(b"stale")
+    (tmp_path / "manifest.json").write_text("{}")
+    pipeline = small_pipeline(tmp_path, "data.world.scenes=1", "data.world.frames_per_scene=1")
+    manifest = make_dataset(pipeline, log=lambda *_: None)
+    assert (tmp_path / "train" / "notes.txt").read_text() == "mine"
+    assert not (tmp_path / "train" / "frames-000099.tar").exists()
+    assert json.loads((tmp_path / "manifest.json").read_text()) == manifest
