@@ -9,8 +9,11 @@ number of fp32 layers is spent. The report lists every attempt and what was excl
 
 Sensitivity is "quantize one layer at a time": each candidate layer alone is quantized
 (everything else fp32) and the relative squared error it causes on every output is its
-score (Hawq-style sensitivity without Hessians; cf. Wu et al., "Integer Quantization for
-Deep Learning Inference", arXiv:2004.09602, section 5.1 on partial quantization).
+score (cf. Wu et al., "Integer Quantization for Deep Learning Inference", arXiv:2004.09602,
+section 5.1 on partial quantization). A real network has hundreds of quantizable nodes,
+so a one-pass screen comes first: in the fully quantized model, the signal-to-quantization-
+noise ratio of every Q/DQ'd activation (ONNX Runtime's `qdq_loss_debug`) ranks the nodes
+that read or write it, and only the `shortlist` worst go through the exact measurement.
 """
 
 from __future__ import annotations
@@ -130,6 +133,46 @@ def sensitivity(fp32_path: Path, quantize_only: Callable[[str], Path], candidate
     return sorted(scores, key=lambda item: -item[1])
 
 
+def channel_sqnr_db(before: list, after: list, shape: tuple | None = None) -> float:
+    """Mean over channels (axis 1 of `shape`) of 20 log10(|x| / |x - q(x)|): one loud channel cannot hide the others."""
+    x = np.concatenate([np.asarray(a, np.float64).reshape(shape or (1, 1, -1)) for a in before])
+    y = np.concatenate([np.asarray(a, np.float64).reshape(shape or (1, 1, -1)) for a in after])
+    if x.ndim < 2:
+        x, y = x.reshape(1, 1, -1), y.reshape(1, 1, -1)
+    x, y = np.moveaxis(x, 1, 0).reshape(x.shape[1], -1), np.moveaxis(y, 1, 0).reshape(y.shape[1], -1)
+    signal = np.linalg.norm(x, axis=1)
+    noise = np.maximum(np.linalg.norm(x - y, axis=1), 1e-12)
+    live = signal > 0
+    return float(np.mean(20 * np.log10(signal[live] / noise[live]))) if live.any() else math.inf
+
+
+def screen(fp32_path: Path, qdq_path: Path, candidates: list[str], samples: list[dict]) -> list[str]:
+    """`candidates` ordered by the worst activation SQNR (dB) around them in the quantized model."""
+    import tempfile
+
+    import onnx
+    from onnxruntime.quantization.qdq_loss_debug import (collect_activations, create_activation_matching,
+                                                         modify_model_output_intermediate_tensors)
+
+
+    inferred = onnx.shape_inference.infer_shapes(onnx.load(str(qdq_path)))
+    shapes = {info.name: tuple(d.dim_value for d in info.type.tensor_type.shape.dim)
+              for info in list(inferred.graph.value_info) + list(inferred.graph.output)
+              if all(d.HasField("dim_value") for d in info.type.tensor_type.shape.dim)}
+    with tempfile.TemporaryDirectory() as folder:
+        augmented = str(Path(folder) / "augmented.onnx")
+        modify_model_output_intermediate_tensors(str(qdq_path), augmented)
+        matching = create_activation_matching(collect_activations(augmented, list(samples)))
+    sqnr = {name: channel_sqnr_db(pair["pre_qdq"], pair["post_qdq"], shapes.get(name)) for name, pair in matching.items()}
+    nodes = {node.name: node for node in onnx.load(str(fp32_path), load_external_data=False).graph.node}
+
+    def worst(name: str) -> float:
+        node = nodes.get(name)
+        tensors = list(node.input) + list(node.output) if node is not None else []
+        return min((sqnr[t] for t in tensors if t in sqnr), default=math.inf)
+    return sorted(candidates, key=worst)
+
+
 def accuracy_gate(fp32_path: Path, quantize_with: Quantizer, evaluate: Evaluator, budgets: list[HeadBudget],
                   candidates: list[str], sensitivity_samples: list[dict], max_fp32_layers: int,
                   log: Callable[[str], None] = print) -> AccuracyReport:
@@ -143,18 +186,20 @@ def accuracy_gate(fp32_path: Path, quantize_with: Quantizer, evaluate: Evaluator
     if report.passed or max_fp32_layers <= 0 or not candidates:
         return report
     everything_else = set(candidates)
-    log(f"accuracy gate: measuring the sensitivity of {len(candidates)} layers (one quantized at a time)")
+    shortlist = screen(fp32_path, path, candidates, sensitivity_samples)[: max(8, 3 * max_fp32_layers)]
+    log(f"accuracy gate: measuring the sensitivity of the {len(shortlist)} of {len(candidates)} layers with the "
+        f"noisiest quantized activations (one quantized at a time)")
     report.sensitivity = sensitivity(fp32_path, lambda layer: quantize_with(sorted(everything_else - {layer})),
-                                     candidates, sensitivity_samples)
+                                     shortlist, sensitivity_samples)
     count = 1
     while True:
-        count = min(count, max_fp32_layers, len(candidates))
+        count = min(count, max_fp32_layers, len(report.sensitivity))
         excluded = [name for name, _ in report.sensitivity[:count]]
         path = quantize_with(excluded)
         report.attempts.append(Attempt(excluded, compare(fp32_metrics, evaluate(session_runner(path)), budgets)))
         report.quantized_path = path
         log(_describe(report.final))
-        if report.passed or count >= min(max_fp32_layers, len(candidates)):
+        if report.passed or count >= min(max_fp32_layers, len(report.sensitivity)):
             return report
         count *= 2
 

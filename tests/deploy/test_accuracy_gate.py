@@ -80,3 +80,12 @@ def test_drop_sign_follows_metric_direction():
     rows = compare({"a": 0.8, "b": 1.0}, {"a": 0.7, "b": 1.2}, [HeadBudget("x", "a", 0.05, True), HeadBudget("y", "b", 0.5, False)])
     assert rows[0].drop == pytest.approx(0.1) and not rows[0].passed
     assert rows[1].drop == pytest.approx(0.2) and rows[1].passed
+
+
+def test_screen_ranks_the_outlier_first_in_one_pass(tmp_path):
+    from stack.deploy.accuracy import screen
+
+    fp32, _, quantize_with, candidates, few = _setup(tmp_path, outlier=True)
+    ranked = screen(fp32, quantize_with([]), candidates, few)
+    assert sorted(ranked) == sorted(candidates)
+    assert {"/net/outlier/conv/Conv", "/net/outlier/Mul"} <= set(ranked[:3]), ranked[:5]
