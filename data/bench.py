@@ -5,7 +5,8 @@
    world, with `data.world.workers` processes: camera images (RGB + depth +
    semantics + instances) per second.
 2. Loaders over the shards just written (train split, augmentation off, one
-   epoch after a warm-up epoch): samples/s of the `torch` backend
+   epoch after a warm-up epoch, timed from its first batch so worker start-up and
+   the per-epoch DALI pipeline build are excluded): samples/s of the `torch` backend
    (`data.num_workers` processes) and of the `dali` backend (`data.num_workers`
    threads, CPU decode without a GPU).
 3. Floors: the same JPEGs decoded in a bare loop by the same decoder — PIL in
@@ -57,10 +58,13 @@ def _loader_rate(pipeline: Pipeline) -> float:
     from stack.data import build_loader
 
     loader = build_loader(pipeline, "train", 0, 1, shuffle=True, augment=False)
-    for _ in loader:  # warm-up epoch (worker start, page cache, DALI build)
+    for _ in loader:  # warm-up epoch (page cache, imports)
         pass
-    start, samples = time.perf_counter(), 0
-    for batch in loader:
+    start, samples = None, 0
+    for batch in loader:  # steady state: from the first batch on (worker start / DALI build excluded)
+        if start is None:
+            start = time.perf_counter()
+            continue
         samples += batch.images.shape[0]
     return samples / (time.perf_counter() - start)
 
