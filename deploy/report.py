@@ -26,7 +26,7 @@ def plot_latency(folder: Path, layers: list[tuple[str, str, float, str]], title:
     figure, axes = plt.subplots(1, columns, figsize=(7 * columns, 7), squeeze=False)
     top = sorted(layers, key=lambda row: -row[2])[:25][::-1]
     groups = sorted({row[3] for row in top})
-    colours = {g: plt.cm.tab10(i) for i, g in enumerate(groups)}
+    colours = {g: PRECISION_COLOURS.get(g, plt.cm.tab10(i)) for i, g in enumerate(groups)}
     ax = axes[0][0]
     ax.barh(range(len(top)), [row[2] for row in top], color=[colours[row[3]] for row in top])
     ax.set_yticks(range(len(top)), [f"{_short(row[0])} ({row[1]})" for row in top], fontsize=6)
@@ -42,16 +42,21 @@ def plot_latency(folder: Path, layers: list[tuple[str, str, float, str]], title:
     return path
 
 
+PRECISION_COLOURS = {"int8": "tab:green", "fp16": "tab:blue", "fp32": "tab:orange"}
+
+
 def _roofline_axes(ax, points, peaks: dict, bandwidth_gbs: float) -> None:
     import numpy as np
 
     intensity = np.logspace(-1, 4, 200)
     for name, tera in peaks.items():
         if tera > 0:
-            ax.loglog(intensity, np.minimum(tera * 1e3, intensity * bandwidth_gbs), label=f"{name} roof")
+            ax.loglog(intensity, np.minimum(tera * 1e3, intensity * bandwidth_gbs), label=f"{name} roof",
+                      color=PRECISION_COLOURS.get(name.lower()))
     for group in sorted({p[2] for p in points}):
         chosen = [p for p in points if p[2] == group and p[0] > 0 and p[1] > 0]
-        ax.scatter([p[0] for p in chosen], [p[1] for p in chosen], s=10, label=f"layers ({group})")
+        ax.scatter([p[0] for p in chosen], [p[1] for p in chosen], s=10, label=f"layers ({group})",
+                   color=PRECISION_COLOURS.get(group))
     ax.set_xlabel("arithmetic intensity (FLOP/byte)")
     ax.set_ylabel("attained GFLOP/s (predicted)")
     ax.set_title("predicted per-layer roofline", fontsize=9)
