@@ -12,6 +12,11 @@ from __future__ import annotations
 
 from typing import Callable, Iterable, Iterator
 
+import lightning.pytorch as pl
+
+LoaderFactory = Callable[[str, int, int], object]
+"""(split, rank, world_size) -> iterable of batches for that rank (training: a ResumableLoader)."""
+
 
 class _EpochSetter:
     """Lightning calls `sampler.set_epoch(epoch)` on a loader's sampler before every epoch."""
@@ -60,6 +65,37 @@ class ResumableLoader:
     def load_state_dict(self, state: dict) -> None:
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
         self._skip = self.position if self.position < self.batches_per_epoch else 0
+
+
+class PipelineData(pl.LightningDataModule):
+    """The pipeline's train/val loaders for this rank, built once the strategy knows the rank."""
+
+    def __init__(self, pipeline, loaders: LoaderFactory | None = None):
+        super().__init__()
+        self.pipeline = pipeline
+        self.make = loaders or _stack_data_loader(pipeline)
+        self._loaders: dict = {}
+
+    def loader(self, split: str):
+        if split not in self._loaders:
+            self._loaders[split] = self.make(split, self.trainer.global_rank, self.trainer.world_size)
+        return self._loaders[split]
+
+    def train_dataloader(self):
+        return self.loader("train")
+
+    def val_dataloader(self):
+        return self.loader("val")
+
+    def batches_per_epoch(self) -> int | None:
+        loader = self.loader("train")
+        return len(loader) if hasattr(loader, "__len__") else None
+
+
+def _stack_data_loader(pipeline) -> LoaderFactory:
+    def make(split: str, rank: int, world_size: int):
+        return pipeline_loader(pipeline, split, rank, world_size)
+    return make
 
 
 def pipeline_loader(pipeline, split: str, rank: int, world_size: int) -> ResumableLoader:

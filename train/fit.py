@@ -21,12 +21,9 @@ from torch import nn
 from stack.pipeline import Pipeline
 from stack.train.callbacks import LoaderPosition, StepStats
 from stack.train.checkpoints import RollingCheckpoints, resolve_resume
+from stack.train.data import LoaderFactory, PipelineData
 from stack.train.module import TrainModule
 from stack.train.parallel import accelerator_name, build_strategy
-
-LoaderFactory = Callable[[str, int, int], object]
-"""(split, rank, world_size) -> iterable of batches for that rank (training: a ResumableLoader)."""
-
 
 def build_trainer(pipeline: Pipeline, progress: bool = True, validate: bool = True) -> tuple[pl.Trainer, StepStats]:
     """The Lightning Trainer for `pipeline.train`, and its step-statistics callback."""
@@ -66,22 +63,9 @@ def fit(pipeline: Pipeline, model: Callable[[Pipeline], nn.Module] | None = None
     pl.seed_everything(pipeline.train.seed, workers=True, verbose=False)
     module = TrainModule(pipeline, model(pipeline) if model is not None else None)
     trainer, stats = build_trainer(pipeline, progress=progress, validate=True)
-    make = loaders or _pipeline_loaders(pipeline)
-    rank, world = trainer.global_rank, trainer.world_size
-    train_loader, val_loader = make("train", rank, world), make("val", rank, world)
-    if hasattr(train_loader, "__len__"):
-        module.total_steps = pipeline.train.max_epochs * len(train_loader)
     _write_pipeline(pipeline, trainer)
-    trainer.fit(module, train_dataloaders=train_loader, val_dataloaders=val_loader, ckpt_path=resume)
+    trainer.fit(module, datamodule=PipelineData(pipeline, loaders), ckpt_path=resume)
     return module, trainer, stats
-
-
-def _pipeline_loaders(pipeline: Pipeline) -> LoaderFactory:
-    from stack.train.data import pipeline_loader
-
-    def make(split: str, rank: int, world: int):
-        return pipeline_loader(pipeline, split, rank, world)
-    return make
 
 
 def _write_pipeline(pipeline: Pipeline, trainer: pl.Trainer) -> None:

@@ -43,7 +43,6 @@ class TrainModule(pl.LightningModule):
         self.sharded_units: list[str] = []
         self.checkpointed_units: list[str] = []
         self.last_good_checkpoint: str | None = None
-        self.total_steps: int | None = None
         self._parallel_applied = False
 
     # ---------------------------------------------------------------- setup
@@ -76,14 +75,16 @@ class TrainModule(pl.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
     def _total_steps(self) -> int:
-        """Length of the LR schedule: train.max_steps, else epochs x batches per epoch (set by `fit`).
+        """Length of the LR schedule: train.max_steps, else epochs x batches per epoch.
 
         (Lightning's `estimated_stepping_batches` would build the loaders before a resumed
         run restores their position, so it is not used.)
         """
         if self.pipeline.train.max_steps > 0:
             return self.pipeline.train.max_steps
-        return self.total_steps or 10_000
+        data = getattr(self.trainer, "datamodule", None)
+        per_epoch = data.batches_per_epoch() if hasattr(data, "batches_per_epoch") else None
+        return self.pipeline.train.max_epochs * per_epoch if per_epoch else 10_000
 
     # ------------------------------------------------------------- training
 

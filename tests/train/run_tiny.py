@@ -31,15 +31,19 @@ def main() -> int:
     pipeline = tiny_pipeline(*args.overrides)
     from stack.train.fit import fit
 
+    make, requested = synthetic_loaders(pipeline, args.batches, args.nan_at), []
+
+    def loaders(split: str, rank: int, world: int):
+        requested.append([split, rank, world])
+        return make(split, rank, world)
     try:
-        module, trainer, stats = fit(pipeline, TinyMultiTask,
-                                     synthetic_loaders(pipeline, args.batches, args.nan_at), progress=False)
+        module, trainer, stats = fit(pipeline, TinyMultiTask, loaders, progress=False)
     except StackError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
     summary = {"rank": trainer.global_rank, "world_size": trainer.world_size, "global_step": trainer.global_step,
                "sharded_units": module.sharded_units, "checkpointed_units": module.checkpointed_units,
-               "stats": stats.history}
+               "stats": stats.history, "loaders": requested}
     out = Path(pipeline.train.out_dir) / f"summary-rank{trainer.global_rank}.json"
     out.write_text(json.dumps(summary, indent=1))
     return 0
