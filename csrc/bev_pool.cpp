@@ -1,4 +1,4 @@
-// Fused BEV pooling: the op schema (one for every device), the Python module stub and the
+// Fused BEV pooling: the op schemas (one for every device), the Python module stub and the
 // argument checks the CPU (bev_pool_cpu.cpp) and CUDA (bev_pool_cuda.cu) kernels share.
 #include <Python.h>
 
@@ -107,6 +107,10 @@ TORCH_LIBRARY(stack, m) {
         "Tensor interval_starts, Tensor interval_lengths, int batch, int grid_x, int grid_y) -> Tensor");
   m.def("bev_pool_backward(Tensor grad_out, Tensor depth, Tensor feat, Tensor ranks_depth, Tensor ranks_feat, "
         "Tensor ranks_bev) -> (Tensor, Tensor)");
+  // The geometry tables (ranks_depth, ranks_feat, ranks_bev, interval_starts, interval_lengths) from the rays in
+  // grid units; CPU only (bev_geometry_cpu.cpp), elsewhere stack.ops.bev_geometry runs its PyTorch path.
+  m.def("bev_geometry_ranks(Tensor slopes, Tensor offsets, Tensor bins, int grid_x, int grid_y) "
+        "-> (Tensor, Tensor, Tensor, Tensor, Tensor)");
 }
 
 }  // namespace stack

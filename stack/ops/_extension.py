@@ -29,16 +29,17 @@ def load() -> bool:
     return True
 
 
-def has_kernel(device_type: str) -> bool:
-    """Whether `stack::bev_pool` has a compiled kernel for this device type ("cpu", "cuda")."""
-    return device_type in KERNEL_DEVICES
+def has_kernel(device_type: str, op: str = "bev_pool") -> bool:
+    """Whether `stack::<op>` has a compiled kernel for this device type ("cpu", "cuda")."""
+    return device_type in KERNEL_DEVICES.get(op, ())
 
 
-def _kernel_devices() -> frozenset:
+def _kernel_devices() -> dict:
     if not load():
-        return frozenset()
+        return {}
     keys = {"cpu": "CPU", "cuda": "CUDA"}
-    return frozenset(d for d, key in keys.items() if torch._C._dispatch_has_kernel_for_dispatch_key("stack::bev_pool", key))
+    return {op: frozenset(d for d, key in keys.items() if torch._C._dispatch_has_kernel_for_dispatch_key(f"stack::{op}", key))
+            for op in ("bev_pool", "bev_pool_backward", "bev_geometry_ranks") if hasattr(torch.ops.stack, op)}
 
 
 def warn_reference_once(device_type: str) -> None:
@@ -60,6 +61,16 @@ def _register_fake_kernels() -> None:
     def _(grad_out, depth, feat, ranks_depth, ranks_feat, ranks_bev):
         return depth.new_empty(depth.shape), feat.new_empty(feat.shape)
 
+    if not hasattr(torch.ops.stack, "bev_geometry_ranks"):
+        return  # a stack._C built before this op existed: bev_geometry keeps its PyTorch path
+
+    @torch.library.register_fake("stack::bev_geometry_ranks")
+    def _(slopes, offsets, bins, grid_x, grid_y):
+        ctx = torch.library.get_ctx()
+        points, cells = ctx.new_dynamic_size(), ctx.new_dynamic_size()
+        ranks = [slopes.new_empty(points, dtype=torch.int32) for _ in range(3)]
+        return (*ranks, slopes.new_empty(cells, dtype=torch.int32), slopes.new_empty(cells, dtype=torch.int32))
+
 
 def _setup_context(ctx, inputs, output) -> None:
     depth, feat, ranks_depth, ranks_feat, ranks_bev = inputs[:5]
@@ -73,4 +84,4 @@ def _backward(ctx, grad_out):
 
 
 KERNEL_DEVICES = _kernel_devices()
-"""Device types with a compiled kernel; fixed at import so `torch.compile` sees a constant."""
+"""Op name -> device types with a compiled kernel; fixed at import so `torch.compile` sees a constant."""

@@ -110,29 +110,29 @@ def bev_geometry(intrinsics: torch.Tensor, cam_to_ego: torch.Tensor, image_size:
     grid_x, grid_y = grid_cells(bev)
     shape = (batch, cameras, depth.bins, feat_h, feat_w)
     _check_int32(math.prod(shape), batch * grid_x * grid_y)
-    cells, keep = _frustum_cells(intrinsics, cam_to_ego, feat_h, feat_w, feature_stride, depth, bev)
-    ranks_depth = keep.reshape(-1).nonzero().squeeze(1)  # flat (B, N, D, H, W) index, ascending
-    ranks_bev, order = torch.sort(cells.reshape(-1)[ranks_depth], stable=True)  # int32 keys sort ~2x faster
-    ranks_depth = ranks_depth[order]
-    pixels, pixels_per_camera = feat_h * feat_w, depth.bins * feat_h * feat_w
-    ranks_feat = ranks_depth // pixels_per_camera * pixels + ranks_depth % pixels
-    _, lengths = torch.unique_consecutive(ranks_bev, return_counts=True)
-    starts = torch.cumsum(lengths, 0) - lengths
+    slopes, offsets = _rays_in_cells(intrinsics, cam_to_ego, feat_h, feat_w, feature_stride, bev)
+    bins = depth_bin_centres(depth, intrinsics.device)
+    if _extension.has_kernel(intrinsics.device.type, "bev_geometry_ranks"):
+        tables = torch.ops.stack.bev_geometry_ranks(slopes, offsets, bins, grid_x, grid_y)
+    else:
+        tables = _ranks_torch(slopes, offsets, bins, grid_x, grid_y)
+    ranks_depth, ranks_feat, ranks_bev, starts, lengths = tables
     i32 = torch.int32
     return BevPoolGeometry(
-        ranks_depth=ranks_depth.to(i32), ranks_feat=ranks_feat.to(i32), ranks_bev=ranks_bev,
+        ranks_depth=ranks_depth.to(i32), ranks_feat=ranks_feat.to(i32), ranks_bev=ranks_bev.to(i32),
         interval_starts=starts.to(i32), interval_lengths=lengths.to(i32),
         batch=batch, cameras=cameras, depth_bins=depth.bins, feat_h=feat_h, feat_w=feat_w,
         grid_x=grid_x, grid_y=grid_y,
     )
 
 
-def _frustum_cells(intrinsics, cam_to_ego, feat_h, feat_w, stride, depth, bev) -> tuple:
-    """(cell index int32, inside-the-grid mask), both (B, N, D, H, W), of every frustum point.
+def _rays_in_cells(intrinsics, cam_to_ego, feat_h, feat_w, stride, bev) -> tuple:
+    """(slopes (B, N, 3, H, W), offsets (B, N, 3)), float64, in grid units per axis.
 
-    A point is ray(pixel) * z + t with ray = R K^-1 (u, v, 1) (unit z in the camera), so each
-    ego coordinate is one broadcast multiply-add of (B, N, 1, H, W) rays by (D,) bin centres,
-    in float64 so that cell boundaries do not depend on the device.
+    A frustum point is origin + ray(pixel) * z with ray = R K^-1 (u, v, 1) (unit z in the
+    camera); in grid units ((coordinate - low) / cell size, height over the z range) it is
+    offsets + slopes * z: cell = floor of the first two, inside the grid when the third is in
+    [0, 1). float64 so that cell boundaries do not depend on the device.
     """
     device, f64 = intrinsics.device, torch.float64
     u = (torch.arange(feat_w, device=device, dtype=f64) + 0.5) * stride
@@ -140,23 +140,36 @@ def _frustum_cells(intrinsics, cam_to_ego, feat_h, feat_w, stride, depth, bev) -
     pixels = torch.stack([u.expand(feat_h, feat_w), v[:, None].expand(feat_h, feat_w),
                           torch.ones(feat_h, feat_w, device=device, dtype=f64)], dim=-1)
     rays = torch.einsum("bnij,hwj->bnhwi", torch.linalg.inv(intrinsics.to(f64)), pixels)
-    rays = rays / rays[..., 2:3]  # unit z: scaling by a bin centre gives that z-depth
+    rays = rays / rays[..., 2:3]
     pose = cam_to_ego.to(f64)
-    rays = torch.einsum("bnij,bnhwj->bnihw", pose[..., :3, :3], rays).unsqueeze(3)  # (B, N, 3, 1, H, W)
-    origin = pose[..., :3, 3].view(*pose.shape[:2], 3, 1, 1, 1)
-    bins = depth_bin_centres(depth, device).view(1, 1, -1, 1, 1)
+    rays = torch.einsum("bnij,bnhwj->bnihw", pose[..., :3, :3], rays)
+    low = torch.tensor([bev.x_range[0], bev.y_range[0], bev.z_range[0]], device=device, dtype=f64)
+    size = torch.tensor([bev.cell_size, bev.cell_size, bev.z_range[1] - bev.z_range[0]], device=device, dtype=f64)
+    return (rays / size.view(3, 1, 1)).contiguous(), (pose[..., :3, 3] - low) / size
 
-    def in_cells(axis: int, low: float, size: float) -> torch.Tensor:
-        """(coordinate - low) / size for every point, (B, N, D, H, W): one pass."""
-        return torch.addcmul((origin[:, :, axis] - low) / size, rays[:, :, axis] / size, bins)
 
-    grid_x, grid_y = grid_cells(bev)
-    cell_x = in_cells(0, bev.x_range[0], bev.cell_size).floor_().to(torch.int32)
-    cell_y = in_cells(1, bev.y_range[0], bev.cell_size).floor_().to(torch.int32)
-    height = in_cells(2, bev.z_range[0], bev.z_range[1] - bev.z_range[0])  # inside: 0 <= height < 1
+def _ranks_torch(slopes, offsets, bins, grid_x: int, grid_y: int) -> tuple:
+    """The geometry tables with PyTorch ops (any device): per-point cells, nonzero, stable sort."""
+    batch, cameras, _, feat_h, feat_w = slopes.shape
+    depth_bins = bins.shape[0]
+
+    def in_cells(axis: int) -> torch.Tensor:  # (B, N, D, H, W), one pass
+        return torch.addcmul(offsets[:, :, axis].view(batch, cameras, 1, 1, 1),
+                             slopes[:, :, axis].unsqueeze(2), bins.view(1, 1, -1, 1, 1))
+
+    cell_x = in_cells(0).floor_().to(torch.int32)
+    cell_y = in_cells(1).floor_().to(torch.int32)
+    height = in_cells(2)
     keep = (cell_x >= 0) & (cell_x < grid_x) & (cell_y >= 0) & (cell_y < grid_y) & (height >= 0) & (height < 1)
-    sample = torch.arange(cell_x.shape[0], device=device, dtype=torch.int32).view(-1, 1, 1, 1, 1)
-    return (sample * grid_x + cell_x) * grid_y + cell_y, keep
+    sample = torch.arange(batch, device=slopes.device, dtype=torch.int32).view(-1, 1, 1, 1, 1)
+    cells = (sample * grid_x + cell_x) * grid_y + cell_y
+    ranks_depth = keep.reshape(-1).nonzero().squeeze(1)  # flat (B, N, D, H, W) index, ascending
+    ranks_bev, order = torch.sort(cells.reshape(-1)[ranks_depth], stable=True)  # int32 keys sort ~2x faster
+    ranks_depth = ranks_depth[order]
+    pixels = feat_h * feat_w
+    ranks_feat = ranks_depth // (depth_bins * pixels) * pixels + ranks_depth % pixels
+    _, lengths = torch.unique_consecutive(ranks_bev, return_counts=True)
+    return ranks_depth, ranks_feat, ranks_bev, torch.cumsum(lengths, 0) - lengths, lengths
 
 
 def _check_rig(intrinsics, cam_to_ego, image_size, feature_stride) -> None:

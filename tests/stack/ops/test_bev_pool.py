@@ -5,7 +5,7 @@ import warnings
 
 import pytest
 import torch
-from bev_cases import bev_pool_naive, make_geometry, random_inputs
+from bev_cases import bev_pool_naive, make_geometry, random_inputs, rig_tensors
 
 from stack.ops import BevPoolError, bev_geometry, bev_pool, bev_pool_ref, extension_loaded
 from stack.ops import _extension
@@ -243,7 +243,7 @@ def test_the_op_itself_rejects_geometry_for_another_grid():
 def test_reference_fallback_warns_once(monkeypatch):
     geometry, *_ = make_geometry()
     depth, context = random_inputs(geometry)
-    monkeypatch.setattr(_extension, "has_kernel", lambda device_type: False)
+    monkeypatch.setattr(_extension, "has_kernel", lambda device_type, op="bev_pool": False)
     monkeypatch.setattr(_extension, "_WARNED", set())
     with pytest.warns(RuntimeWarning, match="pure-PyTorch reference"):
         out = bev_pool(depth, context, geometry)
@@ -261,3 +261,29 @@ def test_bev_pool_dispatches_to_the_compiled_kernel(monkeypatch):
     monkeypatch.setattr(module, "bev_pool_ref", lambda *a: pytest.fail("took the reference path"))
     assert _extension.has_kernel("cpu")
     assert bev_pool(depth, context, geometry).shape[1] == context.shape[2]
+
+
+@needs_extension
+@pytest.mark.parametrize("case", sorted(GRIDS))
+def test_compiled_geometry_equals_the_pytorch_path(case):
+    from stack.ops.bev_pool import _ranks_torch, _rays_in_cells, depth_bin_centres, grid_cells
+
+    _, rigs, depth_cfg, bev = make_geometry(batch=3, bev=GRIDS[case])
+    bev = GRIDS[case] or bev
+    k, pose = rig_tensors(rigs)
+    slopes, offsets = _rays_in_cells(k, pose, 8, 16, 8, bev)
+    bins = depth_bin_centres(depth_cfg)
+    compiled = torch.ops.stack.bev_geometry_ranks(slopes, offsets, bins, *grid_cells(bev))
+    for name, ours, ref in zip(("ranks_depth", "ranks_feat", "ranks_bev", "starts", "lengths"), compiled,
+                               _ranks_torch(slopes, offsets, bins, *grid_cells(bev))):
+        assert ours.dtype == torch.int32 and torch.equal(ours.long(), ref.long()), name
+
+
+@needs_extension
+def test_compiled_geometry_rejects_bad_tables():
+    with pytest.raises(RuntimeError, match=r"slopes must be float64 \(B, N, 3, H, W\)"):
+        torch.ops.stack.bev_geometry_ranks(torch.zeros(1, 2, 3, 4, 5), torch.zeros(1, 2, 3, dtype=torch.float64),
+                                           torch.ones(4, dtype=torch.float64), 8, 8)
+    with pytest.raises(RuntimeError, match=r"offsets must be float64 \(B, N, 3\)"):
+        torch.ops.stack.bev_geometry_ranks(torch.zeros(1, 2, 3, 4, 5, dtype=torch.float64),
+                                           torch.zeros(2, 2, 3, dtype=torch.float64), torch.ones(4, dtype=torch.float64), 8, 8)
