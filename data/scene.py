@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from stack.data.roads import LANE_WIDTH, ROAD_HALF_WIDTH, Town, make_town
+from stack.data.roads import LANE_WIDTH, POINT_SPACING, ROAD_HALF_WIDTH, Town, make_town
 from stack.data.traffic import (CLASSES, FUTURE_SECONDS, PAST_SECONDS, SIM_DT, SIZES, TRAJECTORY_STEP, Agent,
                                 pedestrian_route, step, vehicle_route)
 
@@ -143,7 +143,7 @@ def ego_labels(scene: Scene, step_index: int) -> dict:
 
 def _arc_length_at(scene: Scene, step_index: int) -> float:
     xy = np.array(scene.ego.history[step_index][:2])
-    return float(np.argmin(np.linalg.norm(scene.ego.route.points - xy, axis=1))) * 0.25
+    return float(np.argmin(np.linalg.norm(scene.ego.route.points - xy, axis=1))) * POINT_SPACING
 
 
 def agent_boxes(scene: Scene, step_index: int) -> tuple[np.ndarray, np.ndarray]:
