@@ -128,14 +128,18 @@ def _dali_floor(pipeline: Pipeline) -> float:
 
     pipe = decode_only()
     pipe.build()
-    total = sum(c for _, c in shards)
-    iterations = max(total // pipeline.data.batch_size, 1)
+    return _pipeline_rate(pipe, sum(c for _, c in shards), pipeline.data.batch_size)
+
+
+def _pipeline_rate(pipe, samples: int, batch_size: int) -> float:
+    """Samples/s of a built DALI pipeline over one epoch, after a warm-up epoch."""
+    iterations = max(samples // batch_size, 1)
     for _ in range(iterations):
         pipe.run()
     start = time.perf_counter()
     for _ in range(iterations):
         pipe.run()
-    return iterations * pipeline.data.batch_size / (time.perf_counter() - start)
+    return iterations * batch_size / (time.perf_counter() - start)
 
 
 def _dali_graph_rate(pipeline: Pipeline) -> float:
@@ -148,13 +152,7 @@ def _dali_graph_rate(pipeline: Pipeline) -> float:
     shards = split_shards(manifest, pipeline.data.root, "train")
     pipe = build_pipeline(shards, manifest["cameras"], ClassMaps.build(manifest, pipeline), pipeline.data.batch_size,
                           max(pipeline.data.num_workers, 1), 0, 1, False, 0)
-    iterations = max(sum(c for _, c in shards) // pipeline.data.batch_size, 1)
-    for _ in range(iterations):
-        pipe.run()
-    start = time.perf_counter()
-    for _ in range(iterations):
-        pipe.run()
-    return iterations * pipeline.data.batch_size / (time.perf_counter() - start)
+    return _pipeline_rate(pipe, sum(c for _, c in shards), pipeline.data.batch_size)
 
 
 def _training_step_rate(pipeline: Pipeline) -> tuple[float, str]:
