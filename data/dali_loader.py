@@ -18,6 +18,7 @@ short wraps around (evaluation) like DistributedSampler.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -120,8 +121,11 @@ class DaliLoader:
     def __iter__(self):
         cameras = self.manifest["cameras"]
         seed = (self.pipeline.train.seed * 1000003 + self.epoch) % (2 ** 31)
-        pipe = build_pipeline(self.shards, cameras, self.maps, self.pipeline.data.batch_size,
-                              max(self.pipeline.data.num_workers, 1), self.rank, self.world_size, self.shuffle, seed)
+        try:
+            pipe = build_pipeline(self.shards, cameras, self.maps, self.pipeline.data.batch_size,
+                                  max(self.pipeline.data.num_workers, 1), self.rank, self.world_size, self.shuffle, seed)
+        except RuntimeError as exc:
+            raise self._error("could not open", exc) from exc
         rng = np.random.default_rng([self.pipeline.train.seed, self.epoch, self.rank])
         if not self._epoch_set:
             self.epoch += 1
@@ -141,9 +145,17 @@ class DaliLoader:
         try:
             return pipe.run()
         except RuntimeError as exc:
-            shards = ", ".join(path for path, _ in self.shards)
-            raise BadSample(f"DALI could not read a sample of shard(s) {shards}: {str(exc).splitlines()[0]}; "
-                            "run with data.backend=torch to name the sample, or re-create the shards") from exc
+            raise self._error("could not read a sample of", exc) from exc
+
+    def _error(self, what: str, exc: RuntimeError) -> BadSample:
+        """DALI's error, shortened, with the shards it was reading and what to do."""
+        shards = ", ".join(path for path, _ in self.shards)
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        # DALI puts the cause after "encountered:", below the Python traceback of the operator
+        after = lines[lines.index("encountered:") + 1:] if "encountered:" in lines else lines
+        detail = re.sub(r'^Assert on ".*?" failed: ', "", (after or [type(exc).__name__])[0])
+        return BadSample(f"DALI {what} shard(s) {shards}: {detail}; run with data.backend=torch to name the "
+                         "sample, or re-create the shards (and their .idx files) with `stack data make`")
 
     def _batch(self, outputs, take: int, cameras: int, rng: np.random.Generator) -> Batch:
         """The first `take` samples of a DALI batch as a Batch (augmented per row when asked)."""

@@ -73,3 +73,18 @@ def test_dali_names_the_shards_of_an_undecodable_jpeg(dataset, small_pipeline, t
         list(build_loader(dali, "train", 0, 1, shuffle=False, augment=False))
     with pytest.raises(StackError, match="backend=torch only"):
         build_loader(small_pipeline(root, "data.backend=dali", "data.skip_bad_samples=true"), "train", 0, 1)
+
+
+@pytest.mark.parametrize("damage", ["missing index", "empty tar"])
+def test_dali_names_the_shards_it_cannot_open(dataset, small_pipeline, tmp_path, damage):
+    pipeline, manifest = dataset
+    root = tmp_path / "copy"
+    shutil.copytree(pipeline.data.root, root)
+    shard = root / manifest["splits"]["train"][0]["path"]
+    if damage == "missing index":
+        shard.with_suffix(".idx").unlink()
+    else:
+        shard.write_bytes(b"")
+    dali = small_pipeline(root, "data.backend=dali")
+    with pytest.raises(BadSample, match="frames-000000"):
+        list(build_loader(dali, "train", 0, 1, shuffle=False, augment=False))
