@@ -106,9 +106,9 @@ def read_piece(piece: Piece):
         raise BadSample(f"shard {piece.shard}: not a readable tar ({exc}) {where}; "
                         "re-create it with `stack data make`") from exc
     if index + 1 < piece.stop:
-        raise ShortShard(index + 1, f"shard {piece.shard}: holds {index + 1} samples, the manifest promises at least "
-                                    f"{piece.stop}; "
-                        "the shard is truncated or was replaced; re-create the dataset with `stack data make`")
+        message = (f"shard {piece.shard}: holds {index + 1} samples, the manifest promises at least {piece.stop}; "
+                   "the shard is truncated or was replaced; re-create the dataset with `stack data make`")
+        raise ShortShard(index + 1, message)
 
 
 def _plan_batch(pipeline: Pipeline, manifest: dict) -> int:
@@ -117,6 +117,7 @@ def _plan_batch(pipeline: Pipeline, manifest: dict) -> int:
 
 
 def check_layout(pipeline: Pipeline, manifest: dict, root) -> None:
+    """The shards under `root` must have the layout the pipeline asks for."""
     found = manifest.get("layout", "frames")
     if found != pipeline.data.layout:
         raise StackError(f"data.layout={pipeline.data.layout} but {Path(root) / MANIFEST} holds {found} shards; set "
