@@ -4,8 +4,9 @@ For the tiny and default presets (and the given pipeline when it is neither), on
 rig's real geometry: the naive Lift-Splat version that materialises the frustum
 tensor (B, N, D, H, W, C) and scatter-adds it, `bev_pool_ref`, the fused
 `torch.ops.stack.bev_pool` (forward, and forward + backward), and the export form
-(`FixedBevPool`) under ONNX Runtime. Each variant reports its median time and its
-peak memory above the inputs. Peaks are measured in a child process (one per preset)
+(`FixedBevPool`) under ONNX Runtime. Each variant reports its best time of at least five
+runs (other load on the machine only ever adds time) with one thread and with torch's
+thread count, and its peak memory above the inputs. Peaks are measured in a child process (one per preset)
 as peak RSS, reset through /proc/self/clear_refs, with glibc told to give every
 allocation of 64 KiB or more back to the system on free so that RSS follows the live
 tensors; timings run in this process with the allocator left as it is (there, fixed
@@ -23,7 +24,6 @@ import dataclasses
 import gc
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -132,21 +132,22 @@ def track_allocations_in_rss() -> None:
     ctypes.CDLL("libc.so.6").mallopt(-3, 64 * 1024)  # M_MMAP_THRESHOLD; also stops its dynamic growth
 
 
-def median_seconds(fn, min_total: float = 1.0, min_reps: int = 5) -> float:
+def best_seconds(fn, min_total: float = 0.5, min_reps: int = 5) -> float:
+    """Fastest of at least `min_reps` runs (and `min_total` seconds): other load on the machine only adds time."""
     fn()  # warm-up
     times, start = [], time.perf_counter()
     while len(times) < min_reps or time.perf_counter() - start < min_total:
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return min(times)
 
 
 def copy_bandwidth(megabytes: int = 512) -> float:
     """Bytes/s of a large tensor copy (read + write counted), with torch's threads."""
     src = torch.ones(megabytes * 2**20 // 4)
     dst = torch.empty_like(src)
-    seconds = median_seconds(lambda: dst.copy_(src), min_total=1.0)
+    seconds = best_seconds(lambda: dst.copy_(src), min_total=1.0)
     return 2 * src.nbytes / seconds
 
 
@@ -169,12 +170,19 @@ def onnx_runtime_runner(case: Case, folder: Path):
     path = folder / f"bev_pool_{case.name}.onnx"
     torch.onnx.export(FixedBevPool(case.geometry).eval(), (case.depth, case.context), str(path),
                       input_names=["depth", "context"], output_names=["bev"], opset_version=17, dynamo=False)
-    options = onnxruntime.SessionOptions()
-    options.intra_op_num_threads = torch.get_num_threads()
-    options.enable_cpu_mem_arena = False  # its arena would hide the peak after the first run
-    session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     feeds = {"depth": case.depth.numpy(), "context": case.context.numpy()}
-    return lambda: session.run(None, feeds)
+    sessions = {}
+
+    def run_session():  # one session per torch thread count, so both columns use the same number of threads
+        threads = torch.get_num_threads()
+        if threads not in sessions:
+            options = onnxruntime.SessionOptions()
+            options.intra_op_num_threads = threads
+            options.enable_cpu_mem_arena = False  # its arena would hide the peak after the first run
+            sessions[threads] = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        return sessions[threads].run(None, feeds)
+
+    return run_session
 
 
 # ------------------------------------------------------------------------ reporting
@@ -204,20 +212,29 @@ def _naive_autograd(case: Case, depth: torch.Tensor, context: torch.Tensor) -> t
     return bev_pool_naive(dataclasses.replace(case, depth=depth, context=context))
 
 
-def measure_times(case: Case, folder: Path, log) -> dict:
-    """Variant -> (median seconds, max abs error vs the reference or NaN for gradients)."""
+def measure_times(case: Case, folder: Path, thread_counts: tuple, log) -> dict:
+    """Variant -> ({threads: best seconds}, max abs error vs the reference, NaN for gradients)."""
     from stack.ops import bev_pool_ref
 
     expected = bev_pool_ref(case.depth, case.context, case.geometry)
-    found = {}
+    found, threads_before = {}, torch.get_num_threads()
     for name, fn in variants(case, folder).items():
         error = float("nan")
         if "bwd" not in name:
             out = fn()
             error = float((torch.as_tensor(out[0] if isinstance(out, list) else out) - expected).abs().max())
-        found[name] = (median_seconds(fn), error)
-        log(f"  {name}: {found[name][0] * 1e3:.2f} ms")
+        found[name] = (time_per_thread_count(fn, thread_counts), error)
+        log(f"  {name}: " + ", ".join(f"{s * 1e3:.2f} ms ({t} threads)" for t, s in found[name][0].items()))
+    torch.set_num_threads(threads_before)
     return found
+
+
+def time_per_thread_count(fn, thread_counts: tuple) -> dict:
+    seconds = {}
+    for threads in thread_counts:
+        torch.set_num_threads(threads)
+        seconds[threads] = best_seconds(fn)
+    return seconds
 
 
 def measure_peaks(case: Case, pipeline: Pipeline, folder: Path) -> dict:
@@ -243,24 +260,26 @@ def peaks_in_child(name: str, pipeline: Pipeline, folder: Path) -> dict:
 
 def format_case(case: Case, times: dict, peaks: dict, bandwidth: float) -> str:
     op = "op stack::bev_pool"
+    counts = list(next(iter(times.values()))[0])
+    most = counts[-1]
+    header = " | ".join(f"time, {t} thread{'s' if t > 1 else ''} (ms)" for t in counts)
     lines = [f"{case.describe()}", "",
-             "| variant | time (ms) | time / op | peak above inputs (MiB) | peak / op | max abs error vs reference |",
-             "|---|---:|---:|---:|---:|---:|"]
+             f"| variant | {header} | time / op ({most} threads) | peak above inputs (MiB) | peak / op | "
+             "max abs error vs reference |", "|---|" + "---:|" * (len(counts) + 4)]
     for name, (seconds, error) in times.items():
-        base = "op fwd+bwd" if "bwd" in name else op
-        base_time, base_peak = times.get(base, (float("nan"),))[0], peaks.get(base, 0)
-        if name.startswith("geometry"):
-            base_time, base_peak = float("nan"), 0
+        base = None if name.startswith("geometry") else "op fwd+bwd" if "bwd" in name else op
+        base_time = times[base][0][most] if base in times else float("nan")
+        base_peak = peaks.get(base, 0) if base else 0
+        cells = " | ".join(f"{seconds[t] * 1e3:.2f}" for t in counts)
+        time_ratio = "-" if base_time != base_time else f"{seconds[most] / base_time:.1f}x"
         peak_ratio = f"{peaks[name] / base_peak:.1f}x" if base_peak else "-"
         err = "-" if error != error else f"{error:.1e}"
-        time_ratio = "-" if base_time != base_time else f"{seconds / base_time:.1f}x"
-        lines.append(f"| {name} | {seconds * 1e3:.2f} | {time_ratio} | {peaks[name] / 2**20:.1f} | "
-                     f"{peak_ratio} | {err} |")
-    floor = floor_bytes(case)
-    floor_s = floor / bandwidth
-    op_time = times.get(op, (float("nan"),))[0]
-    lines += ["", f"floor: {floor / 2**20:.1f} MiB to move (depth + context + tables read, grid written) at "
-              f"{bandwidth / 1e9:.1f} GB/s = {floor_s * 1e3:.2f} ms; op forward = {op_time / floor_s:.1f}x the floor"]
+        lines.append(f"| {name} | {cells} | {time_ratio} | {peaks[name] / 2**20:.1f} | {peak_ratio} | {err} |")
+    floor_s = floor_bytes(case) / bandwidth
+    op_time = times[op][0][most] if op in times else float("nan")
+    lines += ["", f"floor: {floor_bytes(case) / 2**20:.1f} MiB to move (depth + context + tables read, grid written) "
+              f"at {bandwidth / 1e9:.1f} GB/s = {floor_s * 1e3:.2f} ms; op forward ({most} threads) = "
+              f"{op_time / floor_s:.1f}x the floor"]
     return "\n".join(lines)
 
 
@@ -273,6 +292,7 @@ def run(pipeline: Pipeline, args) -> int:
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     print(f"stack bench ops: torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs, "
           f"load average {load} (figures are only meaningful on a quiet machine)", flush=True)
+    thread_counts = tuple(sorted({1, torch.get_num_threads()}))
     bandwidth = copy_bandwidth()
     print(f"measured copy bandwidth: {bandwidth / 1e9:.1f} GB/s (512 MiB tensor copy, read + write)", flush=True)
     reports = []
@@ -280,8 +300,10 @@ def run(pipeline: Pipeline, args) -> int:
         for name, preset in cases.items():
             case = build_case(name, preset)
             print(f"measuring {case.describe()}", flush=True)
-            times = measure_times(case, Path(folder), lambda line: print(line, flush=True))
-            times["geometry (bev_geometry, per batch)"] = (median_seconds(geometry_builder(preset)), float("nan"))
+            times = measure_times(case, Path(folder), thread_counts, lambda line: print(line, flush=True))
+            geometry = time_per_thread_count(geometry_builder(preset), thread_counts)
+            torch.set_num_threads(thread_counts[-1])
+            times["geometry (bev_geometry, per batch)"] = (geometry, float("nan"))
             print("  peak memory (child process) ...", flush=True)
             reports.append(format_case(case, times, peaks_in_child(name, preset, Path(folder)), bandwidth))
     print("\n" + "\n\n".join(reports))
