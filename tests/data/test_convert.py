@@ -126,6 +126,7 @@ def test_convert_a_tiny_nuscenes_dataset(tmp_path, small_pipeline):
     assert (batch.semantic == 255).all()
 
 
+@pytest.mark.slow
 def test_cli_convert_and_its_bad_input(tmp_path, small_pipeline):
     import subprocess
     import sys

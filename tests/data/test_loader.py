@@ -99,6 +99,7 @@ def test_each_iteration_is_a_new_shuffled_epoch(dataset, small_pipeline):
     assert _fingerprints(loader) == first
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["torch", "dali"])
 def test_lightning_fits_on_either_backend_for_len_batches_per_epoch(dataset, small_pipeline, backend):
     lightning = pytest.importorskip("lightning")

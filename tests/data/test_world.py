@@ -24,6 +24,7 @@ def _sample(root, split="train", index=0):
     return key, {name.split(".", 1)[1]: data for name, data in members.items() if name.startswith(key + ".")}
 
 
+@pytest.mark.slow
 def test_same_seed_gives_byte_identical_shards_whatever_the_worker_count(tmp_path, dataset, small_pipeline):
     from stack.data.make import make_dataset
 
@@ -145,6 +146,7 @@ def test_ego_trajectory_is_consistent_with_its_speed(dataset):
     assert int(arrays["command"][0]) in (0, 1, 2)
 
 
+@pytest.mark.slow
 def test_cli_make_writes_shards_and_reports_them(tmp_path):
     import subprocess
     import sys
