@@ -22,6 +22,9 @@ $(BIN)/python:
 $(STAMP): $(BIN)/python $(INSTALL_INPUTS)
 	$(BIN)/pip install --quiet $(TORCH_PINS)
 	MAX_JOBS=2 $(BIN)/pip install --quiet --no-build-isolation -e ".[dev]"
+	# nuscenes-devkit (nuScenes converter, detection-metric oracle) pins numpy<2 but runs on
+	# numpy 2: installed without its pins; the dev extra lists what its code imports.
+	$(BIN)/pip install --quiet --no-deps nuscenes-devkit==1.2.0
 	touch $@
 
 install: $(STAMP)
