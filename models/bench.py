@@ -12,6 +12,7 @@ large preset stays within minutes on a CPU).
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 
@@ -68,26 +69,27 @@ def component_flops(model, batch, geometry) -> dict[str, float]:
     return flops
 
 
-def component_times(model, batch, geometry) -> dict[str, float]:
-    """Median forward seconds per top-level component and for the whole forward (`total`),
-    from module hooks in the same runs, so the parts and the whole are comparable."""
+def component_times(model, batch, geometry) -> dict[str, tuple[float, float]]:
+    """Median (wall, process CPU) forward seconds per top-level component and for the whole
+    forward (`total`), from module hooks in the same runs, so the parts and the whole compare.
+    CPU time (all threads) measures the work even when other jobs share the cores."""
     from stack.models.network import COMPONENTS
 
     device = batch.images.device
     names = COMPONENTS + ("total",)
-    samples: dict[str, list[float]] = {name: [] for name in names}
-    starts: dict[str, float] = {}
+    samples: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
+    starts: dict[str, tuple[float, float]] = {}
     hooks = []
     for name in names:
         module = model if name == "total" else getattr(model, name)
 
         def before(_module, _inputs, name=name):
             _sync(device)
-            starts[name] = time.perf_counter()
+            starts[name] = (time.perf_counter(), time.process_time())
 
         def after(_module, _inputs, _output, name=name):
             _sync(device)
-            samples[name].append(time.perf_counter() - starts[name])
+            samples[name].append((time.perf_counter() - starts[name][0], time.process_time() - starts[name][1]))
 
         hooks += [module.register_forward_pre_hook(before), module.register_forward_hook(after)]
     try:
@@ -96,7 +98,8 @@ def component_times(model, batch, geometry) -> dict[str, float]:
     finally:
         for hook in hooks:
             hook.remove()
-    return {name: statistics.median(values[1:]) for name, values in samples.items()}
+    return {name: (statistics.median(v[0] for v in values[1:]), statistics.median(v[1] for v in values[1:]))
+            for name, values in samples.items()}
 
 
 def train_step_time(model, batch, geometry) -> float:
@@ -133,13 +136,15 @@ def run(pipeline: Pipeline, args) -> int:
     print("counting FLOPs, measuring the matmul peak ...", flush=True)
     flops, peak = component_flops(model.eval(), batch, geometry), matmul_peak_flops(device)
     print("timing components, forward and backward ...", flush=True)
+    load_before = os.getloadavg()[0]
     times = component_times(model, batch, geometry)
-    forward_s, train_s = times["total"], train_step_time(model, batch, geometry)
-    print(_markdown(pipeline, model, flops, times, peak, forward_s, train_s, geometry_s, device))
+    forward_s, train_s = times["total"][0], train_step_time(model, batch, geometry)
+    load = (load_before, os.getloadavg()[0])
+    print(_markdown(pipeline, model, flops, times, peak, forward_s, train_s, geometry_s, device, load))
     return 0
 
 
-def _markdown(pipeline, model, flops, times, peak, forward_s, train_s, geometry_s, device) -> str:
+def _markdown(pipeline, model, flops, times, peak, forward_s, train_s, geometry_s, device, load) -> str:
     from stack.models.network import COMPONENTS
 
     rig = pipeline.data.rig
@@ -147,18 +152,20 @@ def _markdown(pipeline, model, flops, times, peak, forward_s, train_s, geometry_
              f"BEV {model.grid[0]}x{model.grid[1]}, {pipeline.model.depth.bins} depth bins ({device}, "
              f"{torch.get_num_threads()} threads)", "",
              f"Measured fp32 matmul peak: {peak / 1e9:.1f} GFLOP/s (2048^2 matmul). "
-             "Floor = FLOPs / that peak.", "",
-             "| component | params (M) | GFLOP / frame | forward ms | floor ms | x floor |",
-             "|---|---:|---:|---:|---:|---:|"]
+             f"Floor = FLOPs / that peak. 1-min load average {load[0]:.1f} -> {load[1]:.1f} "
+             f"on {os.cpu_count()} cores (above the core count, wall times include waiting for a core).", "",
+             "| component | params (M) | GFLOP / frame | forward ms | CPU ms (all threads) | floor ms | x floor |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
     for name in COMPONENTS:
         params = sum(p.numel() for p in getattr(model, name).parameters()) / 1e6
         floor_ms = flops[name] / peak * 1e3
-        ratio = times[name] * 1e3 / floor_ms if floor_ms > 0 else float("nan")
-        lines.append(f"| {name} | {params:.3f} | {flops[name] / 1e9:.3f} | {times[name] * 1e3:.1f} | "
+        wall, cpu = times[name]
+        ratio = wall * 1e3 / floor_ms if floor_ms > 0 else float("nan")
+        lines.append(f"| {name} | {params:.3f} | {flops[name] / 1e9:.3f} | {wall * 1e3:.1f} | {cpu * 1e3:.1f} | "
                      f"{floor_ms:.1f} | {ratio:.1f} |")
     total = sum(flops.values())
     params = sum(p.numel() for p in model.parameters()) / 1e6
-    lines += [f"| **total** | {params:.3f} | {total / 1e9:.3f} | {forward_s * 1e3:.1f} | "
+    lines += [f"| **total** | {params:.3f} | {total / 1e9:.3f} | {forward_s * 1e3:.1f} | {times['total'][1] * 1e3:.1f} | "
               f"{total / peak * 1e3:.1f} | {forward_s / (total / peak):.1f} |", "",
               f"- forward + loss + backward (train mode, batch 1): {train_s * 1e3:.0f} ms "
               f"({train_s / forward_s:.2f}x the forward; the FLOP rule of thumb is ~3x)",
