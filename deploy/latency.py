@@ -13,6 +13,8 @@ computed on TensorRT's view of the graph rather than ONNX's node list:
 - conv/matmul + bias + BatchNorm + activation + residual Add fuse into one kernel
   (one read of the input and weights, one write of the output, plus the residual);
 - shape plumbing (Reshape, Squeeze, Shape, Constant, ...) costs nothing;
+- chains of elementwise operators (normalisation, activations, residual adds not fused
+  into a conv) become one pointwise kernel: outside inputs read once, last output written;
 - everything else is a memory-bound kernel that reads its inputs and writes its outputs.
 
 The efficiency factors are fitted to published Jetson AGX Orin measurements
@@ -35,6 +37,9 @@ FREE_OPS = {"Constant", "Shape", "Identity", "Reshape", "Flatten", "Squeeze", "U
 COMPUTE_OPS = {"Conv", "ConvTranspose", "MatMul", "Gemm"}
 FUSABLE_EPILOGUE = {"Relu", "Clip", "Sigmoid", "Tanh", "LeakyRelu", "HardSigmoid", "HardSwish", "Elu", "Selu",
                     "Add", "Mul", "Sub", "Div", "BatchNormalization", "QuantizeLinear", "DequantizeLinear"}
+POINTWISE = {"Add", "Sub", "Mul", "Div", "Relu", "Clip", "Sigmoid", "Tanh", "LeakyRelu", "HardSigmoid", "HardSwish",
+             "Elu", "Selu", "Cast", "Exp", "Log", "Sqrt", "Pow", "Erf", "Neg", "Abs", "Reciprocal", "Max", "Min"}
+"""Elementwise operators TensorRT fuses into one pointwise kernel when they form a chain."""
 BYTES = {"int8": 1, "fp16": 2, "fp32": 4}
 
 
@@ -154,6 +159,12 @@ def predict(model: onnx.ModelProto, target, keep_fp32: tuple = (), efficiency: E
             absorbed.update(n.name for n in chain)
             flops, nbytes = _compute_cost(graph, node, chain, extra, precision)
             ops = [node.op_type] + [n.op_type for n in chain if n.op_type not in ("QuantizeLinear", "DequantizeLinear")]
+        elif node.op_type in POINTWISE:
+            precision = float_precision
+            chain = _pointwise_chain(graph, node, absorbed)
+            absorbed.update(n.name for n in chain)
+            flops, nbytes = _pointwise_cost(graph, [node] + chain, precision)
+            ops = [n.op_type for n in [node] + chain if n.op_type not in ("QuantizeLinear", "DequantizeLinear")]
         else:
             precision = float_precision
             flops, nbytes, ops = _elementwise_cost(graph, node, precision), _io_bytes(graph, node, precision), [node.op_type]
@@ -178,6 +189,30 @@ def _epilogue(graph: _Graph, node, absorbed: set) -> tuple[list, list]:
             return chain, extra[:1]
         chain.append(nxt)
         current = nxt.output[0]
+
+
+def _pointwise_chain(graph: _Graph, node, absorbed: set) -> list:
+    """Elementwise nodes (and Q/DQ) that follow `node` one-to-one: one fused pointwise kernel."""
+    chain, current = [], node.output[0]
+    while True:
+        consumers = graph.consumers.get(current, [])
+        if len(consumers) != 1 or consumers[0].name in absorbed:
+            return chain
+        nxt = consumers[0]
+        if nxt.op_type not in POINTWISE | {"QuantizeLinear", "DequantizeLinear"}:
+            return chain
+        chain.append(nxt)
+        current = nxt.output[0]
+
+
+def _pointwise_cost(graph: _Graph, nodes: list, precision: str) -> tuple[float, float]:
+    """One read of every outside input, one write of the last output."""
+    produced = {out for node in nodes for out in node.output}
+    reads = {name for node in nodes for name in node.input
+             if name and name not in produced and not graph.is_constant(name)}
+    elements = sum(graph.elements(name) for name in reads) + graph.elements(nodes[-1].output[0])
+    flops = float(sum(max((graph.elements(name) for name in node.output), default=0) for node in nodes))
+    return flops, float(elements * BYTES[precision])
 
 
 def _compute_cost(graph: _Graph, node, chain: list, extra: list, precision: str) -> tuple[float, float]:
