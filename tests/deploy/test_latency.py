@@ -80,3 +80,16 @@ def test_stated_error_matches_the_published_references(orin):
     assert abs(rows["fitted"]["error"]) < 0.02
     assert rows["held out"]["error"] == pytest.approx(HELD_OUT_ERROR, abs=0.02)
     assert GATE_MARGIN * (1 + HELD_OUT_ERROR) == pytest.approx(1.0, abs=0.01)
+
+
+def test_pointwise_chain_is_one_kernel(orin):
+    mean = numpy_helper.from_array(np.full((1, 3, 1, 1), 120.0, np.float32), "mean")
+    std = numpy_helper.from_array(np.full((1, 3, 1, 1), 60.0, np.float32), "std")
+    nodes = [helper.make_node("Cast", ["x"], ["f"], name="cast", to=TensorProto.FLOAT),
+             helper.make_node("Sub", ["f", "mean"], ["s"], name="sub"),
+             helper.make_node("Div", ["s", "std"], ["y"], name="div")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.UINT8, [1, 3, 64, 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, 64, 64])], [mean, std])
+    layers = predict(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), orin).layers
+    assert len(layers) == 1 and layers[0].ops == ["Cast", "Sub", "Div"]
+    assert layers[0].bytes == 2 * 3 * 64 * 64 * 2  # one read of x, one write of y (fp16 accounting)
