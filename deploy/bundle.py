@@ -26,7 +26,7 @@ import onnx
 from stack.deploy import accuracy as acc
 from stack.deploy.export import check_parity, export_onnx
 from stack.deploy.gate import measured_gate, predicted_gate
-from stack.deploy.quantize import check_calibration_set, quantizable_nodes, quantize
+from stack.deploy.quantize import check_calibration_set, fp32_nodes, quantizable_nodes, quantize
 from stack.deploy.report import markdown, plot_latency, write_gate_json
 from stack.deploy.trt_ops import tensorrt_problems
 
@@ -115,6 +115,10 @@ def _quantize_step(spec: DeploySpec, folder: Path, fp32_path: Path, target, cfg,
     shutil.copyfile(report.quantized_path, final)
     shutil.rmtree(work, ignore_errors=True)
     result["accuracy"] = report.to_dict()
+    kept = fp32_nodes(onnx.load(str(fp32_path), load_external_data=False), cfg.keep_fp32)
+    result["accuracy"]["keep_fp32"] = {"patterns": list(cfg.keep_fp32), "nodes": len(kept)}
+    if cfg.keep_fp32 and not kept:
+        log(f"warning: no node name contains any of export.keep_fp32 {list(cfg.keep_fp32)}; nothing is pinned to fp32")
     if not report.passed:
         failing = [h for h in report.final.heads if not h.passed]
         result["failures"] += [f"accuracy: {h.head} {h.metric} drops {h.drop:+.4f} > budget {h.budget:g}" for h in failing]

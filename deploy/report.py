@@ -90,6 +90,10 @@ def _accuracy_section(accuracy: dict | None) -> list:
         lines.append(f"| {head['head']} | {head['metric']} | {head['fp32']:.4f} | {head['quantized']:.4f} | "
                      f"{head['drop']:+.4f} | {head['budget']:g} | {'pass' if head['passed'] else 'FAIL'} |")
     lines.append("")
+    pinned = accuracy.get("keep_fp32")
+    if pinned:
+        lines += [f"Never quantized (export.keep_fp32 {pinned['patterns']}): {pinned['nodes']} nodes"
+                  + (" — no node matched, check the patterns" if pinned["patterns"] and not pinned["nodes"] else "") + ".", ""]
     if accuracy["excluded"]:
         lines += [f"Kept in fp32 by the accuracy gate ({len(accuracy['excluded'])} layers, most sensitive first): "
                   + ", ".join(f"`{name}`" for name in accuracy["excluded"]), ""]

@@ -52,7 +52,7 @@ def test_cpu_target_is_measured_and_passes(tmp_path, pipeline):
     assert json.loads((tmp_path / "gate.json").read_text())["passed"] is True
     report = (tmp_path / "report.md").read_text()
     assert "PASS" in report and "MEASURED" in report and "predicted" not in report.lower()
-    assert "| segmentation | seg_rel_error |" in report
+    assert "| segmentation | seg_rel_error |" in report and "Never quantized (export.keep_fp32 ['bev_pool']): 3 nodes" in report
     assert set(result["speed"]["side_by_side"]) == {"model.int8.onnx", "model.onnx"}
 
 
