@@ -51,6 +51,7 @@ class BevPoolGeometry:
     """(K,) int32: first point of each run of equal `ranks_bev` (one run per non-empty cell)."""
     interval_lengths: torch.Tensor
     """(K,) int32: points in each run."""
+    # The shapes the tables were built for; bev_pool rejects inputs of any other shape.
     batch: int
     cameras: int
     depth_bins: int
@@ -210,6 +211,8 @@ def bev_pool(depth: torch.Tensor, context: torch.Tensor, geometry: BevPoolGeomet
 
     Differentiable w.r.t. depth and context; mixed float dtypes are promoted. Uses the
     compiled kernels for the inputs' device when built, else `bev_pool_ref` (warned once).
+    The kernels read context channels-last: a context that already is (e.g. a channels_last
+    conv output of shape (B*N, C, H, W) viewed to 5-D) saves them one copy.
     """
     check_bev_pool_inputs(depth, context, geometry)
     dtype = torch.promote_types(depth.dtype, context.dtype)
