@@ -125,6 +125,18 @@ def test_non_contiguous_inputs(device):
 
 
 @pytest.mark.parametrize("device", device_params())
+def test_channels_last_context(device):
+    geometry, *_ = make_geometry(device=device)
+    depth, context = random_inputs(geometry, channels=6, device=device)
+    g = geometry
+    as_conv_output = context.reshape(-1, 6, g.feat_h, g.feat_w).to(memory_format=torch.channels_last)
+    context_cl = as_conv_output.view(context.shape)
+    assert context_cl.permute(0, 1, 3, 4, 2).is_contiguous() and not context_cl.is_contiguous()
+    torch.testing.assert_close(bev_pool(depth, context_cl, geometry), bev_pool_ref(depth, context, geometry),
+                               **TOL[torch.float32])
+
+
+@pytest.mark.parametrize("device", device_params())
 @pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16, torch.float16])
 def test_other_float_dtypes(device, dtype):
     geometry, *_ = make_geometry(device=device)
