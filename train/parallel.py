@@ -59,6 +59,9 @@ def apply_activation_checkpointing(model: nn.Module, patterns: Iterable[str]) ->
 
     The module's own `forward` is wrapped, so state-dict keys stay unchanged (checkpoints
     and deploy do not see the difference). Nested matches are wrapped once, outermost.
+    BatchNorm inside a recomputed module updates its running statistics in the forward and
+    again in the recompute (the same batch twice: a slightly faster moving average); the
+    gradients are exactly those of the plain module (tests/train/test_parallel.py).
     """
     chosen = _outermost(match_modules(model, patterns, "train.activation_checkpointing"))
     for _, module in chosen:
