@@ -42,17 +42,17 @@ def _sync(device: torch.device) -> None:
 
 
 def matmul_peak_flops(device: torch.device, size: int = 2048) -> float:
-    """Measured dense fp32 matmul rate, FLOP/s (median of REPEATS)."""
+    """Measured dense fp32 matmul rate, FLOP/s: the best of 2 x REPEATS runs, like the component times."""
     a, b = torch.randn(size, size, device=device), torch.randn(size, size, device=device)
     a @ b
     times = []
-    for _ in range(REPEATS):
+    for _ in range(2 * REPEATS):
         _sync(device)
         start = time.perf_counter()
         a @ b
         _sync(device)
         times.append(time.perf_counter() - start)
-    return 2 * size**3 / statistics.median(times)
+    return 2 * size**3 / min(times)
 
 
 def component_flops(model, batch, geometry) -> dict[str, float]:
@@ -70,26 +70,27 @@ def component_flops(model, batch, geometry) -> dict[str, float]:
 
 
 def component_times(model, batch, geometry) -> dict[str, tuple[float, float]]:
-    """Median (wall, process CPU) forward seconds per top-level component and for the whole
-    forward (`total`), from module hooks in the same runs, so the parts and the whole compare.
-    CPU time (all threads) measures the work even when other jobs share the cores."""
+    """(median, best) forward seconds per top-level component and for the whole forward
+    (`total`), from module hooks in the same runs, so the parts and the whole compare.
+    On a shared machine a multi-threaded op waits at its barrier whenever one thread loses
+    its core, which only ever adds time: the best run approximates an idle machine."""
     from stack.models.network import COMPONENTS
 
     device = batch.images.device
     names = COMPONENTS + ("total",)
-    samples: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
-    starts: dict[str, tuple[float, float]] = {}
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    starts: dict[str, float] = {}
     hooks = []
     for name in names:
         module = model if name == "total" else getattr(model, name)
 
         def before(_module, _inputs, name=name):
             _sync(device)
-            starts[name] = (time.perf_counter(), time.process_time())
+            starts[name] = time.perf_counter()
 
         def after(_module, _inputs, _output, name=name):
             _sync(device)
-            samples[name].append((time.perf_counter() - starts[name][0], time.process_time() - starts[name][1]))
+            samples[name].append(time.perf_counter() - starts[name])
 
         hooks += [module.register_forward_pre_hook(before), module.register_forward_hook(after)]
     try:
@@ -98,12 +99,11 @@ def component_times(model, batch, geometry) -> dict[str, tuple[float, float]]:
     finally:
         for hook in hooks:
             hook.remove()
-    return {name: (statistics.median(v[0] for v in values[1:]), statistics.median(v[1] for v in values[1:]))
-            for name, values in samples.items()}
+    return {name: (statistics.median(values[1:]), min(values[1:])) for name, values in samples.items()}
 
 
-def train_step_time(model, batch, geometry) -> float:
-    """Median seconds of forward + loss + backward in train mode."""
+def train_step_time(model, batch, geometry) -> tuple[float, float]:
+    """(median, best) seconds of forward + loss + backward in train mode."""
     device = batch.images.device
 
     def step():
@@ -114,7 +114,7 @@ def train_step_time(model, batch, geometry) -> float:
     model.train()
     times = timed_runs(step)
     model.eval()
-    return statistics.median(times)
+    return statistics.median(times), min(times)
 
 
 def run(pipeline: Pipeline, args) -> int:
@@ -138,7 +138,7 @@ def run(pipeline: Pipeline, args) -> int:
     print("timing components, forward and backward ...", flush=True)
     load_before = os.getloadavg()[0]
     times = component_times(model, batch, geometry)
-    forward_s, train_s = times["total"][0], train_step_time(model, batch, geometry)
+    forward_s, train_s = times["total"], train_step_time(model, batch, geometry)
     load = (load_before, os.getloadavg()[0])
     print(_markdown(pipeline, model, flops, times, peak, forward_s, train_s, geometry_s, device, load))
     return 0
@@ -151,24 +151,25 @@ def _markdown(pipeline, model, flops, times, peak, forward_s, train_s, geometry_
     lines = [f"### `{pipeline.name}`: {pipeline.model.backbone}, {len(rig.cameras)} x {rig.image_width}x{rig.image_height}, "
              f"BEV {model.grid[0]}x{model.grid[1]}, {pipeline.model.depth.bins} depth bins ({device}, "
              f"{torch.get_num_threads()} threads)", "",
-             f"Measured fp32 matmul peak: {peak / 1e9:.1f} GFLOP/s (2048^2 matmul). "
+             f"Measured fp32 matmul peak: {peak / 1e9:.1f} GFLOP/s (best 2048^2 matmul). "
              f"Floor = FLOPs / that peak. 1-min load average {load[0]:.1f} -> {load[1]:.1f} "
              f"on {os.cpu_count()} cores (above the core count, wall times include waiting for a core).", "",
-             "| component | params (M) | GFLOP / frame | forward ms | CPU ms (all threads) | floor ms | x floor |",
+             "| component | params (M) | GFLOP / frame | forward ms, median | best | floor ms | best / floor |",
              "|---|---:|---:|---:|---:|---:|---:|"]
     for name in COMPONENTS:
         params = sum(p.numel() for p in getattr(model, name).parameters()) / 1e6
         floor_ms = flops[name] / peak * 1e3
-        wall, cpu = times[name]
-        ratio = wall * 1e3 / floor_ms if floor_ms > 0 else float("nan")
-        lines.append(f"| {name} | {params:.3f} | {flops[name] / 1e9:.3f} | {wall * 1e3:.1f} | {cpu * 1e3:.1f} | "
+        median, best = times[name]
+        ratio = best * 1e3 / floor_ms if floor_ms > 0 else float("nan")
+        lines.append(f"| {name} | {params:.3f} | {flops[name] / 1e9:.3f} | {median * 1e3:.1f} | {best * 1e3:.1f} | "
                      f"{floor_ms:.1f} | {ratio:.1f} |")
     total = sum(flops.values())
     params = sum(p.numel() for p in model.parameters()) / 1e6
-    lines += [f"| **total** | {params:.3f} | {total / 1e9:.3f} | {forward_s * 1e3:.1f} | {times['total'][1] * 1e3:.1f} | "
-              f"{total / peak * 1e3:.1f} | {forward_s / (total / peak):.1f} |", "",
-              f"- forward + loss + backward (train mode, batch 1): {train_s * 1e3:.0f} ms "
-              f"({train_s / forward_s:.2f}x the forward; the FLOP rule of thumb is ~3x)",
+    (forward_median, forward_best), (train_median, train_best) = forward_s, train_s
+    lines += [f"| **total** | {params:.3f} | {total / 1e9:.3f} | {forward_median * 1e3:.1f} | "
+              f"{forward_best * 1e3:.1f} | {total / peak * 1e3:.1f} | {forward_best / (total / peak):.1f} |", "",
+              f"- forward + loss + backward (train mode, batch 1): median {train_median * 1e3:.0f} ms, best "
+              f"{train_best * 1e3:.0f} ms ({train_best / forward_best:.2f}x the best forward; FLOPs alone predict ~3x)",
               f"- pooling geometry for one frame (`bev_geometry`, once per batch in training, baked for export): "
               f"{geometry_s * 1e3:.0f} ms",
               f"- reproduce: `stack bench model -c configs/pipeline.yaml"
