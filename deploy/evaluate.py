@@ -1,8 +1,9 @@
 """Scoring a runtime's outputs per head with the project's metrics (`stack.metrics`).
 
 The accuracy gate calls one evaluator twice, on the fp32 and on the INT8 model, over
-the same validation samples: raw outputs are decoded exactly as the trainer's
-validation does (`stack.models.decoders`) and scored per head:
+the same validation samples: raw outputs are decoded exactly as training's evaluation
+does (`stack.models.decoders.decode_all`) and scored with the same suite
+(`stack.metrics.suite.TaskMetrics`), per head:
 
 | head | metric | better |
 |---|---|---|
@@ -43,18 +44,14 @@ def make_evaluator(pipeline, batches: list):
     feeds = [batch_feeds(batch) for batch in batches]
 
     def evaluate(run) -> dict:
-        from stack.metrics.depth import DepthMetric
-        from stack.metrics.detection import DetectionMetric
-        from stack.metrics.planning import PlanningMetric
-        from stack.metrics.segmentation import SegmentationMetric
+        from stack.metrics.suite import TaskMetrics
+        from stack.models.decoders import decode_all
 
-        model = pipeline.model
-        metrics = (DetectionMetric(model.detection_classes), SegmentationMetric(model.segmentation_classes),
-                   DepthMetric(), PlanningMetric(model.planning_steps))
+        metrics = TaskMetrics(pipeline)
         for batch, samples in zip(batches, feeds):
             outputs = _stack([run(sample) for sample in samples])
-            _update(metrics, outputs, batch, pipeline)
-        return _summarise(metrics, pipeline)
+            metrics.update(decode_all(outputs, pipeline), batch)
+        return _summarise(metrics.compute(), pipeline)
 
     return evaluate
 
@@ -63,20 +60,8 @@ def _stack(per_sample: list[dict]) -> dict:
     return {name: torch.from_numpy(np.concatenate([out[name] for out in per_sample])) for name in per_sample[0]}
 
 
-def _update(metrics, outputs: dict, batch, pipeline) -> None:
-    from stack.models.decoders import decode_depth, decode_detections, decode_plan, decode_segmentation
-
-    detection, segmentation, depth, planning = metrics
-    detection.update_detections(decode_detections(outputs, pipeline), batch.boxes, batch.box_labels)
-    segmentation.update(decode_segmentation(outputs, pipeline), batch.semantic)
-    depth.update(decode_depth(outputs, pipeline), batch.depth)
-    plan, _ = decode_plan(outputs)
-    planning.update(plan, batch.future_trajectory, batch.future_valid, batch.boxes, batch.box_labels,
-                    batch.past_trajectory, modes=outputs["plan_trajectories"])
-
-
-def _summarise(metrics, pipeline) -> dict:
-    detection, segmentation, depth, planning = (m.compute() for m in metrics)
+def _summarise(values: dict, pipeline) -> dict:
     seconds = min(3.0, pipeline.model.planning_steps * 0.5)
-    return {"detection_map": detection["mAP"], "segmentation_miou": segmentation["mIoU"],
-            "depth_abs_rel": depth["AbsRel"], planning_key(pipeline): planning.get(f"L2_at_{seconds:g}s", math.nan)}
+    return {"detection_map": values["detection/mAP"], "segmentation_miou": values["segmentation/mIoU"],
+            "depth_abs_rel": values["depth/AbsRel"],
+            planning_key(pipeline): values.get(f"planning/L2_at_{seconds:g}s", math.nan)}
