@@ -172,6 +172,6 @@ def _markdown(pipeline, model, flops, times, peak, forward_s, train_s, geometry_
               f"{train_best * 1e3:.0f} ms ({train_best / forward_best:.2f}x the best forward; FLOPs alone predict ~3x)",
               f"- pooling geometry for one frame (`bev_geometry`, once per batch in training, baked for export): "
               f"{geometry_s * 1e3:.0f} ms",
-              f"- reproduce: `stack bench model -c configs/pipeline.yaml"
+              f"- reproduce: `OMP_NUM_THREADS={torch.get_num_threads()} stack bench model -c configs/pipeline.yaml"
               f"{'' if pipeline.name == 'default' else f' -c configs/presets/{pipeline.name}.yaml'}`"]
     return "\n".join(lines)
