@@ -230,11 +230,22 @@ def measure_times(case: Case, folder: Path, thread_counts: tuple, log) -> dict:
 
 
 def time_per_thread_count(fn, thread_counts: tuple) -> dict:
+    """{threads: best wall seconds} plus "cpu": the process CPU seconds per run with one thread,
+    which other jobs on a busy machine barely change."""
     seconds = {}
     for threads in thread_counts:
         torch.set_num_threads(threads)
         seconds[threads] = best_seconds(fn)
+        if threads == 1:
+            seconds["cpu"] = cpu_seconds(fn)
     return seconds
+
+
+def cpu_seconds(fn, reps: int = 5) -> float:
+    start = time.process_time()
+    for _ in range(reps):
+        fn()
+    return (time.process_time() - start) / reps
 
 
 def measure_peaks(case: Case, pipeline: Pipeline, folder: Path) -> dict:
@@ -262,9 +273,10 @@ def peaks_in_child(name: str, pipeline: Pipeline, folder: Path) -> dict:
 
 def format_case(case: Case, times: dict, peaks: dict, bandwidth: float) -> str:
     op = "op stack::bev_pool"
-    counts = list(next(iter(times.values()))[0])
-    most = counts[-1]
-    header = " | ".join(f"time, {t} thread{'s' if t > 1 else ''} (ms)" for t in counts)
+    counts = list(next(iter(times.values()))[0])  # thread counts, and "cpu"
+    most = max(t for t in counts if t != "cpu")
+    header = " | ".join("CPU time, 1 thread (ms)" if t == "cpu" else f"time, {t} thread{'s' if t > 1 else ''} (ms)"
+                        for t in counts)
     lines = [f"{case.describe()}", "",
              f"| variant | {header} | time / op ({most} threads) | peak above inputs (MiB) | peak / op | "
              "max abs error vs reference |", "|---|" + "---:|" * (len(counts) + 4)]
@@ -279,10 +291,10 @@ def format_case(case: Case, times: dict, peaks: dict, bandwidth: float) -> str:
         err = "-" if error != error else f"{error:.1e}"
         lines.append(f"| {name} | {cells} | {time_ratio} | {peak} | {peak_ratio} | {err} |")
     floor_s = floor_bytes(case) / bandwidth
-    op_time = times[op][0][most] if op in times else float("nan")
+    op_time, op_cpu = (times[op][0][most], times[op][0].get("cpu", float("nan"))) if op in times else (float("nan"),) * 2
     lines += ["", f"floor: {floor_bytes(case) / 2**20:.1f} MiB to move (depth + context + tables read, grid written) "
-              f"at {bandwidth / 1e9:.1f} GB/s = {floor_s * 1e3:.2f} ms; op forward ({most} threads) = "
-              f"{op_time / floor_s:.1f}x the floor"]
+              f"at {bandwidth / 1e9:.1f} GB/s = {floor_s * 1e3:.2f} ms; op forward = {op_time / floor_s:.1f}x the "
+              f"floor ({most} threads, wall), {op_cpu / floor_s:.1f}x (1 thread, CPU time)"]
     return "\n".join(lines)
 
 

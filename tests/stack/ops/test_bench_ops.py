@@ -33,9 +33,10 @@ def test_every_forward_variant_agrees_and_the_report_names_the_floor(tmp_path):
     grid_bytes = g.batch * case.context.shape[2] * g.grid_x * g.grid_y * 4
     tables_bytes = 4 * (3 * g.num_points + 2 * g.num_cells)
     assert bench.floor_bytes(case) == case.depth.nbytes + case.context.nbytes + tables_bytes + grid_bytes
-    times = {"op stack::bev_pool": ({1: 0.003, 2: 0.002}, 0.0),
-             "naive (frustum tensor + index_add)": ({1: 0.03, 2: 0.02}, 0.0)}
+    times = {"op stack::bev_pool": ({1: 0.003, "cpu": 0.0025, 2: 0.002}, 0.0),
+             "naive (frustum tensor + index_add)": ({1: 0.03, "cpu": 0.025, 2: 0.02}, 0.0)}
     peaks = {"op stack::bev_pool": 2**20, "naive (frustum tensor + index_add)": 10 * 2**20}
     report = bench.format_case(case, times, peaks, bandwidth=1e10)
-    assert "| naive (frustum tensor + index_add) | 30.00 | 20.00 | 10.0x | 10.0 | 10.0x |" in report
-    assert "floor:" in report and "op forward (2 threads) = 23.1x the floor" in report
+    assert "| naive (frustum tensor + index_add) | 30.00 | 25.00 | 20.00 | 10.0x | 10.0 | 10.0x |" in report
+    assert "CPU time, 1 thread (ms)" in report
+    assert "op forward = 23.1x the floor (2 threads, wall), 28.8x (1 thread, CPU time)" in report
