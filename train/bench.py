@@ -1,19 +1,21 @@
-"""Training benchmarks (`stack bench train-step`, `stack bench train-memory`), each configuration in a fresh process.
+"""Training benchmarks: `stack bench train-step` and `stack bench train-memory`.
 
 - train-step: one training step of the pipeline's network (synthetic batches from
   `stack.models.testing.random_batch`, so data loading is out of the picture) at fp32
-  vs bf16-mixed, with and without activation checkpointing. Reports the median step
-  time, the floor (FLOPs of the step from `torch.utils.flop_counter` / the measured
-  matmul peak at that dtype), the bytes autograd saves for backward (exact, from
-  saved-tensor hooks) and the process's peak resident memory.
+  vs bf16-mixed, with and without activation checkpointing. The four configurations
+  run in one process, interleaved step by step (round robin), so they share whatever
+  else the machine is doing; the median of each is reported with its floor (FLOPs of
+  the step from `torch.utils.flop_counter` / the matmul peak at that dtype, measured
+  interleaved the same way) and the bytes autograd saves for backward (exact, from
+  saved-tensor hooks: the activation memory that checkpointing trades for recompute).
 - train-memory: 2 ranks on this machine under DDP and FSDP2 (Lightning, gloo on CPU,
-  NCCL on GPUs): per-rank parameter + gradient + AdamW-state bytes and peak memory.
-
-Every configuration runs in its own process so peak memory is not inherited.
+  NCCL on GPUs), each strategy in its own processes: per-rank parameter + gradient +
+  AdamW-state bytes and peak memory.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
@@ -30,51 +32,60 @@ STEP_CASES = [("32-true", []), ("bf16-mixed", []), ("32-true", ["image_encoder",
               ("bf16-mixed", ["image_encoder", "bev_encoder"])]
 
 
-def step_case(pipeline: Pipeline, steps: int = 6) -> dict:
-    """Time `steps` training steps after 2 warm-ups in this process; figures for one configuration."""
+def _case_step(pipeline: Pipeline, precision: str, checkpointed: list[str], batch):
+    """A closure running one training step of a fresh network in this configuration."""
     from stack.models import build_model
-    from stack.models.testing import random_batch
-    from stack.train.callbacks import PRECISION_DTYPES, measure_peak_tflops, peak_memory_mb
+    from stack.train.callbacks import PRECISION_DTYPES
     from stack.train.parallel import apply_activation_checkpointing
 
     torch.manual_seed(0)
-    train = pipeline.train
     model = build_model(pipeline).train()
-    if train.activation_checkpointing:
-        apply_activation_checkpointing(model, train.activation_checkpointing)
-    batch = random_batch(pipeline, pipeline.data.batch_size, seed=0)
+    if checkpointed:
+        apply_activation_checkpointing(model, checkpointed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    dtype = PRECISION_DTYPES[train.precision]
+    dtype = PRECISION_DTYPES[precision]
 
     def step(saved: list | None = None) -> None:
-        with torch.autocast("cpu", dtype=dtype, enabled=train.precision != "32-true"):
-            if saved is None:
-                loss = model.loss(model.forward_batch(batch), batch)["total"]
-            else:
-                with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.nbytes) or t, lambda t: t):
-                    loss = model.loss(model.forward_batch(batch), batch)["total"]
+        hooks = (torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.nbytes) or t, lambda t: t)
+                 if saved is not None else contextlib.nullcontext())
+        with torch.autocast("cpu", dtype=dtype, enabled=precision != "32-true"), hooks:
+            loss = model.loss(model.forward_batch(batch), batch)["total"]
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+    return step
 
-    step()
-    saved: list = []
-    step(saved)
+
+def step_cases(pipeline: Pipeline, rounds: int = 6) -> list[dict]:
+    """Every STEP_CASES configuration, interleaved for `rounds` rounds after a warm-up; one row each."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    with FlopCounterMode(display=False) as counter:
-        step()
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    peak = measure_peak_tflops(torch.device("cpu"), dtype)
-    flops = counter.get_total_flops()
-    return {"precision": train.precision, "checkpointing": list(train.activation_checkpointing),
-            "step_ms": 1000 * statistics.median(times), "gflop": flops / 1e9, "peak_tflops": peak,
-            "floor_ms": 1000 * flops / (peak * 1e12), "saved_for_backward_mb": sum(saved) / 2**20,
-            "peak_rss_mb": peak_memory_mb(torch.device("cpu"))}
+    from stack.models.testing import random_batch
+    from stack.train.callbacks import PRECISION_DTYPES, measure_peak_tflops
+
+    batch = random_batch(pipeline, pipeline.data.batch_size, seed=0)
+    steps = [_case_step(pipeline, precision, checkpointed, batch) for precision, checkpointed in STEP_CASES]
+    rows = []
+    for (precision, checkpointed), step in zip(STEP_CASES, steps):
+        step()  # warm-up (allocator, oneDNN primitives)
+        saved: list = []
+        step(saved)
+        with FlopCounterMode(display=False) as counter:
+            step()
+        rows.append({"precision": precision, "checkpointing": checkpointed, "gflop": counter.get_total_flops() / 1e9,
+                     "saved_for_backward_mb": sum(saved) / 2**20, "times": [], "peaks": []})
+    for _ in range(rounds):
+        for row, step in zip(rows, steps):
+            start = time.perf_counter()
+            step()
+            row["times"].append(time.perf_counter() - start)
+            row["peaks"].append(measure_peak_tflops(torch.device("cpu"), PRECISION_DTYPES[row["precision"]],
+                                                    seconds=0.2))
+    for row in rows:
+        row["step_ms"] = 1000 * statistics.median(row.pop("times"))
+        row["peak_tflops"] = max(row.pop("peaks"))
+        row["floor_ms"] = row["gflop"] / row["peak_tflops"]
+    return rows
 
 
 def _child(config: list[str], overrides: list[str], mode: str, timeout: int = 900) -> dict:
@@ -89,20 +100,19 @@ def _child(config: list[str], overrides: list[str], mode: str, timeout: int = 90
 
 
 def run_step(pipeline: Pipeline, args) -> int:
-    """`stack bench train-step`: fp32 vs bf16, with and without activation checkpointing."""
-    rows = []
-    for precision, checkpointed in STEP_CASES:
-        overrides = [*args.overrides, f"train.precision={precision}",
-                     f"train.activation_checkpointing=[{','.join(checkpointed)}]"]
-        rows.append(_child(args.config, overrides, "step"))
-        print(json.dumps(rows[-1]), flush=True)
-    base = rows[0]
-    print(f"\n| precision | activation checkpointing | step ms | vs fp32 | floor ms (FLOPs/peak) | "
-          f"saved for backward MiB | peak RSS MiB |\n|---|---|---|---|---|---|---|")
+    """`stack bench train-step`: fp32 vs bf16, with and without activation checkpointing, interleaved."""
+    rows = step_cases(pipeline)
+    base, plain_bf16 = rows[0], rows[1]
+    print("| precision | activation checkpointing | step ms (median) | speed vs fp32 | floor ms (GFLOP / peak) | "
+          "saved for backward MiB |\n|---|---|---|---|---|---|")
     for row in rows:
         print(f"| {row['precision']} | {', '.join(row['checkpointing']) or 'none'} | {row['step_ms']:.0f} | "
-              f"{base['step_ms'] / row['step_ms']:.2f}x | {row['floor_ms']:.0f} ({row['gflop']:.1f} GFLOP / "
-              f"{row['peak_tflops']:.2f} TFLOP/s) | {row['saved_for_backward_mb']:.0f} | {row['peak_rss_mb']:.0f} |")
+              f"{base['step_ms'] / row['step_ms']:.2f}x | {row['floor_ms']:.0f} ({row['gflop']:.1f} / "
+              f"{row['peak_tflops']:.2f} TFLOP/s) | {row['saved_for_backward_mb']:.0f} |")
+    print(f"bf16 vs fp32: {base['step_ms'] / plain_bf16['step_ms']:.2f}x; activation checkpointing costs "
+          f"{rows[2]['step_ms'] / base['step_ms']:.2f}x (fp32) / {rows[3]['step_ms'] / plain_bf16['step_ms']:.2f}x "
+          f"(bf16) step time for {rows[2]['saved_for_backward_mb'] / base['saved_for_backward_mb']:.2f}x the "
+          f"saved activations")
     return 0
 
 
@@ -146,13 +156,10 @@ def main(argv: list[str]) -> int:
     from stack.config import load_pipeline
 
     parser = argparse.ArgumentParser(prog="python -m stack.train.bench")
-    parser.add_argument("mode", choices=("step", "parallel"))
+    parser.add_argument("mode", choices=("parallel",))
     parser.add_argument("-c", "--config", action="append", default=[])
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_intermixed_args(argv)
-    if args.mode == "step":
-        print(json.dumps(step_case(load_pipeline(args.config, args.overrides))))
-        return 0
     out = os.environ.setdefault("STACK_BENCH_OUT", tempfile.mkdtemp(prefix="stack-bench-"))  # shared with rank 1
     pipeline = load_pipeline(args.config, [*args.overrides, f"train.out_dir={Path(out)}", "train.max_steps=6",
                                            "train.log_every_n_steps=3", "train.accelerator=cpu",
