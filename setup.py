@@ -102,14 +102,15 @@ def extension_args() -> dict:
     if not (shutil.which(os.environ.get("CXX", "c++")) or shutil.which("g++")):
         return _skip("no C++ compiler found")
     compile_args = {"cxx": ["-O3"]}
+    headers = sorted(glob.glob("csrc/*.h"))  # rebuild when they change; shipped in sdists
     cuda_sources = sorted(glob.glob("csrc/*.cu"))
     if cuda_home and torch.version.cuda and cuda_sources and _toolkit_matches(cuda_home, torch.version.cuda):
         os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "8.7;9.0")
         compile_args["nvcc"] = ["-O3", "-lineinfo"]
         extension = cpp_extension.CUDAExtension("stack._C", sources + cuda_sources, extra_compile_args=compile_args,
-                                                include_dirs=_cuda_include_dirs(torch))
+                                                include_dirs=_cuda_include_dirs(torch), depends=headers)
     else:
-        extension = cpp_extension.CppExtension("stack._C", sources, extra_compile_args=compile_args)
+        extension = cpp_extension.CppExtension("stack._C", sources, extra_compile_args=compile_args, depends=headers)
     return {"ext_modules": [extension], "cmdclass": {"build_ext": cpp_extension.BuildExtension}}
 
 
