@@ -81,6 +81,6 @@ def _quiet_known_warnings() -> None:
     """Silence Lightning notes that do not apply (our loaders shard by rank themselves)."""
     for pattern in (".*does not have many workers.*", ".*`IterableDataset` has `__len__`.*",
                     ".*ModelParallelStrategy.*experimental.*", ".*sync_dist=True.*", ".*LeafSpec.*",
-                    ".*`srun` command is available.*"):
+                    ".*`srun` command is available.*", ".*overridden `transfer_batch_to_device`.*"):
         warnings.filterwarnings("ignore", message=pattern)
     logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.WARNING)
