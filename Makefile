@@ -19,23 +19,23 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip "setuptools>=77" wheel
 
+# nuscenes-devkit (nuScenes converter, detection-metric oracle) pins numpy<2 but runs on
+# numpy 2: it is installed without its pins; the dev extra lists what its code imports.
 $(STAMP): $(BIN)/python $(INSTALL_INPUTS)
 	$(BIN)/pip install --quiet $(TORCH_PINS)
 	MAX_JOBS=2 $(BIN)/pip install --quiet --no-build-isolation -e ".[dev]"
-	# nuscenes-devkit (nuScenes converter, detection-metric oracle) pins numpy<2 but runs on
-	# numpy 2: installed without its pins; the dev extra lists what its code imports.
 	$(BIN)/pip install --quiet --no-deps nuscenes-devkit==1.2.0
 	touch $@
 
 install: $(STAMP)
 
 demo: install
+	$(BIN)/stack config $(TINY)
 	$(BIN)/stack data make $(TINY)
 	$(BIN)/stack train $(TINY)
 	$(BIN)/stack eval runs/tiny/train/model.pt $(TINY); rc=$$?; \
 		if [ $$rc -eq 1 ]; then echo "stack eval: a head is below its bar (table above); the demo goes on"; \
 		elif [ $$rc -ne 0 ]; then exit $$rc; fi
-	$(BIN)/stack config $(TINY)
 	$(BIN)/stack deploy --target orin $(GATE_CKPT) $(TINY)
 	$(BIN)/stack deploy --target cpu $(GATE_CKPT) $(TINY)
 
