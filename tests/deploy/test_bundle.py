@@ -58,12 +58,17 @@ def test_cpu_target_is_measured_and_passes(tmp_path, pipeline):
 
 @pytest.mark.slow
 def test_deliberately_slowed_model_fails_the_measured_gate(tmp_path, pipeline):
-    """~5 GFLOP of extra convolutions: far below a bar the normal network clears several times over."""
-    result = run_deploy(_spec(make_net(slow=True)), "cpu", _cpu_target(pipeline, 150.0), pipeline.export, tmp_path,
-                        log=lambda m: None)
-    assert not result["passed"]
-    assert any("below the required 150 FPS" in reason for reason in result["failures"])
-    assert "FAIL" in (tmp_path / "report.md").read_text().splitlines()[0]
+    """~5 GFLOP of extra convolutions (hundreds of times the normal network's work) fail a bar that the
+    normal network, measured in the same test, clears 3x over: relative, so a fast or a busy machine
+    decides the same way."""
+    normal = run_deploy(_spec(make_net()), "cpu", _cpu_target(pipeline, 1.0), pipeline.export,
+                        tmp_path / "normal", log=lambda m: None)
+    bar = round(normal["fps"]["fps"] / 3.0, 1)
+    result = run_deploy(_spec(make_net(slow=True)), "cpu", _cpu_target(pipeline, bar), pipeline.export,
+                        tmp_path / "slow", log=lambda m: None)
+    assert normal["passed"] and not result["passed"], (normal["fps"], result["fps"])
+    assert any(f"below the required {bar:g} FPS" in reason for reason in result["failures"])
+    assert "FAIL" in (tmp_path / "slow" / "report.md").read_text().splitlines()[0]
 
 
 def test_tensorrt_target_without_tensorrt_is_predicted_with_a_build_script(tmp_path, pipeline):
