@@ -24,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from stack.errors import StackError
+from stack.errors import StackError, missing_file_message
 from stack.pipeline import SCHEMA_VERSION, Pipeline
 
 FORMAT = "stack-model"
@@ -137,11 +137,8 @@ def _read(path: Path) -> dict:
     import torch
 
     if not path.is_file():
-        what = "is a folder" if path.is_dir() else "does not exist"
-        raise CheckpointError(
-            f"checkpoint {str(path)!r} {what} (working directory {os.getcwd()}). "
-            f"Give the .ckpt/.pt file that `stack train` wrote (under train.out_dir)."
-        )
+        raise CheckpointError(missing_file_message(
+            "checkpoint", path, "Give the .ckpt/.pt file that `stack train` wrote (under train.out_dir)."))
     try:
         try:
             raw = torch.load(path, map_location="cpu", weights_only=True)

@@ -26,7 +26,7 @@ import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from stack.errors import ConfigError
+from stack.errors import ConfigError, missing_file_message
 from stack.pipeline import Pipeline, Target
 
 CONFIG_DIR = Path(os.environ.get("STACK_CONFIG_DIR", Path(__file__).resolve().parents[1] / "configs"))
@@ -112,11 +112,9 @@ def _parse_yaml(text: str, source: str) -> dict:
 
 def _read_config_file(path: Path) -> dict:
     if not path.is_file():
-        what = "is a folder" if path.is_dir() else "does not exist"
-        raise ConfigError(
-            f"config file {str(path)!r} {what} (working directory {os.getcwd()}). "
-            f"Pass an existing YAML file with -c, e.g. -c {DEFAULT_CONFIG.relative_to(CONFIG_DIR.parent)}."
-        )
+        raise ConfigError(missing_file_message(
+            "config file", path,
+            f"Pass an existing YAML file with -c, e.g. -c {DEFAULT_CONFIG.relative_to(CONFIG_DIR.parent)}."))
     return _parse_yaml(path.read_text(), f"config file {str(path)!r}")
 
 

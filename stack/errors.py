@@ -15,3 +15,12 @@ class StackError(Exception):
 
 class ConfigError(StackError):
     """The pipeline configuration (files or overrides) is invalid."""
+
+
+def missing_file_message(kind: str, path, fix: str) -> str:
+    """'<kind> 'PATH' does not exist (working directory …). <fix>' — the one wording for absent inputs."""
+    import os
+    from pathlib import Path
+
+    what = "is a folder" if Path(path).is_dir() else "does not exist"
+    return f"{kind} {str(path)!r} {what} (working directory {os.getcwd()}). {fix}"
