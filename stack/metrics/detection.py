@@ -13,6 +13,12 @@ own `accumulate` / `calc_ap` / `calc_tp`:
   distance, m), ASE (1 - IoU of the sizes aligned), AOE (smallest yaw difference,
   rad), AVE (velocity L2, m/s); 1.0 for a class with no match.
 
+- class ranges: like the devkit's `filter_eval_boxes`, GT and predictions farther
+  from the ego origin than their class's range are dropped before matching
+  (`CLASS_RANGES_M`, nuScenes' detection config: vehicles 50 m, vulnerable road
+  users 40 m); `TaskMetrics` also caps each range at the BEV grid's inscribed radius,
+  since the network cannot place a box outside its grid.
+
 A class with no ground truth scores AP 0 and errors 1 (the devkit's convention),
 and mAP averages over every configured class. The trivial baseline is the empty
 detector: mAP 0, every TP error 1.
@@ -31,6 +37,17 @@ MIN_RECALL = 0.1
 MIN_PRECISION = 0.1
 RECALL_POINTS = 101
 TP_ERRORS = ("ATE", "ASE", "AOE", "AVE")
+CLASS_RANGES_M = {"car": 50.0, "truck": 50.0, "bus": 50.0, "trailer": 50.0, "construction_vehicle": 50.0,
+                  "pedestrian": 40.0, "motorcycle": 40.0, "bicycle": 40.0, "cyclist": 40.0,
+                  "traffic_cone": 30.0, "barrier": 30.0}
+"""Evaluation range per class name (nuScenes detection_cvpr_2019 `class_range`), metres from the ego origin."""
+DEFAULT_RANGE_M = 50.0
+"""Range of a class name nuScenes does not define."""
+
+
+def class_ranges(classes: Sequence[str], limit: float = float("inf")) -> list[float]:
+    """The evaluation range of each class (CLASS_RANGES_M, else DEFAULT_RANGE_M), capped at `limit`."""
+    return [min(CLASS_RANGES_M.get(name, DEFAULT_RANGE_M), limit) for name in classes]
 
 
 def _numpy(x) -> np.ndarray:
@@ -69,19 +86,32 @@ def _cummean(values: np.ndarray) -> np.ndarray:
 class DetectionMetric:
     """Accumulates decoded boxes and ground truth over a split; `compute` gives nuScenes mAP + TP errors."""
 
-    def __init__(self, classes: Sequence[str], thresholds: Sequence[float] = DISTANCE_THRESHOLDS):
+    def __init__(self, classes: Sequence[str], thresholds: Sequence[float] = DISTANCE_THRESHOLDS,
+                 ranges: Sequence[float] | None = None):
+        """`ranges`: per-class evaluation range in metres (see `class_ranges`); None keeps every box."""
         self.classes, self.thresholds = list(classes), tuple(thresholds)
+        self.ranges = None if ranges is None else np.asarray(ranges, dtype=np.float64)
+        if self.ranges is not None and len(self.ranges) != len(self.classes):
+            raise ValueError(f"ranges has {len(self.ranges)} entries for {len(self.classes)} classes")
         self.samples: list[tuple[np.ndarray, ...]] = []
+
+    def _in_range(self, boxes: np.ndarray, labels: np.ndarray) -> np.ndarray:
+        """Mask of the boxes within their class's evaluation range (all True without ranges)."""
+        if self.ranges is None or len(labels) == 0:
+            return np.ones(len(labels), dtype=bool)
+        return np.linalg.norm(boxes[:, :2], axis=1) <= self.ranges[np.clip(labels, 0, len(self.ranges) - 1)]
 
     def update(self, pred_boxes, pred_scores, pred_labels, gt_boxes, gt_labels) -> None:
         """One batch: per-sample predictions (lists of (n, 9), (n,), (n,)) and GT (B, M, 9), (B, M) with -1 padding."""
         gt_boxes, gt_labels = _numpy(gt_boxes), _numpy(gt_labels)
         for i in range(len(gt_labels)):
             real = gt_labels[i] >= 0
-            self.samples.append((_numpy(pred_boxes[i]).astype(np.float64).reshape(-1, 9),
-                                 _numpy(pred_scores[i]).astype(np.float64).reshape(-1),
-                                 _numpy(pred_labels[i]).astype(np.int64).reshape(-1),
-                                 gt_boxes[i][real].astype(np.float64), gt_labels[i][real].astype(np.int64)))
+            gt, gt_label = gt_boxes[i][real].astype(np.float64), gt_labels[i][real].astype(np.int64)
+            boxes = _numpy(pred_boxes[i]).astype(np.float64).reshape(-1, 9)
+            scores = _numpy(pred_scores[i]).astype(np.float64).reshape(-1)
+            labels = _numpy(pred_labels[i]).astype(np.int64).reshape(-1)
+            kept, kept_gt = self._in_range(boxes, labels), self._in_range(gt, gt_label)
+            self.samples.append((boxes[kept], scores[kept], labels[kept], gt[kept_gt], gt_label[kept_gt]))
 
     def update_detections(self, detections, gt_boxes, gt_labels) -> None:
         """`update` from `stack.models.decoders.Detections`-like objects (fields boxes, scores, labels)."""

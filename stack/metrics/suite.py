@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from stack.metrics.depth import DepthMetric
-from stack.metrics.detection import DetectionMetric
+from stack.metrics.detection import DetectionMetric, class_ranges
 from stack.metrics.planning import PlanningMetric
 from stack.metrics.segmentation import SegmentationMetric
 from stack.pipeline import Pipeline
@@ -27,7 +27,9 @@ class TaskMetrics:
 
     def __init__(self, pipeline: Pipeline):
         model = pipeline.model
-        self.detection = DetectionMetric(model.detection_classes)
+        (x0, x1), (y0, y1) = model.bev.x_range, model.bev.y_range
+        grid_radius = min(-x0, x1, -y0, y1) if min(-x0, x1, -y0, y1) > 0 else float("inf")
+        self.detection = DetectionMetric(model.detection_classes, ranges=class_ranges(model.detection_classes, grid_radius))
         self.segmentation = SegmentationMetric(model.segmentation_classes)
         self.depth = DepthMetric(min_depth=1e-3, max_depth=model.depth.max_m)
         self.planning = PlanningMetric(steps=model.planning_steps)

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from stack.metrics.detection import DISTANCE_THRESHOLDS, DetectionMetric
+from stack.metrics.detection import DISTANCE_THRESHOLDS, DetectionMetric, class_ranges
 
 # The oracle: nuscenes-devkit (installed with --no-deps, see pyproject's dev extra).
 import nuscenes.eval.detection.algo as devkit
@@ -118,3 +118,23 @@ def test_edge_cases_no_gt_and_no_predictions():
     md = devkit.accumulate(gt_boxes, pred_boxes, "car", center_distance, 2.0)
     assert devkit.calc_ap(md, 0.1, 0.1) == result["AP_car"]
     assert result["baseline_empty/mAP"] == 0.0 and result["baseline_empty/mATE"] == 1.0
+
+
+def test_boxes_beyond_their_class_range_are_not_scored():
+    """As the devkit's filter_eval_boxes: far GT cannot lower recall, far false positives cannot lower precision."""
+    def box(x, y):
+        return np.array([x, y, 0.0, 4.5, 1.9, 1.6, 0.0, 0.0, 0.0])
+
+    near_gt, far_gt = box(10.0, 5.0), box(60.0, 0.0)      # car range: 50 m
+    near_ped_fp = box(0.0, 45.0)                            # pedestrian range: 40 m
+    gt = np.stack([near_gt, far_gt, box(0.0, 0.0)])[None]
+    gt_labels = np.array([[0, 0, -1]])
+    predictions = ([np.stack([near_gt, near_ped_fp, box(70.0, 70.0)])], [np.array([0.9, 0.95, 0.99])],
+                   [np.array([0, 2, 0])])
+    ranged = DetectionMetric(CLASSES, ranges=class_ranges(CLASSES))
+    ranged.update(*predictions, gt, gt_labels)
+    assert ranged.compute()["AP_car"] == pytest.approx(1.0)
+    unranged = DetectionMetric(CLASSES)
+    unranged.update(*predictions, gt, gt_labels)
+    assert unranged.compute()["AP_car"] < 0.6  # half the cars missed, a confident false positive ranked first
+    assert class_ranges(["car", "pedestrian", "robot"], limit=45.0) == [45.0, 40.0, 45.0]

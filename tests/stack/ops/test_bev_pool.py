@@ -13,7 +13,9 @@ from stack.pipeline import BevGridConfig
 from stack.testing import device_params
 
 needs_extension = pytest.mark.skipif(not extension_loaded(), reason="stack._C is not built (no C++ compiler at install)")
-TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.float64: dict(atol=1e-12, rtol=1e-12),
+# fp32 sums of hundreds of points in another order (CUDA intervals vs index_add) differ by a few
+# ulps times the count: rtol 1e-4 covers 1000-point cells.
+TOL = {torch.float32: dict(atol=1e-5, rtol=1e-4), torch.float64: dict(atol=1e-12, rtol=1e-12),
        torch.bfloat16: dict(atol=3e-2, rtol=3e-2), torch.float16: dict(atol=3e-3, rtol=3e-3)}
 
 GRIDS = {
