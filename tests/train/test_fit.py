@@ -111,4 +111,4 @@ def test_trains_on_a_gpu_in_bf16(tmp_path):
     assert len(curve) == 12 and torch.isfinite(torch.tensor(list(curve.values()))).all()
     last = stats.history[-1]
     assert 0 < last["perf/mfu"] < 1 and last["perf/peak_memory_mb"] > 0
-    assert next(module.model.parameters()).device.type == "cuda"
+    assert trainer.strategy.root_device.type == "cuda"  # fit's teardown moves the weights back to the CPU
