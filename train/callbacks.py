@@ -22,7 +22,12 @@ from torch.utils.flop_counter import FlopCounterMode
 
 
 def measure_peak_tflops(device: torch.device, dtype: torch.dtype, size: int = 2048, seconds: float = 0.5) -> float:
-    """Dense matmul TFLOP/s this device reaches at `dtype` (the best of a short run)."""
+    """Dense matmul TFLOP/s this device reaches at `dtype` (the best of a short run).
+
+    The matrix shrinks (down to 256) when one product would take more than a quarter of
+    `seconds`: without bf16 instructions a 2048² bf16 product takes about a minute on a CPU.
+    """
+    size = min(size, _affordable_size(device, dtype, seconds / 4))
     a = torch.randn(size, size, device=device, dtype=dtype)
     b = torch.randn(size, size, device=device, dtype=dtype)
     torch.mm(a, b)  # warm-up (and lazy init of the BLAS)
@@ -34,6 +39,20 @@ def measure_peak_tflops(device: torch.device, dtype: torch.dtype, size: int = 20
         _sync(device)
         best = max(best, 2 * size**3 / (time.perf_counter() - start))
     return best / 1e12
+
+
+def _affordable_size(device: torch.device, dtype: torch.dtype, budget_s: float, probe: int = 256) -> int:
+    """The largest power-of-two matrix side (>= probe) whose product fits `budget_s`, from one probe product."""
+    a = torch.randn(probe, probe, device=device, dtype=dtype)
+    torch.mm(a, a)
+    _sync(device)
+    start = time.perf_counter()
+    torch.mm(a, a)
+    _sync(device)
+    elapsed, size = time.perf_counter() - start, probe
+    while elapsed * 8 <= budget_s and size < 1 << 14:
+        size, elapsed = size * 2, elapsed * 8
+    return size
 
 
 def _sync(device: torch.device) -> None:

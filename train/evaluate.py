@@ -73,8 +73,9 @@ def evaluate(model: torch.nn.Module, pipeline: Pipeline, batches, device: torch.
     return {**metrics.compute(), "eval/batches": float(count)}
 
 
-def evaluate_checkpoint(checkpoint: Path, pipeline: Pipeline | None, progress: bool = True) -> tuple[dict, Path]:
-    """Rebuild the checkpoint's network, evaluate it on `pipeline`'s validation split; (metrics, out folder)."""
+def evaluate_checkpoint(checkpoint: Path, pipeline: Pipeline | None, progress: bool = True,
+                        split: str = "val") -> tuple[dict, Path]:
+    """Rebuild the checkpoint's network, evaluate it on `pipeline`'s `split` (val, or train unaugmented); (metrics, out folder)."""
     from stack.checkpoint import load_model_checkpoint
     from stack.data import build_loader
     from stack.models import build_model
@@ -85,13 +86,13 @@ def evaluate_checkpoint(checkpoint: Path, pipeline: Pipeline | None, progress: b
     model = build_model(stored)
     model.load_state_dict(state)
     device = torch.device("cuda" if accelerator_name(pipeline.train) == "gpu" else "cpu")
-    loader = build_loader(pipeline, "val", rank=0, world_size=1)
+    loader = build_loader(pipeline, split, rank=0, world_size=1, shuffle=False, augment=False)
     start = time.perf_counter()
     batches = _with_progress(loader, progress)
     metrics = evaluate(model, stored, batches, device)
     metrics["eval/seconds"] = time.perf_counter() - start
     metrics["eval/global_step"] = float(meta.get("extra", {}).get("global_step", -1))
-    out = checkpoint.parent / "eval"
+    out = checkpoint.parent / ("eval" if split == "val" else f"eval-{split}")
     out.mkdir(parents=True, exist_ok=True)
     (out / "metrics.json").write_text(json.dumps(metrics, indent=1, sort_keys=True) + "\n")
     plot_verdicts(verdicts(metrics), out / "heads.png")

@@ -24,6 +24,7 @@ from stack.train.checkpoints import RollingCheckpoints, resolve_resume
 from stack.train.data import LoaderFactory, PipelineData
 from stack.train.module import TrainModule
 from stack.train.parallel import accelerator_name, build_strategy
+from stack.train.precision import for_this_hardware
 
 def build_trainer(pipeline: Pipeline, progress: bool = True, validate: bool = True) -> tuple[pl.Trainer, StepStats]:
     """The Lightning Trainer for `pipeline.train`, and its step-statistics callback."""
@@ -58,6 +59,7 @@ def fit(pipeline: Pipeline, model: Callable[[Pipeline], nn.Module] | None = None
         loaders: LoaderFactory | None = None, progress: bool = True) -> tuple[TrainModule, pl.Trainer, StepStats]:
     """Train the network `model(pipeline)` builds (default: `stack.models.build_model`) on `loaders`
     (default: `stack.data`). The network is built after seeding, so its initial weights follow train.seed."""
+    pipeline = for_this_hardware(pipeline)
     resume = str(resolve_resume(pipeline.train.resume)) if pipeline.train.resume else None
     _quiet_known_warnings()
     pl.seed_everything(pipeline.train.seed, workers=True, verbose=False)

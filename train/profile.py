@@ -53,7 +53,9 @@ def profile_steps(pipeline: Pipeline, out_dir: Path, model: nn.Module | None = N
                   batches: Iterable | None = None, warmup: int = 2) -> dict:
     """Run warm-up + `train.profile_steps` steps; write trace.json and phases.png; return the figures."""
     from stack.train.parallel import accelerator_name
+    from stack.train.precision import for_this_hardware
 
+    pipeline = for_this_hardware(pipeline)
     device = torch.device("cuda" if accelerator_name(pipeline.train) == "gpu" else "cpu")
     torch.manual_seed(pipeline.train.seed)
     if model is None:

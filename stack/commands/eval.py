@@ -4,7 +4,9 @@
 
 CHECKPOINT is the `model.pt` that `stack train` writes (or a Lightning `.ckpt`); the
 network is rebuilt from the pipeline it carries. Exit code 0 when every head clears its
-bar, 1 when one does not. Writes eval/metrics.json and eval/heads.png beside it.
+bar, 1 when one does not. Writes eval/metrics.json and eval/heads.png beside it
+(eval-train/ for `--split train`: the same table on frames the network trained on, so a
+gap between the two splits shows memorisation rather than learning).
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     # CHECKPOINT arrives through the shared `overrides` positional, as for `stack export`.
     parser.usage = "stack eval [options] CHECKPOINT [key=value ...]"
     parser.epilog = "CHECKPOINT: the model.pt (or Lightning .ckpt) that `stack train` wrote."
+    parser.add_argument("--split", choices=("val", "train"), default="val",
+                        help="eval: the split to score (default val; train, unaugmented, shows overfitting)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -27,12 +31,12 @@ def run(args: argparse.Namespace) -> int:
 
     checkpoint = take_checkpoint(args)
     pipeline = load_pipeline_from_args(args) if (args.config or args.overrides) else None
-    metrics, out = evaluate_checkpoint(Path(checkpoint), pipeline)
+    metrics, out = evaluate_checkpoint(Path(checkpoint), pipeline, split=args.split)
     rows = verdicts(metrics)
     print(f"| head | metric | model | trivial baseline | bar | verdict |\n|---|---|---|---|---|---|")
     for row in rows:
         print(f"| {row.head} | {row.metric} | {row.value:.3f} | {row.baseline:.3f} | {row.bar} | "
               f"{'pass' if row.passed else 'FAIL'} |")
-    print(f"{int(metrics['eval/batches'])} validation batches in {metrics['eval/seconds']:.1f} s; "
+    print(f"{int(metrics['eval/batches'])} {args.split} batches in {metrics['eval/seconds']:.1f} s; "
           f"all metrics: {out / 'metrics.json'}; plot: {out / 'heads.png'}")
     return 0 if all(row.passed for row in rows) else 1

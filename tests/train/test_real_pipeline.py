@@ -1,5 +1,6 @@
 """The real network on real rendered shards: `stack.train.fit` with both data backends, resume, `stack eval`."""
 
+import json
 import csv
 import os
 import subprocess
@@ -70,3 +71,9 @@ def test_resume_and_eval_through_the_cli(shards, tmp_path):
     for head in ("planning", "depth", "segmentation", "detection"):
         assert f"| {head} |" in evaluated.stdout
     assert (tmp_path / "full" / "eval" / "metrics.json").is_file() and (tmp_path / "full" / "eval" / "heads.png").is_file()
+    on_train = subprocess.run([*base, "eval", "--split", "train", f"{tmp_path}/full/model.pt", f"data.root={shards}",
+                               *SMALL], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert on_train.returncode in (0, 1), on_train.stderr[-3000:]
+    assert "train batches" in on_train.stdout
+    scored = json.loads((tmp_path / "full" / "eval-train" / "metrics.json").read_text())
+    assert scored["detection/gt_boxes"] > 0 and scored != json.loads((tmp_path / "full" / "eval" / "metrics.json").read_text())
