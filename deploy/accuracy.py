@@ -107,22 +107,22 @@ def compare(fp32: dict, quantized: dict, budgets: list[HeadBudget]) -> list[Head
     return rows
 
 
-def session_runner(path: str | Path) -> Runner:
-    """A Runner over an ONNX Runtime CPU session of `path`."""
+def session_runner(path: str | Path, simulate_int8: bool = False) -> Runner:
+    """A Runner over an ONNX Runtime CPU session of `path` (`simulate_int8`: see `ort_session`)."""
     from stack.deploy.runtime import ort_session
 
-    session = ort_session(path)
+    session = ort_session(path, simulate_int8=simulate_int8)
     names = [output.name for output in session.get_outputs()]
     return lambda feeds: dict(zip(names, session.run(names, feeds)))
 
 
 def sensitivity(fp32_path: Path, quantize_only: Callable[[str], Path], candidates: list[str],
-                samples: list[dict]) -> list[tuple[str, float]]:
+                samples: list[dict], simulate_int8: bool = False) -> list[tuple[str, float]]:
     """(layer, relative output error when only that layer is quantized), most sensitive first."""
     reference = [session_runner(fp32_path)(feeds) for feeds in samples]
     scores = []
     for layer in candidates:
-        run = session_runner(quantize_only(layer))
+        run = session_runner(quantize_only(layer), simulate_int8)
         error = 0.0
         for feeds, expected in zip(samples, reference):
             got = run(feeds)
@@ -175,12 +175,16 @@ def screen(fp32_path: Path, qdq_path: Path, candidates: list[str], samples: list
 
 def accuracy_gate(fp32_path: Path, quantize_with: Quantizer, evaluate: Evaluator, budgets: list[HeadBudget],
                   candidates: list[str], sensitivity_samples: list[dict], max_fp32_layers: int,
-                  log: Callable[[str], None] = print) -> AccuracyReport:
-    """Quantize, score per head, and fall back to fp32 for the most sensitive layers until it passes."""
+                  log: Callable[[str], None] = print, simulate_int8: bool = False) -> AccuracyReport:
+    """Quantize, score per head, and fall back to fp32 for the most sensitive layers until it passes.
+
+    `simulate_int8`: score the quantized graphs with simulated INT8 arithmetic (`ort_session`),
+    for QDQ graphs that an engine builder such as TensorRT compiles rather than this host runs.
+    """
     fp32_metrics = evaluate(session_runner(fp32_path))
     report = AccuracyReport(fp32_metrics)
     path = quantize_with([])
-    report.attempts.append(Attempt([], compare(fp32_metrics, evaluate(session_runner(path)), budgets)))
+    report.attempts.append(Attempt([], compare(fp32_metrics, evaluate(session_runner(path, simulate_int8)), budgets)))
     report.quantized_path = path
     log(_describe(report.final))
     if report.passed or max_fp32_layers <= 0 or not candidates:
@@ -190,13 +194,14 @@ def accuracy_gate(fp32_path: Path, quantize_with: Quantizer, evaluate: Evaluator
     log(f"accuracy gate: measuring the sensitivity of the {len(shortlist)} of {len(candidates)} layers with the "
         f"noisiest quantized activations (one quantized at a time)")
     report.sensitivity = sensitivity(fp32_path, lambda layer: quantize_with(sorted(everything_else - {layer})),
-                                     shortlist, sensitivity_samples)
+                                     shortlist, sensitivity_samples, simulate_int8)
     count = 1
     while True:
         count = min(count, max_fp32_layers, len(report.sensitivity))
         excluded = [name for name, _ in report.sensitivity[:count]]
         path = quantize_with(excluded)
-        report.attempts.append(Attempt(excluded, compare(fp32_metrics, evaluate(session_runner(path)), budgets)))
+        report.attempts.append(Attempt(excluded, compare(fp32_metrics, evaluate(session_runner(path, simulate_int8)),
+                                                         budgets)))
         report.quantized_path = path
         log(_describe(report.final))
         if report.passed or count >= min(max_fp32_layers, len(report.sensitivity)):

@@ -109,8 +109,10 @@ def _quantize_step(spec: DeploySpec, folder: Path, fp32_path: Path, target, cfg,
     log(f"quantizing ({target.qdq_flavour} QDQ, {len(spec.calibration)} calibration samples) and scoring "
         f"{len(spec.accuracy_feeds)} validation samples per head ...")
     candidates = quantizable_nodes(onnx.load(str(fp32_path)), cfg.keep_fp32)
+    # TensorRT-flavoured graphs are compiled by TensorRT, not run by this host: score their INT8 as simulated.
     report = acc.accuracy_gate(fp32_path, quantize_with, spec.evaluator, spec.budgets, candidates,
-                               spec.accuracy_feeds[:cfg.sensitivity_samples], cfg.max_fp32_layers, log)
+                               spec.accuracy_feeds[:cfg.sensitivity_samples], cfg.max_fp32_layers, log,
+                               simulate_int8=target.qdq_flavour == "tensorrt")
     final = folder / "model.int8.onnx"
     shutil.copyfile(report.quantized_path, final)
     shutil.rmtree(work, ignore_errors=True)

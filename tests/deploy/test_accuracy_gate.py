@@ -48,7 +48,8 @@ def _setup(tmp_path, outlier):
 
 def test_clean_network_passes_without_exclusions(tmp_path):
     fp32, evaluate, quantize_with, candidates, few = _setup(tmp_path, outlier=False)
-    report = accuracy_gate(fp32, quantize_with, evaluate, BUDGETS, candidates, few, max_fp32_layers=8, log=lambda m: None)
+    report = accuracy_gate(fp32, quantize_with, evaluate, BUDGETS, candidates, few, max_fp32_layers=8, log=lambda m: None,
+                           simulate_int8=True)
     assert report.passed and len(report.attempts) == 1 and report.final.excluded == []
     assert not report.sensitivity
 
@@ -56,7 +57,8 @@ def test_clean_network_passes_without_exclusions(tmp_path):
 def test_outlier_layer_fails_int8_then_is_kept_fp32(tmp_path):
     fp32, evaluate, quantize_with, candidates, few = _setup(tmp_path, outlier=True)
     messages = []
-    report = accuracy_gate(fp32, quantize_with, evaluate, BUDGETS, candidates, few, max_fp32_layers=8, log=messages.append)
+    report = accuracy_gate(fp32, quantize_with, evaluate, BUDGETS, candidates, few, max_fp32_layers=8, log=messages.append,
+                           simulate_int8=True)
     first = report.attempts[0]
     assert not first.passed  # plain INT8 breaks at least one head
     top = [name for name, _ in report.sensitivity[:2]]
@@ -71,7 +73,8 @@ def test_outlier_layer_fails_int8_then_is_kept_fp32(tmp_path):
 
 def test_gate_reports_failure_when_fp32_budget_is_spent(tmp_path):
     fp32, evaluate, quantize_with, candidates, few = _setup(tmp_path, outlier=True)
-    report = accuracy_gate(fp32, quantize_with, evaluate, BUDGETS, candidates, few, max_fp32_layers=0, log=lambda m: None)
+    report = accuracy_gate(fp32, quantize_with, evaluate, BUDGETS, candidates, few, max_fp32_layers=0, log=lambda m: None,
+                           simulate_int8=True)
     assert not report.passed and len(report.attempts) == 1
     assert report.to_dict()["passed"] is False
 

@@ -77,3 +77,33 @@ def test_unknown_flavour_is_bad_input(fixture_onnx, tmp_path):
 
     with pytest.raises(StackError, match="QDQ flavour 'none' cannot quantize"):
         quantize(fixture_onnx[0], tmp_path / "q.onnx", "none", make_samples(2), tmp_path / "c.json")
+
+
+def test_simulated_int8_is_the_exact_quantized_arithmetic(tmp_path):
+    """A TensorRT-flavoured QDQ MatMul scored with simulate_int8 equals fake-quant math in numpy, on any host.
+
+    The values are the worst case for x86 int8 kernels without VNNI (full-scale activations times
+    full-scale weights saturate their 16-bit pair sums); the simulation must not depend on that."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from stack.deploy.runtime import ort_session
+
+    rng = np.random.default_rng(0)
+    k, n = 64, 16
+    weights = np.where(rng.random((k, n)) < 0.5, -127, 127).astype(np.int8)
+    x_scale, w_scale = np.float32(0.05), np.float32(0.01)
+    graph = helper.make_graph(
+        [helper.make_node("QuantizeLinear", ["x", "xs", "zp"], ["xq"]),
+         helper.make_node("DequantizeLinear", ["xq", "xs", "zp"], ["xd"]),
+         helper.make_node("DequantizeLinear", ["w", "ws", "zp"], ["wd"]),
+         helper.make_node("MatMul", ["xd", "wd"], ["y"])],
+        "qdq_matmul", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, n])],
+        [numpy_helper.from_array(weights, "w"), numpy_helper.from_array(np.array(x_scale), "xs"),
+         numpy_helper.from_array(np.array(w_scale), "ws"), numpy_helper.from_array(np.array(0, np.int8), "zp")])
+    path = tmp_path / "qdq.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    x = (rng.random((4, k)) * 8.0 - 1.0).astype(np.float32)  # mostly beyond +127 steps: clipped
+    expected = (np.clip(np.round(x / x_scale), -128, 127) * x_scale) @ (weights.astype(np.float32) * w_scale)
+    got = ort_session(path, threads=1, simulate_int8=True).run(["y"], {"x": x})[0]
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-4)
