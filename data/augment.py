@@ -4,9 +4,14 @@
   size: images resample bilinearly, depth and semantics nearest, padding is
   depth 0 / IGNORE_INDEX, and the intrinsics follow (`stack.rig.scale_intrinsics`),
   so projecting a 3D point gives the same image content before and after.
-- BEV rotation by a random yaw: boxes (centre, yaw, velocity), past and future
-  trajectories and every `cam_to_ego` rotate together, so the scene is exactly
-  what the same rig would see in a rotated ego frame; images do not change.
+- BEV rotation by a random yaw: boxes (centre, yaw, velocity) and every
+  `cam_to_ego` rotate together, so the scene is exactly what the same rig would
+  see in a rotated ego frame; images do not change. The ego's own past and future
+  trajectories stay in its body frame: they follow its status (speed, acceleration,
+  yaw rate), which a rotation does not change, and the planning head rolls that
+  status out along +x (`stack.kinematics`). Rotating them would ask the planner for
+  a heading offset that nothing in its input tells it (as in UniAD, which keeps
+  BEV augmentation away from planning).
 - Colour jitter (brightness, contrast, saturation) on the images only.
 
 Both loader backends call `augment_row` on the rows they decode, so they
@@ -55,7 +60,9 @@ def resize_crop(row: dict, scale: float, rng: np.random.Generator) -> None:
 
 
 def rotate_bev(row: dict, angle: float) -> None:
-    """Rotate the ego frame by `angle` (radians, about z): boxes, velocities, trajectories, camera poses."""
+    """Rotate the scene about the ego by `angle` (radians, about z): boxes, velocities, camera poses.
+
+    The ego trajectories are left in the body frame (see the module docstring)."""
     c, s = math.cos(angle), math.sin(angle)
     rotation = torch.tensor([[c, -s], [s, c]], dtype=torch.float32)
     boxes = row["boxes"].clone()
@@ -64,9 +71,6 @@ def rotate_bev(row: dict, angle: float) -> None:
     boxes[:, 7:9] = boxes[:, 7:9] @ rotation.T
     boxes[:, 6] = torch.remainder(boxes[:, 6] + angle + math.pi, 2 * math.pi) - math.pi
     row["boxes"] = torch.where(real[:, None], boxes, row["boxes"])
-    row["past_trajectory"] = row["past_trajectory"] @ rotation.T
-    row["future_trajectory"] = torch.where(row["future_valid"][:, None], row["future_trajectory"] @ rotation.T,
-                                           row["future_trajectory"])
     transform = torch.eye(4)
     transform[:2, :2] = rotation
     row["cam_to_ego"] = transform @ row["cam_to_ego"]

@@ -42,7 +42,8 @@ def render_scene(task: tuple) -> list:
     try:
         world, rig = pipeline.data.world, pipeline.data.rig
         scene = simulate(np.random.default_rng([world.seed, scene_index]), world.frames_per_scene,
-                         world.frame_rate_hz, world.agents_per_scene)
+                         world.frame_rate_hz, world.agents_per_scene, world.spawn_radius_m,
+                         dict(world.class_mix))
         ground = TorchGround(scene.town.ground, world.seed * 100003 + scene_index, device)
         noise = np.random.default_rng([world.seed, scene_index, 1])
         samples, frames, cameras = [], [], [c.name for c in rig.cameras]

@@ -16,11 +16,11 @@ import numpy as np
 from stack.data.roads import LANE_WIDTH, POINT_SPACING, ROAD_HALF_WIDTH, Town, make_town
 from stack.data.traffic import (CLASSES, FUTURE_SECONDS, PAST_SECONDS, SIM_DT, SIZES, TRAJECTORY_STEP, Agent,
                                 pedestrian_route, step, vehicle_route)
+from stack.pipeline import AGENT_CLASS_MIX
 
 EGO_SIZE = (4.6, 1.9, 1.6)
 REAR_AXLE_OFFSET = 1.3
 """Ego box centre is this far ahead of the rear axle (the ego frame origin)."""
-CLASS_MIX = {"car": 0.5, "truck": 0.1, "pedestrian": 0.28, "cyclist": 0.12}
 
 
 @dataclass
@@ -67,30 +67,34 @@ def _clear_of(agent: Agent, placed: list) -> bool:
     return True
 
 
-def _place_agents(town: Town, ego: Agent, count: int, rng: np.random.Generator) -> list:
-    """`count` agents, mostly within 70 m of the ego start so the cameras see them, none overlapping."""
+def _place_agents(town: Town, ego: Agent, count: int, rng: np.random.Generator, radius: float,
+                  class_mix: dict) -> list:
+    """`count` agents within `radius` metres of the ego start so the cameras see them, none overlapping.
+
+    An agent that finds no free spot in 60 tries is left out (crowded small radii give fewer)."""
     ego_xy, _ = ego.route.at(ego.s)
-    kinds, weights = list(CLASS_MIX), np.array(list(CLASS_MIX.values()))
+    kinds, weights = list(class_mix), np.array(list(class_mix.values()), dtype=float)
     placed: list = []
     for track_id in range(1, count + 1):
         kind = str(rng.choice(kinds, p=weights / weights.sum()))
         for _ in range(60):
             agent = _spawn(kind, town, rng, track_id)
             xy, _ = agent.route.at(agent.s)
-            if np.linalg.norm(xy - ego_xy) < 70.0 and _clear_of(agent, placed + [ego]):
+            if np.linalg.norm(xy - ego_xy) < radius and _clear_of(agent, placed + [ego]):
                 placed.append(agent)
                 break
     return placed
 
 
-def simulate(rng: np.random.Generator, frames: int, rate_hz: float, agent_count: int) -> Scene:
+def simulate(rng: np.random.Generator, frames: int, rate_hz: float, agent_count: int,
+             spawn_radius: float = 70.0, class_mix: dict | None = None) -> Scene:
     """Build a town, place ego and agents, and run the traffic until FUTURE_SECONDS after the last key frame."""
     town = make_town(rng)
     ego_route = _random_vehicle_route(town, rng)
     ego_start = max(ego_route.junction[0] - rng.uniform(20.0, 70.0), 0.0)
     desired = rng.uniform(8.0, 11.0)
     ego = Agent("car", ego_route, ego_start, desired * 0.8, desired, EGO_SIZE, 0, 0)
-    agents = _place_agents(town, ego, agent_count, rng)
+    agents = _place_agents(town, ego, agent_count, rng, spawn_radius, class_mix or AGENT_CLASS_MIX)
     everyone = [ego] + agents
     for agent in everyone:
         xy, heading = agent.route.at(agent.s)

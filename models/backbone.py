@@ -44,8 +44,25 @@ def create_backbone(name: str, checkpoint: str | None, min_stride: int) -> nn.Mo
     if not Path(checkpoint).is_file():
         raise StackError(f"model.backbone_checkpoint {checkpoint!r} does not exist. Give the path of a local "
                          f"{name} state dict (.pth/.safetensors), or set it to null to train from scratch.")
+    _check_checkpoint_fits(name, checkpoint)
     return timm.create_model(name, features_only=True, pretrained=True, out_indices=indices,
                              pretrained_cfg_overlay=dict(file=str(checkpoint)))
+
+
+def _check_checkpoint_fits(name: str, checkpoint: str, min_share: float = 0.9) -> None:
+    """Refuse a checkpoint of another architecture: timm loads non-strictly and would only log a warning,
+    leaving a silently randomly initialised backbone."""
+    import timm
+    from timm.models import load_state_dict
+
+    expected = {key for key in timm.create_model(name, pretrained=False).state_dict()
+                if not key.startswith(("fc.", "head", "classifier"))}
+    found = set(load_state_dict(str(checkpoint)))
+    missing = sorted(expected - found)
+    if len(missing) > (1 - min_share) * len(expected):
+        raise StackError(f"model.backbone_checkpoint {checkpoint!r} does not fit model.backbone {name!r}: "
+                         f"{len(missing)} of its {len(expected)} weights are absent (e.g. {', '.join(missing[:3])}). "
+                         f"Give a {name} state dict, or set model.backbone to the checkpoint's architecture.")
 
 
 class FeaturePyramid(nn.Module):

@@ -9,7 +9,12 @@ Planning: K mode queries, each the ego embedding (ego status + high-level comman
 plus a learned mode embedding, cross-attend to pooled BEV tokens with
 `scaled_dot_product_attention` and regress T waypoint displacements (cumulated
 into positions, metres, ego frame) and a score per mode (as in VAD/UniAD's
-ego query, arXiv:2303.12077).
+ego query, arXiv:2303.12077). The waypoints are residuals on a kinematic prior:
+the ego's own status (speed, acceleration, yaw rate) rolled out at constant
+acceleration and turn rate (`kinematic_rollout`). Ego status alone explains most of
+an open-loop plan (AD-MLP, arXiv:2305.10430); starting from its rollout leaves the
+network the part that needs the scene (leaders, stop lines, turns), instead of
+first having to learn to integrate speed through attention and LayerNorm.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from stack.kinematics import kinematic_rollout
 from stack.models.layers import ConvNormAct, ResidualBlock
 
 REGRESSION_FIELDS = ("dx", "dy", "z", "log_length", "log_width", "log_height", "sin_yaw", "cos_yaw", "vx", "vy")
@@ -100,6 +106,8 @@ class PlanningHead(nn.Module):
         self.layers = nn.ModuleList(CrossAttentionLayer(channels, PLAN_HEADS) for _ in range(layers))
         self.norm = nn.LayerNorm(channels)
         self.waypoints = nn.Linear(channels, steps * 2)
+        nn.init.zeros_(self.waypoints.weight)  # every mode starts on the kinematic prior
+        nn.init.zeros_(self.waypoints.bias)
         self.score = nn.Linear(channels, 1)
 
     def forward(self, bev: torch.Tensor, ego_status: torch.Tensor, command: torch.Tensor):
@@ -116,4 +124,5 @@ class PlanningHead(nn.Module):
         with torch.autocast(device_type=device_type, enabled=False):
             queries = queries.float()
             steps = self.waypoints(queries).view(-1, self.modes, self.steps, 2)
-            return steps.cumsum(dim=2), self.score(queries).squeeze(-1)
+            prior = kinematic_rollout(ego_status, self.steps)
+            return prior[:, None] + steps.cumsum(dim=2), self.score(queries).squeeze(-1)

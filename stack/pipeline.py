@@ -116,6 +116,10 @@ class RigConfig:
         return found
 
 
+AGENT_CLASS_MIX = {"car": 0.5, "truck": 0.1, "pedestrian": 0.28, "cyclist": 0.12}
+"""The world's road-user classes and their default frequencies (roughly nuScenes' proportions)."""
+
+
 @dataclass
 class WorldConfig:
     """The procedural driving world that `stack data make` renders."""
@@ -130,6 +134,10 @@ class WorldConfig:
     """Key frames per second (nuScenes annotates at 2 Hz)."""
     agents_per_scene: int = 24
     """Other road users (cars, trucks, pedestrians, cyclists) placed per scene."""
+    spawn_radius_m: float = 70.0
+    """Agents start within this distance of the ego; smaller keeps them near, and large in the images."""
+    class_mix: Dict[str, float] = field(default_factory=lambda: dict(AGENT_CLASS_MIX))
+    """Relative frequency of each agent class (normalised); raise rare classes to balance a small dataset."""
     val_fraction: float = 0.2
     """Fraction of scenes written to the validation split (whole scenes, never frames)."""
     workers: int = 2
@@ -139,8 +147,12 @@ class WorldConfig:
 
     def problems(self) -> Problems:
         found: Problems = []
-        for name in ("scenes", "frames_per_scene", "frame_rate_hz"):
+        for name in ("scenes", "frames_per_scene", "frame_rate_hz", "spawn_radius_m"):
             _positive(found, name, getattr(self, name))
+        unknown = sorted(set(self.class_mix) - set(AGENT_CLASS_MIX))
+        if unknown or not self.class_mix or min(self.class_mix.values()) < 0 or sum(self.class_mix.values()) <= 0:
+            found.append(("class_mix", f"got {dict(self.class_mix)}; expected non-negative weights, not all zero, "
+                          f"for classes among {list(AGENT_CLASS_MIX)}"))
         if self.agents_per_scene < 0:
             found.append(("agents_per_scene", f"got {self.agents_per_scene}; must be >= 0"))
         _in_range(found, "val_fraction", self.val_fraction, 0.0, 0.9)

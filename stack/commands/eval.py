@@ -37,6 +37,10 @@ def run(args: argparse.Namespace) -> int:
     for row in rows:
         print(f"| {row.head} | {row.metric} | {row.value:.3f} | {row.baseline:.3f} | {row.bar} | "
               f"{'pass' if row.passed else 'FAIL'} |")
+    rollout = metrics.get("planning/baseline_ego_rollout/L2_at_3s")
+    if rollout is not None:
+        print(f"planning: the ego-status rollout alone (the planner's prior, constant acceleration and yaw rate) "
+              f"scores L2@3s {rollout:.3f} m")
     print(f"{int(metrics['eval/batches'])} {args.split} batches in {metrics['eval/seconds']:.1f} s; "
           f"all metrics: {out / 'metrics.json'}; plot: {out / 'heads.png'}")
     return 0 if all(row.passed for row in rows) else 1

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import torch
 
+from stack.kinematics import WAYPOINT_STEP_S
+
 EGO_RADIUS_M = 0.925
 """Half the width of the ego car (nuScenes' Renault Zoe: 1.85 m)."""
-STEP_S = 0.5
+STEP_S = WAYPOINT_STEP_S
 """Time between waypoints (trajectories are sampled at 2 Hz)."""
 
 

@@ -16,6 +16,9 @@ average up to t uses samples whose waypoints up to t are all valid.
 minADE / minFDE take the best of the K candidate trajectories (mean L2 over valid
 waypoints / L2 at the last valid waypoint). Baseline: the constant-velocity planner,
 which extrapolates the last past displacement (`past_trajectory[-1]` → origin);
+given the ego status, the ego rollout at constant acceleration and yaw rate
+(`stack.kinematics.kinematic_rollout`, the planning head's prior) is reported beside
+it as `baseline_ego_rollout/*`, the stronger reference a learned planner starts from;
 the ground-truth trajectory's own collision rate is reported as the floor that box
 extrapolation allows.
 """
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import torch
 
+from stack.kinematics import kinematic_rollout
 from stack.metrics.collision import STEP_S, collides
 
 HORIZONS_S = (1.0, 2.0, 3.0)
@@ -61,15 +65,20 @@ class PlanningMetric:
             self._add(f"{prefix}_avg_{seconds:g}s", (per_step[:, :n].mean(dim=1) * whole).sum(), whole.sum())
 
     @torch.no_grad()
-    def update(self, plan, future, future_valid, boxes, box_labels, past_trajectory, modes=None) -> None:
+    def update(self, plan, future, future_valid, boxes, box_labels, past_trajectory, modes=None,
+               ego_status=None) -> None:
         """plan (B, T, 2) chosen trajectory; GT future (B, T, 2), future_valid (B, T); boxes (B, M, 9),
-        box_labels (B, M); past_trajectory (B, P, 2); optional modes (B, K, T, 2) for minADE/minFDE."""
+        box_labels (B, M); past_trajectory (B, P, 2); optional modes (B, K, T, 2) for minADE/minFDE
+        and ego_status (B, 3) for the ego-rollout baseline."""
         plan, future = plan.detach().double().cpu(), future.double().cpu()
         valid, box_valid = future_valid.bool().cpu(), box_labels.cpu() >= 0
         boxes = boxes.double().cpu()
         baseline = constant_velocity_plan(past_trajectory.double().cpu(), self.steps, self.step_s)
         for prefix, trajectory in (("L2", plan), ("baseline_cv/L2", baseline)):
             self._add_conventions(prefix, (trajectory - future).norm(dim=-1), valid)
+        if ego_status is not None:
+            rollout = kinematic_rollout(ego_status.cpu(), self.steps, self.step_s).double()
+            self._add_conventions("baseline_ego_rollout/L2", (rollout - future).norm(dim=-1), valid)
         for prefix, trajectory in (("collision", plan), ("baseline_cv/collision", baseline),
                                    ("gt/collision", future)):
             self._add_conventions(prefix, collides(trajectory, boxes, box_valid).double(), valid)

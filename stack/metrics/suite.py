@@ -42,7 +42,7 @@ class TaskMetrics:
         self.segmentation.update(predictions["segmentation"], batch.semantic)
         self.depth.update(predictions["depth"], batch.depth)
         self.planning.update(predictions["plan"], batch.future_trajectory, batch.future_valid, batch.boxes,
-                             batch.box_labels, batch.past_trajectory, predictions["plan_modes"])
+                             batch.box_labels, batch.past_trajectory, predictions["plan_modes"], batch.ego_status)
 
     def compute(self) -> dict[str, float]:
         out = {}

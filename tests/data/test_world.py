@@ -186,3 +186,31 @@ def test_make_replaces_its_own_shards_and_keeps_other_files(tmp_path, small_pipe
     assert (tmp_path / "train" / "notes.txt").read_text() == "mine"
     assert not (tmp_path / "train" / "frames-000099.tar").exists()
     assert json.loads((tmp_path / "manifest.json").read_text()) == manifest
+
+
+def test_agents_start_within_the_spawn_radius_of_the_ego():
+    from stack.data.scene import simulate
+
+    for radius in (25.0, 70.0):
+        scene = simulate(np.random.default_rng(3), frames=2, rate_hz=2.0, agent_count=20, spawn_radius=radius)
+        ego_start = np.array(scene.ego.history[0][:2])
+        starts = np.array([agent.history[0][:2] for agent in scene.agents])
+        assert len(starts) >= 10, f"only {len(starts)} of 20 agents placed within {radius} m"
+        assert np.linalg.norm(starts - ego_start, axis=1).max() < radius
+
+
+def test_class_mix_sets_the_share_of_each_agent_class():
+    from stack.data.scene import simulate
+
+    only_trucks = simulate(np.random.default_rng(4), frames=2, rate_hz=2.0, agent_count=8, class_mix={"truck": 1.0})
+    assert only_trucks.agents and {agent.kind for agent in only_trucks.agents} == {"truck"}
+    mixed = simulate(np.random.default_rng(4), frames=2, rate_hz=2.0, agent_count=30,
+                     class_mix={"pedestrian": 1.0, "cyclist": 1.0})
+    assert {agent.kind for agent in mixed.agents} == {"pedestrian", "cyclist"}
+
+
+def test_bad_class_mix_is_refused_with_the_classes_it_accepts():
+    from stack.config import ConfigError, load_pipeline
+
+    with pytest.raises(ConfigError, match=r"class_mix.*expected non-negative weights.*'truck'"):
+        load_pipeline([], ["data.world.class_mix.car=-1"])

@@ -67,7 +67,7 @@ def test_checkpoint_of_another_schema_version(tmp_path, tiny):
 def test_checkpoint_from_another_pipeline(tmp_path, tiny):
     path = save_model_checkpoint(tmp_path / "m.pt", tiny, {})
     default = load_pipeline(["configs/pipeline.yaml"])
-    with pytest.raises(CheckpointError, match="model.backbone: checkpoint has 'resnet10t'"):
+    with pytest.raises(CheckpointError, match=f"model.backbone: checkpoint has '{tiny.model.backbone}'"):
         check_same_network(tiny, default, path)
     with pytest.raises(CheckpointError, match="another pipeline"):
         load_for_deploy(path, ["configs/pipeline.yaml"], [])

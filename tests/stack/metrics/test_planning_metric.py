@@ -83,3 +83,14 @@ def test_horizons_beyond_the_plan_are_not_reported():
     metric.update(straight(2.0, 2), straight(2.0, 2), torch.ones(1, 2, dtype=torch.bool), *no_boxes(),
                   torch.zeros(1, 4, 2))
     assert "L2_at_1s" in metric.compute() and "L2_at_2s" not in metric.compute()
+
+
+def test_ego_rollout_baseline_is_reported_when_the_ego_status_is_given():
+    future = straight(10.0)
+    metric = PlanningMetric(steps=6)
+    past = -straight(8.0, 4).flip(1)  # the past says 8 m/s; the ego status (10 m/s) is right
+    metric.update(future, future, torch.ones(1, 6, dtype=torch.bool), *no_boxes(), past,
+                  ego_status=torch.tensor([[10.0, 0.0, 0.0]]))
+    r = metric.compute()
+    assert r["baseline_ego_rollout/L2_at_3s"] == pytest.approx(0.0, abs=1e-4)
+    assert r["baseline_cv/L2_at_3s"] == pytest.approx(6.0)
