@@ -86,6 +86,17 @@ def _toolkit_matches(cuda_home: str, torch_cuda: str) -> bool:
     return False
 
 
+def _openmp_flags(torch) -> list:
+    """-fopenmp when torch runs its CPU threads on OpenMP (Linux builds do).
+
+    `at::parallel_for` is a header template: compiled without -fopenmp it takes its serial
+    branch, and the kernels would run on one core whatever `torch.set_num_threads` says.
+    """
+    if sys.platform != "linux" or not torch.backends.openmp.is_available():
+        return []
+    return ["-fopenmp"]
+
+
 def extension_args() -> dict:
     """`ext_modules` and `cmdclass` for stack._C, or {} where it cannot be built here."""
     sources = sorted(glob.glob("csrc/*.cpp"))
@@ -101,16 +112,19 @@ def extension_args() -> dict:
         return _skip("torch is not importable at build time; install torch first and use --no-build-isolation")
     if not (shutil.which(os.environ.get("CXX", "c++")) or shutil.which("g++")):
         return _skip("no C++ compiler found")
-    compile_args = {"cxx": ["-O3"]}
+    openmp = _openmp_flags(torch)
+    compile_args = {"cxx": ["-O3", *openmp]}
     headers = sorted(glob.glob("csrc/*.h"))  # rebuild when they change; shipped in sdists
     cuda_sources = sorted(glob.glob("csrc/*.cu"))
     if cuda_home and torch.version.cuda and cuda_sources and _toolkit_matches(cuda_home, torch.version.cuda):
         os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "8.7;9.0")
         compile_args["nvcc"] = ["-O3", "-lineinfo"]
         extension = cpp_extension.CUDAExtension("stack._C", sources + cuda_sources, extra_compile_args=compile_args,
-                                                include_dirs=_cuda_include_dirs(torch), depends=headers)
+                                                extra_link_args=openmp, include_dirs=_cuda_include_dirs(torch),
+                                                depends=headers)
     else:
-        extension = cpp_extension.CppExtension("stack._C", sources, extra_compile_args=compile_args, depends=headers)
+        extension = cpp_extension.CppExtension("stack._C", sources, extra_compile_args=compile_args,
+                                               extra_link_args=openmp, depends=headers)
     return {"ext_modules": [extension], "cmdclass": {"build_ext": cpp_extension.BuildExtension}}
 
 

@@ -1,8 +1,8 @@
 """`stack bench data`: generator images/s, loader samples/s per backend, and their floors, side by side.
 
 1. Generator: `make_dataset` end to end (scene setup, simulation, ray casting,
-   JPEG/npy encoding, tar writing) on `BENCH_SCENES` scenes of the pipeline's
-   world, with `data.world.workers` processes: camera images (RGB + depth +
+   JPEG/npy encoding, tar writing) on at least `BENCH_FRAMES` frames (whole
+   scenes) of the pipeline's world, with `data.world.workers` processes: camera images (RGB + depth +
    semantics + instances) per second.
 2. Loaders over the shards just written (train split, augmentation off, one
    epoch after a warm-up epoch, timed from its first batch so worker start-up and
@@ -34,7 +34,9 @@ import numpy as np
 
 from stack.pipeline import Pipeline
 
-BENCH_SCENES = 4
+BENCH_FRAMES = 96
+"""Frames rendered for the run: enough that each loader epoch is many batches long, whatever
+the preset's scene length (a preset of 6-frame scenes renders 16 scenes, one of 24 renders 4)."""
 REPEATS = 3
 """Loader and floor measurements are interleaved and repeated; the best of each is reported."""
 
@@ -185,6 +187,11 @@ def _training_step_rate(pipeline: Pipeline) -> tuple[float, str]:
     return batch.images.shape[0] / float(np.median(times)), what
 
 
+def bench_scenes(frames_per_scene: int) -> int:
+    """Whole scenes that hold at least BENCH_FRAMES frames."""
+    return -(-BENCH_FRAMES // frames_per_scene)
+
+
 def run(pipeline: Pipeline, args) -> int:
     """Print the side-by-side table (markdown) for BENCHMARKS.md."""
     import os
@@ -192,7 +199,7 @@ def run(pipeline: Pipeline, args) -> int:
     with tempfile.TemporaryDirectory() as folder:
         bench = copy.deepcopy(pipeline)
         bench.data.root = folder
-        bench.data.world.scenes = BENCH_SCENES
+        bench.data.world.scenes = bench_scenes(bench.data.world.frames_per_scene)
         bench.data.world.val_fraction = 0.0
         rate, cpu_rate, images = _generator(bench)
         print(f"generator: {images} camera images in {images / rate:.1f} s", flush=True)

@@ -34,25 +34,40 @@ class Scene:
     """Sun azimuth, sun elevation, exposure, white-balance tint r, b (rendering look of the scene)."""
 
 
-def _random_vehicle_route(town: Town, rng: np.random.Generator, lateral: float = LANE_WIDTH / 2):
-    entry = int(rng.integers(len(town.arms)))
-    exit_ = int(rng.choice([k for k in range(len(town.arms)) if k != entry]))
-    return vehicle_route(town, entry, exit_, lateral)
+class _Routes:
+    """The vehicle routes of one town, each built once.
+
+    Placing agents near the ego rejects most random spawns, and every try draws a route:
+    building it (lane offsets, Bézier turn, resampling) was a sixth of the generator's time.
+    A route is a pure function of (entry, exit, lateral) and is never mutated, so agents
+    share it; the random draws, and so the dataset, are unchanged.
+    """
+
+    def __init__(self, town: Town):
+        self.town, self.built = town, {}
+
+    def random(self, rng: np.random.Generator, lateral: float = LANE_WIDTH / 2) -> Route:
+        entry = int(rng.integers(len(self.town.arms)))
+        exit_ = int(rng.choice([k for k in range(len(self.town.arms)) if k != entry]))
+        key = (entry, exit_, lateral)
+        if key not in self.built:
+            self.built[key] = vehicle_route(self.town, entry, exit_, lateral)
+        return self.built[key]
 
 
-def _spawn(kind: str, town: Town, rng: np.random.Generator, track_id: int) -> Agent:
+def _spawn(kind: str, routes: _Routes, rng: np.random.Generator, track_id: int) -> Agent:
     size = tuple(np.array(SIZES[kind]) * rng.uniform(0.92, 1.08, 3))
     colour = int(rng.integers(0, 12))
     if kind == "pedestrian":
-        route = pedestrian_route(town, rng)
+        route = pedestrian_route(routes.town, rng)
         speed = rng.uniform(1.0, 1.6)
         return Agent(kind, route, rng.uniform(0, route.length * 0.8), speed, speed, size, colour, track_id)
     if kind == "car" and rng.random() < 0.35:  # parked in the parking strip
-        route = _random_vehicle_route(town, rng, lateral=(LANE_WIDTH + ROAD_HALF_WIDTH) / 2 + 0.2)
+        route = routes.random(rng, lateral=(LANE_WIDTH + ROAD_HALF_WIDTH) / 2 + 0.2)
         s = rng.uniform(0, route.junction[0] - 12.0) if rng.random() < 0.5 else rng.uniform(route.junction[1] + 12, route.length)
         return Agent(kind, route, s, 0.0, 0.0, size, colour, track_id, parked=True)
     lateral = LANE_WIDTH / 2 + (1.0 if kind == "cyclist" else 0.0)
-    route = _random_vehicle_route(town, rng, lateral)
+    route = routes.random(rng, lateral)
     desired = rng.uniform(4.0, 6.0) if kind == "cyclist" else rng.uniform(7.0, 12.0)
     return Agent(kind, route, rng.uniform(0, route.length * 0.7), desired * rng.uniform(0.5, 1.0), desired, size,
                  colour, track_id)
@@ -67,7 +82,7 @@ def _clear_of(agent: Agent, placed: list) -> bool:
     return True
 
 
-def _place_agents(town: Town, ego: Agent, count: int, rng: np.random.Generator, radius: float,
+def _place_agents(routes: _Routes, ego: Agent, count: int, rng: np.random.Generator, radius: float,
                   class_mix: dict) -> list:
     """`count` agents within `radius` metres of the ego start so the cameras see them, none overlapping.
 
@@ -78,7 +93,7 @@ def _place_agents(town: Town, ego: Agent, count: int, rng: np.random.Generator, 
     for track_id in range(1, count + 1):
         kind = str(rng.choice(kinds, p=weights / weights.sum()))
         for _ in range(60):
-            agent = _spawn(kind, town, rng, track_id)
+            agent = _spawn(kind, routes, rng, track_id)
             xy, _ = agent.route.at(agent.s)
             if np.linalg.norm(xy - ego_xy) < radius and _clear_of(agent, placed + [ego]):
                 placed.append(agent)
@@ -90,11 +105,12 @@ def simulate(rng: np.random.Generator, frames: int, rate_hz: float, agent_count:
              spawn_radius: float = 70.0, class_mix: dict | None = None) -> Scene:
     """Build a town, place ego and agents, and run the traffic until FUTURE_SECONDS after the last key frame."""
     town = make_town(rng)
-    ego_route = _random_vehicle_route(town, rng)
+    routes = _Routes(town)
+    ego_route = routes.random(rng)
     ego_start = max(ego_route.junction[0] - rng.uniform(20.0, 70.0), 0.0)
     desired = rng.uniform(8.0, 11.0)
     ego = Agent("car", ego_route, ego_start, desired * 0.8, desired, EGO_SIZE, 0, 0)
-    agents = _place_agents(town, ego, agent_count, rng, spawn_radius, class_mix or AGENT_CLASS_MIX)
+    agents = _place_agents(routes, ego, agent_count, rng, spawn_radius, class_mix or AGENT_CLASS_MIX)
     everyone = [ego] + agents
     for agent in everyone:
         xy, heading = agent.route.at(agent.s)
