@@ -87,7 +87,13 @@ PRECISION_DTYPES = {"32-true": torch.float32, "bf16-mixed": torch.bfloat16, "16-
 
 
 class StepStats(pl.Callback):
-    """Logs samples/s, data-wait share, step time, MFU and peak memory every `every` steps."""
+    """Logs samples/s, data-wait share, step time, MFU and peak memory every `every` steps.
+
+    Data wait is the time from the end of one training step (or the start of an epoch) to the
+    start of the next step. Validation runs and what follows it (checkpoints) are neither
+    data wait nor compute: the clock stops at `on_validation_start` and restarts at the next
+    epoch start or validation end, so an epoch boundary is not reported as a slow loader.
+    """
 
     def __init__(self, every: int, peak_tflops: float = 0.0, precision: str = "32-true", print_lines: bool = False):
         self.every = every
@@ -113,6 +119,16 @@ class StepStats(pl.Callback):
             self.peak_tflops = measure_peak_tflops(pl_module.device, dtype)
         if pl_module.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(pl_module.device)
+
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        self._last_end = time.perf_counter()  # the loader's start-up and first batch are data wait
+
+    def on_validation_start(self, trainer, pl_module) -> None:
+        self._last_end = None
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if trainer.state.fn == "fit":  # training resumes from here (an epoch start resets it again)
+            self._last_end = time.perf_counter()
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self._start = time.perf_counter()
