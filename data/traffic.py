@@ -155,16 +155,17 @@ def _leader(agent: Agent, others: list, positions: np.ndarray) -> tuple[float, f
         return best
     samples = route.points[(ahead / POINT_SPACING).astype(int)]
     distance = np.linalg.norm(samples[:, None, :] - positions[None, :, :], axis=2)
-    for j, other in enumerate(others):
-        near = np.nonzero(distance[:, j] < (1.3 if other.kind in ("pedestrian", "cyclist") else 1.6))[0]
-        if not len(near):
-            continue
+    reach = np.array([1.3 if other.kind in ("pedestrian", "cyclist") else 1.6 for other in others])
+    near = distance < reach[None, :]
+    first_near = near.argmax(axis=0)  # first sample ahead within reach, per agent
+    for j in np.flatnonzero(near.any(axis=0)):  # only agents in the corridor, in their original order
+        other = others[j]
         other_heading = other.history[-1][2]
-        path_heading = route.headings[int(ahead[near[0]] / POINT_SPACING)]
+        path_heading = route.headings[int(ahead[first_near[j]] / POINT_SPACING)]
         aligned = math.cos(other_heading - path_heading) > 0.5
         if other.kind in ("car", "truck") and not aligned and other.speed > 0.5:
             continue  # crossing traffic is handled by the junction rule
-        gap = ahead[near[0]] - agent.s - (agent.size[0] + other.size[0]) / 2
+        gap = ahead[first_near[j]] - agent.s - (agent.size[0] + other.size[0]) / 2
         if gap < best[0]:
             best = (gap, other.speed if aligned else 0.0)
     return best
