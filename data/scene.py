@@ -14,8 +14,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from stack.data.roads import LANE_WIDTH, POINT_SPACING, ROAD_HALF_WIDTH, Town, make_town
-from stack.data.traffic import (CLASSES, FUTURE_SECONDS, PAST_SECONDS, SIM_DT, SIZES, TRAJECTORY_STEP, Agent,
+from stack.data.traffic import (CLASSES, FUTURE_SECONDS, PAST_SECONDS, SIM_DT, SIZES, Agent, Route,
                                 pedestrian_route, step, vehicle_route)
+from stack.kinematics import WAYPOINT_STEP_S
 from stack.pipeline import AGENT_CLASS_MIX
 
 EGO_SIZE = (4.6, 1.9, 1.6)
@@ -144,10 +145,10 @@ def _to_ego(pose: np.ndarray, xy: np.ndarray) -> np.ndarray:
 def ego_labels(scene: Scene, step_index: int) -> dict:
     """Ego status, command and trajectories at one key frame (see stack.batch)."""
     pose = ego_pose(scene, step_index)
-    stride = int(round(TRAJECTORY_STEP / SIM_DT))
+    stride = int(round(WAYPOINT_STEP_S / SIM_DT))
     rear = np.array([ego_pose(scene, k)[:2, 3] for k in range(len(scene.ego.history))])
-    past_steps = [step_index - stride * k for k in range(int(PAST_SECONDS / TRAJECTORY_STEP), 0, -1)]
-    future_steps = [step_index + stride * k for k in range(1, int(FUTURE_SECONDS / TRAJECTORY_STEP) + 1)]
+    past_steps = [step_index - stride * k for k in range(int(PAST_SECONDS / WAYPOINT_STEP_S), 0, -1)]
+    future_steps = [step_index + stride * k for k in range(1, int(FUTURE_SECONDS / WAYPOINT_STEP_S) + 1)]
     history = scene.ego.history
     yaw_rate = (history[step_index + 1][2] - history[step_index - 1][2]) / (2 * SIM_DT)
     route, s = scene.ego.route, _arc_length_at(scene, step_index)

@@ -31,7 +31,7 @@ SIZES = {"car": (4.5, 1.9, 1.55), "truck": (8.0, 2.5, 3.4), "pedestrian": (0.6, 
 """Nominal (length, width, height) per class, metres; each agent varies them by +/- 8 %."""
 SIM_DT = 0.1
 """Simulation step, seconds."""
-PAST_SECONDS, FUTURE_SECONDS, TRAJECTORY_STEP = 2.0, 3.0, 0.5
+PAST_SECONDS, FUTURE_SECONDS = 2.0, 3.0
 TURN_ANGLE = math.radians(30.0)
 STOP_LINE = 4.2
 """Stop line distance before the junction entry (beyond the zebra crossing), metres."""

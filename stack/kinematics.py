@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 WAYPOINT_STEP_S = 0.5
-"""Seconds between planned waypoints (the dataset's trajectory step)."""
+"""Seconds between trajectory waypoints: the generator's past/future labels, the planner's output, the metrics."""
 ROLLOUT_SUBSTEPS = 5
 """Integration substeps per waypoint interval of the kinematic prior."""
 

@@ -15,12 +15,10 @@ from stack.kinematics import WAYPOINT_STEP_S
 
 EGO_RADIUS_M = 0.925
 """Half the width of the ego car (nuScenes' Renault Zoe: 1.85 m)."""
-STEP_S = WAYPOINT_STEP_S
-"""Time between waypoints (trajectories are sampled at 2 Hz)."""
 
 
 def penetration(points: torch.Tensor, boxes: torch.Tensor, box_valid: torch.Tensor,
-                margin: float = EGO_RADIUS_M, step_s: float = STEP_S) -> torch.Tensor:
+                margin: float = EGO_RADIUS_M, step_s: float = WAYPOINT_STEP_S) -> torch.Tensor:
     """How deep (m, >= 0) each waypoint reaches into each box.
 
     points (B, ..., T, 2) ego xy at t = (i + 1) * step_s; boxes (B, M, 9) in BOX_FIELDS order;

@@ -27,13 +27,13 @@ from __future__ import annotations
 
 import torch
 
-from stack.kinematics import kinematic_rollout
-from stack.metrics.collision import STEP_S, collides
+from stack.kinematics import WAYPOINT_STEP_S, kinematic_rollout
+from stack.metrics.collision import collides
 
 HORIZONS_S = (1.0, 2.0, 3.0)
 
 
-def constant_velocity_plan(past_trajectory: torch.Tensor, steps: int, step_s: float = STEP_S) -> torch.Tensor:
+def constant_velocity_plan(past_trajectory: torch.Tensor, steps: int, step_s: float = WAYPOINT_STEP_S) -> torch.Tensor:
     """(B, T, 2): keep the velocity of the last past step (past (B, P, 2), oldest first, ending before t=0)."""
     velocity = -past_trajectory[:, -1] / step_s  # from the last past position to the origin, over one step
     times = step_s * torch.arange(1, steps + 1, dtype=past_trajectory.dtype, device=past_trajectory.device)
@@ -43,7 +43,7 @@ def constant_velocity_plan(past_trajectory: torch.Tensor, steps: int, step_s: fl
 class PlanningMetric:
     """Accumulates per-waypoint errors and collisions; `compute` reports both L2 conventions."""
 
-    def __init__(self, steps: int, step_s: float = STEP_S, horizons_s=HORIZONS_S):
+    def __init__(self, steps: int, step_s: float = WAYPOINT_STEP_S, horizons_s=HORIZONS_S):
         self.steps, self.step_s = steps, step_s
         self.horizons = [(h, round(h / step_s)) for h in horizons_s if round(h / step_s) <= steps]
         self.reset()
