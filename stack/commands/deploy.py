@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
         from stack.config import pipeline_to_yaml
 
         print(pipeline_to_yaml(pipeline), end="")
-    from stack.deploy.run import deploy_checkpoint
+    from stack.deploy.entrypoints import deploy_checkpoint
 
     result = deploy_checkpoint(pipeline, state_dict, args.checkpoint, args.target)
     return 0 if result["passed"] else 1

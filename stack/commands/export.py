@@ -38,7 +38,7 @@ def take_checkpoint(args: argparse.Namespace) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from stack.checkpoint import load_for_deploy
-    from stack.deploy.run import export_checkpoint
+    from stack.deploy.entrypoints import export_checkpoint
 
     args.checkpoint = take_checkpoint(args)
     pipeline, state_dict, _ = load_for_deploy(args.checkpoint, args.config, args.overrides)

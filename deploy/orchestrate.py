@@ -1,4 +1,4 @@
-"""`stack deploy`: from a trained network to a bundle that passed (or failed) the target's gates.
+"""Orchestration of `stack deploy`: from a trained network to a bundle that passed (or failed) the target's gates.
 
 Steps, each recorded in the bundle (`report.md`, `gate.json`, `latency.png`):
 

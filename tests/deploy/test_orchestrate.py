@@ -9,7 +9,7 @@ import pytest
 
 from stack.config import load_pipeline, load_target
 from stack.deploy.accuracy import HeadBudget, session_runner
-from stack.deploy.bundle import DeploySpec, run_deploy
+from stack.deploy.orchestrate import DeploySpec, run_deploy
 
 from deploy_fixture_net import example_inputs, make_net, make_samples
 

@@ -1,10 +1,14 @@
-"""Entry points behind `stack export` and `stack deploy`: checkpoint in, ONNX / bundle out."""
+"""Entry points behind `stack export` and `stack deploy` (the CLI calls these): checkpoint in, ONNX / bundle out.
+
+They turn a checkpoint and its pipeline into a `DeploySpec`; `stack.deploy.orchestrate` then runs the
+steps and gates in order and writes the bundle.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from stack.deploy.bundle import DeploySpec, run_deploy
+from stack.deploy.orchestrate import DeploySpec, run_deploy
 from stack.deploy.network import batch_feeds, export_network
 
 
