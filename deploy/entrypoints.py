@@ -55,7 +55,5 @@ def deploy_checkpoint(pipeline, state_dict: dict, checkpoint: str, target_name: 
         accuracy_feeds=[f for b in accuracy for f in batch_feeds(b)],
         evaluator=make_evaluator(pipeline, accuracy), budgets=head_budgets(target, pipeline),
         samples_source=source, checkpoint=str(checkpoint), pipeline_name=pipeline.name,
-        pipeline_hash=pipeline_hash(pipeline))
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "pipeline.yaml").write_text(pipeline_to_yaml(pipeline))
+        pipeline_hash=pipeline_hash(pipeline), extra_files={"pipeline.yaml": pipeline_to_yaml(pipeline)})
     return run_deploy(spec, target_name, target, pipeline.export, folder, log)

@@ -24,11 +24,15 @@ from typing import Callable
 import onnx
 
 from stack.deploy import accuracy as acc
+from stack.deploy.bundle import check_replaceable, stage, swap_in, verify_bundle, vouch
 from stack.deploy.export import check_parity, export_onnx
 from stack.deploy.gate import measured_gate, predicted_gate
 from stack.deploy.quantize import check_calibration_set, fp32_nodes, quantizable_nodes, quantize
 from stack.deploy.report import markdown, plot_latency, write_gate_json
 from stack.deploy.trt_ops import tensorrt_problems
+from stack.failpoints import fail_point
+
+__all__ = ["DeploySpec", "run_deploy", "verify_bundle"]
 
 
 @dataclass
@@ -50,29 +54,39 @@ class DeploySpec:
     checkpoint: str = ""
     pipeline_name: str = ""
     pipeline_hash: str = ""
-    files: list = field(default_factory=list)
+    extra_files: dict = field(default_factory=dict)
+    """{file name: text} written into the bundle as they are (the pipeline's YAML, the calibration)."""
 
 
 def run_deploy(spec: DeploySpec, name: str, target, export_cfg, folder: Path, log=print) -> dict:
-    """Build the bundle in `folder`, run every gate, write the report; returns gate.json's content."""
-    folder.mkdir(parents=True, exist_ok=True)
+    """Build the bundle aside, run every gate, write the report, then swap it in at `folder` whole.
+
+    Returns gate.json's content. A run killed at any point leaves the previous bundle at
+    `folder` as it was (`stack.deploy.bundle`).
+    """
+    check_replaceable(folder)
+    final, folder = folder, stage(folder)
     result = {"target": name, "target_description": target.description, "runtime": target.runtime,
               "precision": target.precision, "qdq_flavour": target.qdq_flavour, "checkpoint": spec.checkpoint,
               "pipeline_name": spec.pipeline_name, "pipeline_hash": spec.pipeline_hash,
               "samples_source": spec.samples_source, "failures": []}
+    for file_name, content in spec.extra_files.items():
+        (folder / file_name).write_text(content)
     fp32_path = _export_step(spec, folder, export_cfg, result, log)
     engine_onnx = _quantize_step(spec, folder, fp32_path, target, export_cfg, result, log)
+    fail_point("deploy-after-quantize")
     _speed_step(spec, folder, engine_onnx, fp32_path, name, target, export_cfg, result, log)
     if target.runtime == "tensorrt":
         problems = tensorrt_problems(onnx.load(str(engine_onnx), load_external_data=False))
         result["export"]["tensorrt_problems"] = problems
         result["failures"] += [f"TensorRT import: {p}" for p in problems]
     result["passed"] = not result["failures"]
-    result["files"] = sorted(p.name for p in folder.iterdir()) + ["report.md", "gate.json"]
-    result["files"] = sorted(set(result["files"]))
+    result["files"] = sorted({p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()}
+                             | {"report.md", "gate.json"})
     (folder / "report.md").write_text(markdown(result))
-    write_gate_json(folder, result)
-    log(f"{name}: {'PASS' if result['passed'] else 'FAIL'} -> {folder / 'report.md'}")
+    write_gate_json(folder, vouch(folder, result, spec.checkpoint))
+    swap_in(folder, final)
+    log(f"{name}: {'PASS' if result['passed'] else 'FAIL'} -> {final / 'report.md'}")
     for reason in result["failures"]:
         log(f"  {reason}")
     return result

@@ -1,0 +1,154 @@
+"""The deploy bundle on disk: built aside, swapped in whole, and vouched for file by file.
+
+A bundle is what goes to the car, so it must never be half old and half new: a re-deploy
+killed after writing the new `model.onnx` but before its gate ran would otherwise leave a
+folder whose `gate.json` says PASS about a network it never scored. So
+
+- `stage(folder)` gives a fresh staging folder beside the bundle (`.NAME.staging-PID`);
+  every file of the new bundle is written there, and staging folders left by killed runs
+  (their PID gone) are removed;
+- `swap_in(staging, folder)` replaces the old bundle by the new one in one step: Linux's
+  `renameat2(RENAME_EXCHANGE)` swaps the two directory entries atomically (rename(2)
+  cannot replace a non-empty directory); where the call or the file system lacks it, two
+  renames leave at most a moment with no bundle at all, never a mixed one;
+- `gate.json` lists the sha256 of every other file in the bundle (`files`) and of the
+  checkpoint it was built from, and `verify_bundle` refuses a bundle whose files differ:
+  one changed, missing, or added after the gate ran.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+from stack.errors import StackError
+from stack.failpoints import fail_point
+
+GATE_FILE = "gate.json"
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2
+
+
+class BundleMismatch(StackError):
+    """A bundle's files are not the files its gate.json vouches for."""
+
+
+def sha256_file(path: str | Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def bundle_files(folder: Path) -> dict[str, str]:
+    """{relative path: sha256} of every file in `folder` except gate.json itself."""
+    return {path.relative_to(folder).as_posix(): sha256_file(path)
+            for path in sorted(folder.rglob("*")) if path.is_file() and path.name != GATE_FILE}
+
+
+def check_replaceable(folder: Path) -> None:
+    """Refuse to replace a folder that holds files but is not a bundle (no gate.json): they are the user's."""
+    if folder.exists() and not folder.is_dir():
+        raise StackError(f"the bundle folder {folder} is a file; expected a folder (or nothing) there. "
+                         f"Move the file, or choose another export.out_dir.")
+    if folder.is_dir() and any(folder.iterdir()) and not (folder / GATE_FILE).is_file():
+        raise StackError(f"{folder} holds files but is not a deploy bundle (no {GATE_FILE}); deploy replaces the "
+                         f"whole folder, so it will not write there. Choose another export.out_dir or move the files.")
+
+
+def stage(folder: Path) -> Path:
+    """A new, empty staging folder beside `folder`, after removing those left by runs that no longer exist."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    for stale in folder.parent.glob(f".{folder.name}.staging-*"):
+        pid = stale.name.rsplit("-", 1)[-1]
+        if not (pid.isdigit() and _alive(int(pid))):
+            shutil.rmtree(stale, ignore_errors=True)
+    staging = folder.parent / f".{folder.name}.staging-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
+    return staging
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return False  # a folder with our own PID is from an earlier call in this process: stale
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def vouch(staging: Path, result: dict, checkpoint: str = "") -> dict:
+    """Record the sha256 of every file of the staged bundle (and of the checkpoint) in `result`."""
+    result["files"] = bundle_files(staging)
+    if checkpoint and Path(checkpoint).is_file():
+        result["checkpoint_sha256"] = sha256_file(checkpoint)
+    return result
+
+
+def swap_in(staging: Path, folder: Path) -> None:
+    """Make `staging` the bundle at `folder` in one step; the old bundle, if any, is removed afterwards."""
+    fail_point("deploy-before-swap")
+    if not folder.exists():
+        os.rename(staging, folder)
+        return
+    if _exchange(staging, folder):
+        fail_point("deploy-after-swap")
+        shutil.rmtree(staging, ignore_errors=True)  # now holds the old bundle
+        return
+    old = folder.parent / f".{folder.name}.staging-old-{os.getpid()}"
+    os.rename(folder, old)
+    os.rename(staging, folder)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """renameat2(a, b, RENAME_EXCHANGE); False where the C library or the file system cannot."""
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    return renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0
+
+
+def read_gate(folder: str | Path) -> dict:
+    """gate.json of the bundle at `folder`, or a StackError that says what is wrong."""
+    folder = Path(folder)
+    path = folder / GATE_FILE
+    if not folder.is_dir():
+        raise StackError(f"{folder} is not a deploy bundle: expected a folder written by `stack deploy`, "
+                         f"found {'a file' if folder.exists() else 'nothing'}.")
+    if not path.is_file():
+        raise StackError(f"{folder} is not a deploy bundle: it has no {GATE_FILE}. Run `stack deploy` to build one.")
+    try:
+        gate = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BundleMismatch(f"{path} is not valid JSON ({exc}); the bundle cannot be trusted. Deploy again.") from None
+    if not isinstance(gate, dict) or not isinstance(gate.get("files"), dict):
+        raise BundleMismatch(f"{path} lists no file checksums (expected a 'files' object of sha256 sums): it was "
+                             f"written by an older stack or edited. Deploy again to get a bundle that can be verified.")
+    return gate
+
+
+def verify_bundle(folder: str | Path) -> dict:
+    """gate.json of the bundle at `folder` after checking that every file is the one it vouches for."""
+    folder = Path(folder)
+    gate = read_gate(folder)
+    found, vouched = bundle_files(folder), gate["files"]
+    problems = [f"{name}: missing" for name in sorted(set(vouched) - set(found))]
+    problems += [f"{name}: changed since the gate ran (sha256 {found[name][:12]}…, vouched {vouched[name][:12]}…)"
+                 for name in sorted(set(vouched) & set(found)) if found[name] != vouched[name]]
+    problems += [f"{name}: not part of the gated bundle" for name in sorted(set(found) - set(vouched))]
+    if problems:
+        raise BundleMismatch(f"bundle {folder} does not match its {GATE_FILE}:\n  " + "\n  ".join(problems)
+                             + "\nIts gate verdict does not cover these files; deploy again to rebuild it.")
+    return gate
