@@ -16,13 +16,23 @@ import argparse
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from stack.commands.export import CHECKPOINT_HELP
 
-    parser.add_argument("--target", required=True, metavar="NAME",
+    parser.add_argument("--target", metavar="NAME",
                         help="deploy target: a file stem in configs/targets/ (e.g. orin, cpu, ci-cpu)")
-    parser.usage = "stack deploy --target NAME [options] CHECKPOINT [key=value ...]"
+    parser.add_argument("--verify", metavar="BUNDLE",
+                        help="check an existing bundle instead of building one: every file must be the one its "
+                             "gate.json vouches for (exit 0: intact and passed; 1: changed files or a failed gate)")
+    parser.usage = "stack deploy --target NAME [options] CHECKPOINT [key=value ...]  |  stack deploy --verify BUNDLE"
     parser.epilog = CHECKPOINT_HELP
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.verify:
+        return verify(args.verify)
+    if not args.target:
+        from stack.errors import StackError
+
+        raise StackError("stack deploy needs --target NAME (a file stem in configs/targets/, e.g. orin) and a "
+                         "checkpoint, or --verify BUNDLE to check a bundle that exists.")
     from stack.checkpoint import load_for_deploy
     from stack.commands.export import take_checkpoint
     from stack.config import load_target
@@ -38,3 +48,20 @@ def run(args: argparse.Namespace) -> int:
 
     result = deploy_checkpoint(pipeline, state_dict, args.checkpoint, args.target)
     return 0 if result["passed"] else 1
+
+
+def verify(bundle: str) -> int:
+    """`stack deploy --verify BUNDLE`: 0 when every file matches gate.json and the gate passed, else 1."""
+    from stack.deploy.bundle import BundleMismatch, verify_bundle
+
+    try:
+        gate = verify_bundle(bundle)
+    except BundleMismatch as exc:
+        print(f"stack deploy --verify: {exc}")
+        return 1
+    verdict = "PASS" if gate.get("passed") else "FAIL"
+    print(f"{bundle}: {len(gate['files'])} files match gate.json; the gate verdict for target "
+          f"{gate.get('target', '?')} is {verdict} (checkpoint {gate.get('checkpoint', '?')})")
+    for reason in gate.get("failures", []):
+        print(f"  {reason}")
+    return 0 if gate.get("passed") else 1
