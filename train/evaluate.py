@@ -6,7 +6,12 @@ command line (by default the checkpoint's own). Metrics are `stack.metrics.TaskM
 over `stack.models.decoders.decode_all`. A head "beats" its baseline by the margin the
 project sets for a trained model:
 
-- planning: L2 at 3 s at least 30% below the constant-velocity planner;
+- planning: L2 at 3 s at most `PLANNING_BAR` (0.85) x the ego-status rollout, the planner's own
+  prior (`stack.kinematics`): the planner is a residual on that rollout whose last layer starts
+  at zero, so an untrained planner already scores the rollout's L2 (far below constant
+  velocity, which is still printed). On the tiny recipe the trained planner measured 0.79x
+  (0.676 / 0.854 m, AVX2 EPYC); 0.85 asks a planner to remove at least 15% of its prior's
+  error on frames it never saw;
 - depth: AbsRel at least 30% below the per-image mean-depth predictor;
 - segmentation: mIoU at least twice the majority-class predictor's;
 - detection: mAP above 0.2 (the empty detector scores 0).
@@ -26,6 +31,10 @@ import torch
 from stack.pipeline import Pipeline
 
 
+PLANNING_BAR = 0.85
+"""The planner's L2 at 3 s must be at most this times the ego-status rollout's (its prior)."""
+
+
 @dataclass
 class HeadVerdict:
     head: str
@@ -34,6 +43,8 @@ class HeadVerdict:
     baseline: float
     bar: str
     passed: bool
+    note: str = ""
+    """Another reference worth printing beside the verdict (planning: constant velocity)."""
 
 
 def verdicts(metrics: dict) -> list[HeadVerdict]:
@@ -42,15 +53,21 @@ def verdicts(metrics: dict) -> list[HeadVerdict]:
         return float(metrics.get(key, float("nan")))
 
     l2, l2_cv = get("planning/L2_at_3s"), get("planning/baseline_cv/L2_at_3s")
+    l2_prior = get("planning/baseline_ego_rollout/L2_at_3s")
     rel, rel_mean = get("depth/AbsRel"), get("depth/baseline_mean_depth/AbsRel")
     miou, miou_major = get("segmentation/mIoU"), get("segmentation/baseline_majority/mIoU")
     mean_ap = get("detection/mAP")
     return [
-        HeadVerdict("planning", "L2@3s (m)", l2, l2_cv, "<= 0.7 x constant velocity", l2 <= 0.7 * l2_cv),
+        HeadVerdict("planning", "L2@3s (m)", l2, l2_prior, f"<= {PLANNING_BAR:g} x ego-status rollout",
+                    l2 <= PLANNING_BAR * l2_prior, f"constant velocity {l2_cv:.3f} m ({_ratio(l2, l2_cv)})"),
         HeadVerdict("depth", "AbsRel", rel, rel_mean, "<= 0.7 x mean depth", rel <= 0.7 * rel_mean),
         HeadVerdict("segmentation", "mIoU", miou, miou_major, ">= 2 x majority class", miou >= 2 * miou_major),
         HeadVerdict("detection", "mAP", mean_ap, get("detection/baseline_empty/mAP"), "> 0.2", mean_ap > 0.2),
     ]
+
+
+def _ratio(value: float, reference: float) -> str:
+    return f"{value / reference:.2f}x" if reference else "n/a"
 
 
 @torch.no_grad()

@@ -33,14 +33,14 @@ def run(args: argparse.Namespace) -> int:
     pipeline = load_pipeline_from_args(args) if (args.config or args.overrides) else None
     metrics, out = evaluate_checkpoint(Path(checkpoint), pipeline, split=args.split)
     rows = verdicts(metrics)
-    print(f"| head | metric | model | trivial baseline | bar | verdict |\n|---|---|---|---|---|---|")
+    print(f"| head | metric | model | baseline | bar | verdict |\n|---|---|---|---|---|---|")
     for row in rows:
         print(f"| {row.head} | {row.metric} | {row.value:.3f} | {row.baseline:.3f} | {row.bar} | "
               f"{'pass' if row.passed else 'FAIL'} |")
-    rollout = metrics.get("planning/baseline_ego_rollout/L2_at_3s")
-    if rollout is not None:
-        print(f"planning: the ego-status rollout alone (the planner's prior, constant acceleration and yaw rate) "
-              f"scores L2@3s {rollout:.3f} m")
+    for row in rows:
+        if row.note:
+            print(f"{row.head}: {row.value / row.baseline if row.baseline else float('nan'):.2f}x the baseline; "
+                  f"{row.note}")
     print(f"{int(metrics['eval/batches'])} {args.split} batches in {metrics['eval/seconds']:.1f} s; "
           f"all metrics: {out / 'metrics.json'}; plot: {out / 'heads.png'}")
     return 0 if all(row.passed for row in rows) else 1
