@@ -1,11 +1,19 @@
-"""The shard format (schema version 1): WebDataset `.tar` files, a DALI index per shard, a manifest.
+"""The shard format (schema version 2): WebDataset `.tar` files, a DALI index and a checksum file per shard, a manifest.
 
 Layout of a dataset root::
 
     manifest.json            schema version, cameras, image size, class names, shards per split
     train/frames-000000.tar  WebDataset shard
     train/frames-000000.idx  DALI index of that shard (`fn.readers.webdataset(index_paths=...)`)
+    train/frames-000000.sums CRC-32 of every member's bytes: {"algorithm": "crc32", "samples": {key: {member: crc}}}
     val/...
+
+Version 2 added the `.sums` file (version 1 shards had none): both loaders check every
+member they read against it, so bytes that changed on disk or in a copy — a flipped bit
+inside a JPEG's entropy-coded data still decodes, as garbage pixels — are named instead
+of trained on. CRC-32 (zlib) rather than a cryptographic hash: it catches every burst
+error up to 32 bits, this is corruption detection, not tamper-proofing, and it costs
+far less than decoding the member (`stack bench data` measures it, BENCHMARKS.md).
 
 Frame shards hold one sample per key frame. Its key is `s{scene:05d}f{frame:04d}`
 (no dots: WebDataset and DALI split the extension at the first dot). Members:
@@ -25,7 +33,7 @@ Frame shards hold one sample per key frame. Its key is `s{scene:05d}f{frame:04d}
 | `command.npy`     | int64 (1,) 0 left, 1 straight, 2 right                                  |
 | `past.npy`        | float32 (4, 2) ego xy at -2.0 ... -0.5 s in the current ego frame       |
 | `future.npy`      | float32 (6, 2) ego xy at +0.5 ... +3.0 s in the current ego frame       |
-| `meta.json`       | {"schema": 1, "scene": int, "frame": int, "split": str}                 |
+| `meta.json`       | {"schema": 2, "scene": int, "frame": int, "split": str}                 |
 
 Labels are `.npy` because DALI decodes `.npy` (`fn.decoders.numpy`) but leaves
 JSON as raw bytes. Tar members carry fixed mtime/uid/gid/mode and members are
@@ -40,11 +48,14 @@ from __future__ import annotations
 import io
 import json
 import tarfile
+import zlib
 from pathlib import Path
 
 import numpy as np
 
-SCHEMA_VERSION = 1
+from stack.failpoints import fail_point
+
+SCHEMA_VERSION = 2
 """Version of the shard schema described above."""
 ARRAY_MEMBERS = ("depth", "semantic", "instance", "intrinsics", "cam_to_ego", "boxes", "box_ids", "boxes2d",
                  "ego", "command", "past", "future")
@@ -53,6 +64,10 @@ DTYPES = {"depth": np.float16, "semantic": np.uint8, "instance": np.uint16, "int
           "cam_to_ego": np.float32, "boxes": np.float32, "box_ids": np.int32, "boxes2d": np.float32,
           "ego": np.float32, "command": np.int64, "past": np.float32, "future": np.float32}
 MANIFEST = "manifest.json"
+SIDECARS = (".idx", ".sums")
+"""Files that belong to each shard `x.tar`, beside it: `x.idx`, `x.sums`."""
+CHECKSUM = "crc32"
+"""The `.sums` algorithm (zlib.crc32 of each member's bytes)."""
 
 
 def sample_key(scene: int, frame: int) -> str:
@@ -73,19 +88,25 @@ def encode_jpeg(image: np.ndarray, quality: int) -> bytes:
     return buffer.getvalue()
 
 
+def dataset_files(root: Path) -> list[str]:
+    """Paths (relative to `root`) of every shard and sidecar its manifest lists; [] when there is no
+    readable manifest. These are the only files `stack data make` ever replaces or deletes."""
+    try:
+        manifest = json.loads((Path(root) / MANIFEST).read_text())
+        shards = [entry["path"] for split in manifest["splits"].values() for entry in split]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return []
+    return [str(Path(path).with_suffix(suffix)) for path in shards for suffix in (".tar", *SIDECARS)
+            if isinstance(path, str) and Path(path).suffix == ".tar" and ".." not in Path(path).parts]
+
+
 def remove_dataset(root: Path) -> None:
-    """Delete what a previous run wrote under `root` (manifest first, so a half-written dataset never
-    looks complete), and nothing else."""
+    """Delete the dataset under `root`: the manifest first (so a half-deleted dataset never looks
+    complete), then the shards and sidecars it lists — and nothing else (a user's own files stay)."""
+    listed = dataset_files(root)
     (Path(root) / MANIFEST).unlink(missing_ok=True)
-    for split in ("train", "val"):
-        remove_shards(Path(root) / split)
-
-
-def remove_shards(folder: Path) -> None:
-    """Delete the shards (and their indexes) a previous run wrote into `folder`, and nothing else."""
-    for pattern in ("frames-*.tar", "frames-*.idx", "clips-*.tar", "clips-*.idx", "*.tar.tmp"):
-        for path in Path(folder).glob(pattern):
-            path.unlink()
+    for path in listed:
+        (Path(root) / path).unlink(missing_ok=True)
 
 
 class ShardWriter:
@@ -93,8 +114,9 @@ class ShardWriter:
 
     The DALI index (format "v1.2", as `wds2idx` writes it) lists per sample every
     member's extension, data offset, size and name, so `fn.readers.webdataset`
-    can seek without scanning. Each shard is written to a `.tmp` name and renamed
-    when complete, so an interrupted run never leaves a truncated shard behind.
+    can seek without scanning; the `.sums` file holds each member's CRC-32. Each
+    shard is written to a `.tmp` name and renamed when complete, so an interrupted
+    run never leaves a truncated shard behind.
     """
 
     def __init__(self, folder: Path, prefix: str, samples_per_shard: int):
@@ -109,21 +131,25 @@ class ShardWriter:
         self._file = open(self._path.with_suffix(".tar.tmp"), "wb")
         self._tar = tarfile.open(fileobj=self._file, mode="w", format=tarfile.USTAR_FORMAT)
         self._index: list = []
+        self._sums: dict = {}
         self.shards.append({"path": name, "samples": 0})
 
     def write(self, key: str, members: list) -> None:
         """Add one sample: `members` is [(extension, bytes)] in a fixed order."""
         if self._tar is None:
             self._open()
-        entries = []
+        entries, sums = [], {}
         for extension, payload in members:
+            fail_point("shard-write")
             info = tarfile.TarInfo(f"{key}.{extension}")
             info.size, info.mtime, info.mode, info.uid, info.gid = len(payload), 0, 0o644, 0, 0
             info.uname = info.gname = ""
             header_offset = self._file.tell()
             self._tar.addfile(info, io.BytesIO(payload))
             entries.append(f"{extension} {header_offset + tarfile.BLOCKSIZE} {len(payload)} {info.name}")
+            sums[extension] = zlib.crc32(payload)
         self._index.append(" ".join(entries))
+        self._sums[key] = sums
         self.shards[-1]["samples"] += 1
         if self.shards[-1]["samples"] >= self.limit:
             self.close_shard()
@@ -136,6 +162,8 @@ class ShardWriter:
         self._path.with_suffix(".tar.tmp").rename(self._path)
         index = f"v1.2 {len(self._index)}\n" + "\n".join(self._index) + "\n"
         self._path.with_suffix(".idx").write_text(index)
+        sums = {"algorithm": CHECKSUM, "samples": self._sums}
+        self._path.with_suffix(".sums").write_text(json.dumps(sums, sort_keys=True, separators=(",", ":")) + "\n")
         self._tar = None
 
 

@@ -6,6 +6,10 @@ process in scene order. Every random draw comes from generators seeded by
 (`data.world.seed`, scene index), so the same config and seed give byte-identical
 shards whatever the number of workers. Validation takes whole scenes (the last
 `val_fraction` of them), never frames of a training scene.
+
+The shards are rendered into a staging folder and swapped in only when the whole
+dataset is written (`stack.data.staging`): an interrupted run leaves the previous
+dataset as it was, and only files a manifest lists are ever replaced.
 """
 
 from __future__ import annotations
@@ -15,9 +19,11 @@ from pathlib import Path
 
 import numpy as np
 
-from stack.data.format import ShardWriter, frame_members, remove_dataset, write_manifest
+from stack.data import staging
+from stack.data.format import SIDECARS, ShardWriter, frame_members, write_manifest
 from stack.data.roads import SEG_CLASSES
 from stack.data.traffic import CLASSES
+from stack.failpoints import fail_point
 from stack.pipeline import Pipeline
 
 
@@ -83,16 +89,17 @@ def make_dataset(pipeline: Pipeline, log=print) -> dict:
     world, root = pipeline.data.world, Path(pipeline.data.root)
     device = _device(pipeline)
     splits = {s: split_of(s, world.scenes, world.val_fraction) for s in range(world.scenes)}
-    remove_dataset(root)
     per_shard = pipeline.data.samples_per_shard
     if pipeline.data.layout == "clips":  # a clip holds a whole scene: keep shards about as large as frame shards
         per_shard = max(1, per_shard // world.frames_per_scene)
-    writers = {split: ShardWriter(root / split, pipeline.data.layout, per_shard) for split in ("train", "val")}
+    stage = staging.prepare(root, log)
+    staging.check_free(root, _planned_files(pipeline, splits, per_shard))
+    writers = {split: ShardWriter(stage / split, pipeline.data.layout, per_shard) for split in ("train", "val")}
     tasks = [(pipeline, s, splits[s], device) for s in range(world.scenes)]
     workers = min(world.workers, world.scenes)
     context = multiprocessing.get_context("spawn" if device == "cuda" else "fork")
     log(f"rendering {world.scenes} scenes x {world.frames_per_scene} frames x {len(pipeline.data.rig.cameras)} cameras "
-        f"on {device} with {max(workers, 1)} process(es) -> {root}")
+        f"on {device} with {max(workers, 1)} process(es) -> {root} (staged in {stage} until complete)")
     with Progress() as progress:
         bar = progress.add_task("rendering scenes", total=world.scenes)
         if workers > 1:
@@ -115,11 +122,25 @@ def make_dataset(pipeline: Pipeline, log=print) -> dict:
         "splits": {split: [{"path": f"{split}/{s['path']}", "samples": s["samples"]} for s in w.shards]
                    for split, w in writers.items()},
     }
-    return write_manifest(root, manifest)
+    write_manifest(stage, manifest)
+    fail_point("data-before-swap")
+    return staging.commit(root, log)
+
+
+def _planned_files(pipeline: Pipeline, splits: dict, per_shard: int) -> list[str]:
+    """Paths (relative to data.root) of the shards and sidecars this run will write."""
+    per_scene = 1 if pipeline.data.layout == "clips" else pipeline.data.world.frames_per_scene
+    paths = []
+    for split in ("train", "val"):
+        samples = per_scene * sum(1 for s in splits.values() if s == split)
+        for shard in range(-(-samples // per_shard)):
+            paths += [f"{split}/{pipeline.data.layout}-{shard:06d}{suffix}" for suffix in (".tar", *SIDECARS)]
+    return paths
 
 
 def _advance(progress, bar, scene_index: int, scenes: int, split: str) -> None:
     """Advance the bar, and log a line per scene (visible in logs where no bar is drawn)."""
+    fail_point("data-render")
     progress.advance(bar)
     elapsed = progress.tasks[bar].elapsed or 0.0
     progress.console.print(f"scene {scene_index + 1}/{scenes} written to {split} ({elapsed:.0f} s elapsed)")

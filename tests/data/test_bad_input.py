@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from stack.data import build_loader
+from stack.data.format import SCHEMA_VERSION
 from stack.data.samples import BadSample
 from stack.errors import StackError
 
@@ -24,10 +25,16 @@ def _copy(dataset, tmp_path, *overrides, small_pipeline):
     return small_pipeline(root, *overrides), manifest, root
 
 
-def _rewrite(shard: Path, change):
-    """Rewrite `shard` with change(name, data) -> bytes or None (drop the member)."""
+def _rewrite(shard: Path, change, checksums: bool = True):
+    """Rewrite `shard` with change(name, data) -> bytes or None (drop the member).
+
+    With `checksums` the `.sums` file follows the new bytes (a shard written wrong, which the
+    decoders must catch); without, it keeps the old ones (bytes changed after writing)."""
+    import zlib
+
     with tarfile.open(shard) as tar:
         members = [(m.name, tar.extractfile(m).read()) for m in tar.getmembers()]
+    sums = json.loads(shard.with_suffix(".sums").read_text())
     with tarfile.open(shard, "w", format=tarfile.USTAR_FORMAT) as tar:
         for name, data in members:
             data = change(name, data)
@@ -35,6 +42,10 @@ def _rewrite(shard: Path, change):
                 info = tarfile.TarInfo(name)
                 info.size = len(data)
                 tar.addfile(info, __import__("io").BytesIO(data))
+                key, member = name.split(".", 1)
+                if checksums:
+                    sums["samples"][key][member] = zlib.crc32(data)
+    shard.with_suffix(".sums").write_text(json.dumps(sums))
 
 
 def _first_train_shard(root, manifest):
@@ -77,7 +88,7 @@ def test_wrong_schema_version_in_a_sample(dataset, tmp_path, small_pipeline):
         return json.dumps({**json.loads(data), "schema": 99}).encode() if name.endswith(".meta.json") else data
 
     _rewrite(_first_train_shard(root, manifest), bump)
-    with pytest.raises(BadSample, match=r"frames-000000.tar.*schema version 99.*reads version 1"):
+    with pytest.raises(BadSample, match=rf"frames-000000.tar.*schema version 99.*reads version {SCHEMA_VERSION}"):
         _iterate(pipeline)
 
 

@@ -33,7 +33,7 @@ def test_same_seed_gives_byte_identical_shards_whatever_the_worker_count(tmp_pat
     make_dataset(again, log=lambda *_: None)
     for split in ("train", "val"):
         for shard in manifest["splits"][split]:
-            for suffix in (".tar", ".idx"):
+            for suffix in (".tar", ".idx", ".sums"):
                 first = (Path(pipeline.data.root) / shard["path"]).with_suffix(suffix).read_bytes()
                 assert first == (tmp_path / shard["path"]).with_suffix(suffix).read_bytes(), shard
     assert (Path(pipeline.data.root) / "manifest.json").read_bytes() == (tmp_path / "manifest.json").read_bytes()
@@ -179,13 +179,14 @@ def test_make_replaces_its_own_shards_and_keeps_other_files(tmp_path, small_pipe
 
     (tmp_path / "train").mkdir()
     (tmp_path / "train" / "notes.txt").write_text("mine")
-    (tmp_path / "train" / "frames-000099.tar").write_bytes(b"stale")
+    (tmp_path / "train" / "frames-000099.tar").write_bytes(b"a user's own shard: no manifest lists it")
     (tmp_path / "manifest.json").write_text("{}")
     pipeline = small_pipeline(tmp_path, "data.world.scenes=1", "data.world.frames_per_scene=1")
     manifest = make_dataset(pipeline, log=lambda *_: None)
     assert (tmp_path / "train" / "notes.txt").read_text() == "mine"
-    assert not (tmp_path / "train" / "frames-000099.tar").exists()
+    assert (tmp_path / "train" / "frames-000099.tar").read_bytes().startswith(b"a user's own shard")
     assert json.loads((tmp_path / "manifest.json").read_text()) == manifest
+    assert not (tmp_path / ".staging").exists()
 
 
 def test_agents_start_within_the_spawn_radius_of_the_ego():

@@ -1,0 +1,121 @@
+"""`stack data make` never destroys a dataset before its successor is complete, and deletes only what a manifest lists."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from stack.errors import StackError
+
+REPO = Path(__file__).resolve().parents[2]
+SMALL = ["data.rig.image_width=64", "data.rig.image_height=32", "data.world.frames_per_scene=2",
+         "data.world.agents_per_scene=4", "data.world.workers=1", "data.world.render_device=cpu",
+         "data.samples_per_shard=1", "data.world.val_fraction=0.34", "data.batch_size=1", "data.num_workers=0"]
+
+
+def make(root, *overrides, fail_at=None):
+    """`stack data make` as its own process (a kill point SIGKILLs it there), rc and output."""
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    env.pop("STACK_FAIL_POINT", None)
+    if fail_at:
+        env["STACK_FAIL_POINT"] = fail_at
+    result = subprocess.run([sys.executable, "-m", "stack", "data", "make", *SMALL, f"data.root={root}", *overrides],
+                            cwd=REPO, capture_output=True, text=True, env=env, timeout=300)
+    return result.returncode, result.stdout + result.stderr
+
+
+def snapshot(root) -> dict:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(Path(root).rglob("*")) if p.is_file()}
+
+
+def loads(root) -> int:
+    """Samples the torch loader yields from the dataset at `root` (both splits)."""
+    from stack.config import load_pipeline
+    from stack.data import build_loader
+
+    pipeline = load_pipeline(overrides=[*SMALL, f"data.root={root}"])
+    return sum(batch.images.shape[0] for split in ("train", "val")
+               for batch in build_loader(pipeline, split, 0, 1, shuffle=False, augment=False))
+
+
+@pytest.fixture(scope="module")
+def previous(tmp_path_factory):
+    """A complete 3-scene dataset (6 samples) with a user's own files beside the shards; its bytes."""
+    root = tmp_path_factory.mktemp("previous")
+    rc, output = make(root, "data.world.scenes=3")
+    assert rc == 0, output
+    (root / "train" / "frames-foo.tar").write_bytes(b"the user's own shard")
+    (root / "README").write_text("mine")
+    return root, snapshot(root)
+
+
+def copy_of(previous, tmp_path) -> Path:
+    root, files = previous
+    for name, data in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(data)
+    return tmp_path
+
+
+@pytest.mark.parametrize("point", ["data-render:2", "shard-write:9", "data-before-swap", "data-swap"])
+def test_a_kill_before_the_swap_leaves_the_previous_dataset_intact(previous, tmp_path, point):
+    root = copy_of(previous, tmp_path)
+    rc, output = make(root, "data.world.scenes=4", "data.world.seed=5", fail_at=point)
+    assert rc == -9, output  # SIGKILLed at the point
+    kept = {name: data for name, data in snapshot(root).items() if not name.startswith(".staging")}
+    assert kept == previous[1]
+    assert loads(root) == 6
+    rc, output = make(root, "data.world.scenes=4", "data.world.seed=5")
+    assert rc == 0, output
+    assert "removing the unfinished output of an interrupted" in output
+    assert loads(root) == 8 and not (root / ".staging").exists()
+    assert (root / "train" / "frames-foo.tar").read_bytes() == b"the user's own shard"
+    assert (root / "README").read_text() == "mine"
+
+
+def test_a_kill_during_the_swap_is_finished_by_the_next_run(previous, tmp_path):
+    root = copy_of(previous, tmp_path)
+    rc, output = make(root, "data.world.scenes=2", fail_at="data-swap-files")
+    assert rc == -9, output
+    rc, output = make(root, "data.world.scenes=5")
+    assert rc == 0, output
+    assert "completing that swap first" in output
+    assert loads(root) == 10
+    shards = sorted(p.name for p in (root / "train").glob("*.tar"))
+    assert shards == ["frames-000000.tar", "frames-000001.tar", "frames-000002.tar", "frames-000003.tar",
+                      "frames-000004.tar", "frames-000005.tar", "frames-foo.tar"]  # no orphan of either run
+
+
+def test_ctrl_c_while_rendering_exits_130_and_keeps_the_dataset(previous, tmp_path):
+    import signal
+
+    root = copy_of(previous, tmp_path)
+    process = subprocess.Popen([sys.executable, "-m", "stack", "data", "make", *SMALL, f"data.root={root}",
+                                "data.world.scenes=6"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    lines = []
+    for line in process.stdout:
+        lines.append(line)
+        if "scene 1/6 written" in line:
+            process.send_signal(signal.SIGINT)
+            break
+    output = "".join(lines) + process.stdout.read()
+    assert process.wait(timeout=120) == 130, output
+    assert "interrupted" in output and "Traceback" not in output
+    kept = {name: data for name, data in snapshot(root).items() if not name.startswith(".staging")}
+    assert kept == previous[1] and loads(root) == 6
+
+
+def test_a_user_file_where_a_new_shard_goes_stops_the_run_before_anything_changes(tmp_path, small_pipeline):
+    from stack.data.make import make_dataset
+
+    (tmp_path / "train").mkdir()
+    (tmp_path / "train" / "frames-000000.tar").write_bytes(b"not ours")
+    pipeline = small_pipeline(tmp_path, "data.world.scenes=1", "data.world.frames_per_scene=1")
+    with pytest.raises(StackError, match=r"holds train/frames-000000\.tar, which no manifest lists"):
+        make_dataset(pipeline, log=lambda *_: None)
+    assert (tmp_path / "train" / "frames-000000.tar").read_bytes() == b"not ours"
+    assert json.loads(json.dumps(sorted(p.name for p in tmp_path.rglob("*")))) == ["frames-000000.tar", "train"]
