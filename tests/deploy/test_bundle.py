@@ -1,0 +1,176 @@
+"""The bundle on disk: swapped in whole, vouched for by sha256, never left half old and half new.
+
+A re-deploy that is killed (SIGKILL at named fail points, in a real subprocess) must leave
+the previous bundle exactly as it was; a completed one must leave nothing of the old
+bundle behind; and `verify_bundle` / `stack deploy --verify` must refuse any bundle whose
+files are not the ones its gate ran on.
+"""
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from stack.deploy.bundle import BundleMismatch, bundle_files, stage, verify_bundle
+from stack.errors import StackError
+
+HERE = Path(__file__).parent
+REPO = HERE.parents[1]
+
+# Runs one deploy of the stand-in network (seed from argv) into the folder argv[1]: the kill tests run it
+# in a subprocess so that a fail point can SIGKILL it; the other tests call the same function in-process.
+DEPLOY_SCRIPT = """
+import dataclasses, sys
+import numpy as np
+from stack.config import load_pipeline, load_target
+from stack.deploy.accuracy import HeadBudget
+from stack.deploy.orchestrate import DeploySpec, run_deploy
+from deploy_fixture_net import example_inputs, make_net, make_samples
+
+def deploy(folder, seed):
+    import torch
+    net = make_net(seed=seed)
+    feeds = make_samples(12, seed=3)
+
+    def evaluate(run):
+        errors = []
+        for sample in feeds[8:]:
+            with torch.no_grad():
+                expected = net(**{k: torch.from_numpy(v) for k, v in sample.items()})["segmentation"].numpy()
+            errors.append(float(np.linalg.norm(run(sample)["segmentation"] - expected) / np.linalg.norm(expected)))
+        return {"seg_rel_error": float(np.mean(errors))}
+
+    pipeline = load_pipeline(["configs/pipeline.yaml"], ["export.calibration_samples=8", "export.timing_runs=20",
+                                                         "export.timing_warmup=1", "export.keep_fp32=[bev_pool]"])
+    target = dataclasses.replace(load_target("cpu", pipeline), min_fps=0.1, max_p99_latency_ms=1e6)
+    spec = DeploySpec(net, example_inputs(), ["segmentation", "speed"], {"pipeline_hash": "test"}, feeds[:8], feeds[8:],
+                      evaluate, [HeadBudget("segmentation", "seg_rel_error", 0.05, False)], "fixture samples",
+                      "fixture.pt", "fixture", "test", extra_files={"pipeline.yaml": "name: fixture\\n"})
+    return run_deploy(spec, "cpu", target, pipeline.export, folder, log=lambda m: None)
+
+if __name__ == "__main__":
+    from pathlib import Path
+    deploy(Path(sys.argv[1]), int(sys.argv[2]))
+"""
+
+
+@pytest.fixture(scope="module")
+def deploy_module(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("script")
+    (folder / "deploy_once.py").write_text(DEPLOY_SCRIPT)
+    sys.path.insert(0, str(folder))
+    import deploy_once
+
+    yield folder / "deploy_once.py", deploy_once.deploy
+    sys.path.remove(str(folder))
+
+
+@pytest.fixture(scope="module")
+def gated(tmp_path_factory, deploy_module):
+    """A passed bundle of the seed-0 network; tests copy it before changing anything."""
+    folder = tmp_path_factory.mktemp("bundles") / "cpu"
+    result = deploy_module[1](folder, 0)
+    assert result["passed"], result["failures"]
+    return folder
+
+
+def _copy(bundle: Path, tmp_path: Path) -> Path:
+    import shutil
+
+    return Path(shutil.copytree(bundle, tmp_path / "cpu"))
+
+
+def test_gate_json_vouches_for_every_file_and_the_checkpoint(gated):
+    gate = json.loads((gated / "gate.json").read_text())
+    assert set(gate["files"]) == {p.name for p in gated.iterdir()} - {"gate.json"}
+    assert {"model.onnx", "model.int8.onnx", "report.md", "pipeline.yaml"} <= set(gate["files"])
+    assert gate["files"] == bundle_files(gated)
+    assert verify_bundle(gated)["passed"] is True
+
+
+@pytest.mark.parametrize("damage", ["changed", "missing", "extra"])
+def test_verify_refuses_a_bundle_whose_files_are_not_the_gated_ones(gated, tmp_path, damage):
+    bundle = _copy(gated, tmp_path)
+    if damage == "changed":
+        with open(bundle / "model.int8.onnx", "r+b") as handle:  # one flipped byte in the shipped model
+            handle.seek(200)
+            byte = handle.read(1)
+            handle.seek(200)
+            handle.write(bytes([byte[0] ^ 0xFF]))
+    elif damage == "missing":
+        (bundle / "model.onnx").unlink()
+    else:
+        (bundle / "model.engine").write_bytes(b"an engine nobody gated")
+    with pytest.raises(BundleMismatch) as caught:
+        verify_bundle(bundle)
+    expected = {"changed": "model.int8.onnx: changed", "missing": "model.onnx: missing",
+                "extra": "model.engine: not part of the gated bundle"}[damage]
+    assert expected in str(caught.value)
+
+
+def test_stack_deploy_verify_exit_codes(gated, tmp_path, capsys):
+    from stack.cli import main
+
+    assert main(["deploy", "--verify", str(gated)]) == 0
+    assert "match gate.json" in capsys.readouterr().out
+    bundle = _copy(gated, tmp_path)
+    (bundle / "report.md").write_text("# PASS\n")
+    assert main(["deploy", "--verify", str(bundle)]) == 1
+    assert "report.md: changed" in capsys.readouterr().out
+    assert main(["deploy", "--verify", str(tmp_path / "nothing")]) == 2
+    assert "not a deploy bundle" in capsys.readouterr().err
+
+
+def test_a_completed_redeploy_leaves_nothing_of_the_old_bundle(gated, tmp_path, deploy_module):
+    bundle = _copy(gated, tmp_path)
+    (bundle / "stale.engine").write_bytes(b"from an earlier build")
+    old_model = (bundle / "model.onnx").read_bytes()
+    deploy_module[1](bundle, 1)
+    assert not (bundle / "stale.engine").exists()
+    assert (bundle / "model.onnx").read_bytes() != old_model
+    verify_bundle(bundle)
+    assert not list(tmp_path.glob(".cpu.staging-*")), "the staging folder (now the old bundle) is removed"
+
+
+def test_a_folder_of_user_files_is_never_replaced(tmp_path, deploy_module):
+    folder = tmp_path / "cpu"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("mine")
+    with pytest.raises(StackError, match="not a deploy bundle"):
+        deploy_module[1](folder, 0)
+    assert (folder / "notes.txt").read_text() == "mine"
+
+
+def test_stale_staging_folders_of_dead_runs_are_removed(tmp_path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = tmp_path / f".cpu.staging-{dead.pid}"
+    stale.mkdir()
+    (stale / "model.onnx").write_bytes(b"half")
+    staging = stage(tmp_path / "cpu")
+    assert not stale.exists() and staging.is_dir() and not any(staging.iterdir())
+
+
+@pytest.mark.parametrize("point", ["deploy-after-quantize", "deploy-before-swap", "deploy-after-swap"])
+def test_a_killed_redeploy_leaves_a_bundle_that_verifies(gated, tmp_path, deploy_module, point):
+    bundle = _copy(gated, tmp_path)
+    before = bundle_files(bundle)
+    env = dict(os.environ, STACK_FAIL_POINT=point,
+               PYTHONPATH=os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]))
+    run = subprocess.run([sys.executable, str(deploy_module[0]), str(bundle), "1"], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == -signal.SIGKILL, run.stderr[-2000:]
+    gate = verify_bundle(bundle)  # whatever is at the bundle's name is whole and vouched for
+    if point == "deploy-after-swap":
+        assert gate["files"] != before, "the new bundle was already swapped in"
+    else:
+        assert bundle_files(bundle) == before, "the previous bundle is untouched"
+    deploy_module[1](bundle, 1)  # the next deploy cleans up after the killed one
+    assert not list(tmp_path.glob(".cpu.staging-*"))
+    verify_bundle(bundle)
