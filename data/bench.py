@@ -8,7 +8,8 @@
    epoch after a warm-up epoch, timed from its first batch so worker start-up and
    the per-epoch DALI pipeline build are excluded): samples/s of the `torch` backend
    (`data.num_workers` processes) and of the `dali` backend (`data.num_workers`
-   threads, CPU decode without a GPU).
+   threads, CPU decode without a GPU), each with and without the per-member CRC-32
+   check (`stack.data.checksums`), so what verification costs is a side-by-side ratio.
 3. Floors: the same JPEGs decoded in a bare loop by the same decoder — PIL in
    `data.num_workers` processes for torch, a DALI pipeline with only the reader
    and the image decoder for DALI. loader / floor says what the rest costs; the
@@ -60,10 +61,10 @@ def _generator(pipeline: Pipeline) -> tuple[float, float, int]:
     return images / seconds, images / cpu, images
 
 
-def _loader_rate(pipeline: Pipeline) -> float:
-    from stack.data import build_loader
+def _loader_rate(pipeline: Pipeline, verify: bool = True) -> float:
+    from stack.data.loader import build_loader
 
-    loader = build_loader(pipeline, "train", 0, 1, shuffle=True, augment=False)
+    loader = build_loader(pipeline, "train", 0, 1, shuffle=True, augment=False, verify=verify)
     for _ in loader:  # warm-up epoch (page cache, imports)
         pass
     start, samples = None, 0
@@ -86,6 +87,24 @@ def _jpeg_lists(pipeline: Pipeline) -> list:
         for sample in read_piece(Piece(path, 0, count)):
             out.append([sample[f"{c}.jpg"] for c in cameras])
     return out
+
+
+def _mean_sample_bytes(samples: list) -> float:
+    return sum(len(jpeg) for sample in samples for jpeg in sample) / max(len(samples), 1)
+
+
+def _crc32_rate(samples: list) -> float:
+    """Bytes/s zlib.crc32 checks on one core (best of 3 passes over every JPEG member)."""
+    import zlib
+
+    jpegs = [jpeg for sample in samples for jpeg in sample]
+    best = 0.0
+    for _ in range(3):
+        start = time.perf_counter()
+        for jpeg in jpegs:
+            zlib.crc32(jpeg)
+        best = max(best, sum(map(len, jpegs)) / (time.perf_counter() - start))
+    return best
 
 
 def _decode_all(jpegs: list) -> int:
@@ -208,12 +227,15 @@ def run(pipeline: Pipeline, args) -> int:
         jpegs = _jpeg_lists(bench)
         measures = {"torch": lambda: _loader_rate(bench), "dali": lambda: _loader_rate(dali),
                     "pil": lambda: _pil_floor(bench, jpegs), "dali_floor": lambda: _dali_floor(bench),
-                    "dali_graph": lambda: _dali_graph_rate(bench)}
+                    "dali_graph": lambda: _dali_graph_rate(bench),
+                    "torch_unverified": lambda: _loader_rate(bench, verify=False),
+                    "dali_unverified": lambda: _loader_rate(dali, verify=False)}
         best = {name: 0.0 for name in measures}
         for _ in range(REPEATS):  # interleaved, best of REPEATS: other processes only ever slow a run down
             for name, measure in measures.items():
                 best[name] = max(best[name], measure())
-        torch_rate, dali_rate, pil_floor, dali_floor, dali_graph = best.values()
+        torch_rate, dali_rate, pil_floor, dali_floor, dali_graph, torch_unverified, dali_unverified = best.values()
+        crc_rate = _crc32_rate(jpegs)
         step_rate, step_what = _training_step_rate(bench)
     rig, data = pipeline.data.rig, pipeline.data
     print(f"\nmachine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}; "
@@ -231,6 +253,12 @@ def run(pipeline: Pipeline, args) -> int:
           f"{dali_floor / dali_rate:.2f}x slower than floor |")
     print(f"| dali graph only (all members, no Batch assembly) | {dali_graph:.1f} samples/s | DALI bare decode "
           f"{dali_floor:.1f} samples/s | {dali_floor / dali_graph:.2f}x slower than floor |")
+    print(f"| torch loader, member checksums verified | {torch_rate:.1f} samples/s | same loader unverified "
+          f"{torch_unverified:.1f} samples/s | {torch_unverified / torch_rate:.3f}x |")
+    print(f"| dali loader, member checksums verified | {dali_rate:.1f} samples/s | same loader unverified "
+          f"{dali_unverified:.1f} samples/s | {dali_unverified / dali_rate:.3f}x |")
+    print(f"| CRC-32 (zlib) of the JPEG members, one core | {crc_rate / 2**20:.0f} MiB/s | PIL decode of the same "
+          f"bytes {pil_floor * _mean_sample_bytes(jpegs) / 2**20:.0f} MiB/s ({data.num_workers} workers) | |")
     print(f"| training step: {step_what} | {step_rate:.1f} samples/s | torch / step, dali / step | "
           f"{torch_rate / step_rate:.1f}x, {dali_rate / step_rate:.1f}x |")
     return 0

@@ -6,6 +6,9 @@ GPU (`device_id=None`: DALI refuses `device_id=0` without a GPU even for CPU
 operators) and with nvJPEG (`mixed`) when a GPU is present — and
 `fn.decoders.numpy` decodes the `.npy` labels. The rows then go through the same
 `to_fields` and `augment_row` as the torch backend, so both backends agree.
+The raw bytes of every member DALI read also come out of the graph, and each is
+checked against its shard's CRC-32 table (`stack.data.checksums`) before the batch is
+used; DALI's `source_info` names the shard, key and member.
 
 Sharding: DALI splits the samples into `num_shards` contiguous runs, one per rank
 (`shard_id = rank`). The pipeline is rebuilt each epoch (a fresh reader starts at
@@ -26,6 +29,7 @@ import torch
 
 from stack.data.augment import augment_row
 from stack.batch import IGNORE_INDEX, Batch
+from stack.data.checksums import ShardSums
 from stack.data.format import SCHEMA_VERSION
 from stack.data.loader import check_layout, read_manifest, split_shards
 from stack.data.samples import LOADER_MEMBERS, BadSample, ClassMaps, collate, label_fields, stack_fields
@@ -44,8 +48,9 @@ def dali_device() -> int | None:
 
 
 def build_pipeline(shards: list, cameras: list, maps: ClassMaps, batch_size: int, threads: int, rank: int,
-                   world_size: int, shuffle: bool, seed: int):
-    """DALI pipeline: CHW images per camera, depth, semantics, the small `.npy` labels, meta.json (see DENSE)."""
+                   world_size: int, shuffle: bool, seed: int, raw: bool = False):
+    """DALI pipeline: CHW images per camera, depth, semantics, the small `.npy` labels, meta.json (see DENSE),
+    and with `raw` every member's undecoded bytes after those (for the checksums)."""
     from nvidia.dali import fn, pipeline_def, types
 
     device_id = dali_device()
@@ -68,7 +73,7 @@ def build_pipeline(shards: list, cameras: list, maps: ClassMaps, batch_size: int
             semantic = fn.lookup_table(semantic, keys=keys, values=[float(maps.semantic[k]) for k in keys],
                                        default_value=float(IGNORE_INDEX), dtype=types.INT64)
         small = [fn.decoders.numpy(members[len(cameras) + len(DENSE) + i]) for i in range(len(SMALL))]
-        return (*images, depth, semantic, *small, members[-1])
+        return (*images, depth, semantic, *small, members[-1], *(members if raw else ()))
 
     pipe = frames()
     pipe.build()
@@ -91,7 +96,8 @@ def _host(tensor_list, index: int) -> np.ndarray:
 class DaliLoader:
     """Iterable of Batch for one rank with `len()` equal on every rank; each iteration is one epoch."""
 
-    def __init__(self, pipeline: Pipeline, split: str, rank: int, world_size: int, shuffle: bool, augment: bool):
+    def __init__(self, pipeline: Pipeline, split: str, rank: int, world_size: int, shuffle: bool, augment: bool,
+                 verify: bool = True):
         if pipeline.data.skip_bad_samples:
             raise StackError("data.skip_bad_samples=true is supported by data.backend=torch only (a DALI pipeline "
                              "stops at the first undecodable sample); use data.backend=torch to skip bad samples")
@@ -105,6 +111,7 @@ class DaliLoader:
                              "on the CPU)")
         self.shards = split_shards(self.manifest, pipeline.data.root, split)
         self.maps = ClassMaps.build(self.manifest, pipeline)
+        self.sums = ShardSums() if verify else None
         self.epoch, self._epoch_set = 0, False
         self.skipped = 0
         if len(self) == 0:
@@ -123,7 +130,8 @@ class DaliLoader:
         seed = (self.pipeline.train.seed * 1000003 + self.epoch) % (2 ** 31)
         try:
             pipe = build_pipeline(self.shards, cameras, self.maps, self.pipeline.data.batch_size,
-                                  max(self.pipeline.data.num_workers, 1), self.rank, self.world_size, self.shuffle, seed)
+                                  max(self.pipeline.data.num_workers, 1), self.rank, self.world_size, self.shuffle, seed,
+                                  raw=self.sums is not None)
         except RuntimeError as exc:
             raise self._error("could not open", exc) from exc
         rng = np.random.default_rng([self.pipeline.train.seed, self.epoch, self.rank])
@@ -157,8 +165,21 @@ class DaliLoader:
         return BadSample(f"DALI {what} shard(s) {shards}: {detail}; run with data.backend=torch to name the "
                          "sample, or re-create the shards (and their .idx files) with `stack data make`")
 
+    def _verify(self, raw: list, take: int) -> None:
+        """Each raw member of the first `take` samples against its shard's CRC-32 ("shard:offset:key.member")."""
+        for members in raw:
+            members = members.as_cpu() if hasattr(members, "as_cpu") else members
+            for index in range(take):
+                shard, _, name = members[index].source_info().rsplit(":", 2)
+                key, member = name.split(".", 1)
+                self.sums.check_member(member, np.asarray(members[index]), shard, key)
+
     def _batch(self, outputs, take: int, cameras: int, rng: np.random.Generator) -> Batch:
         """The first `take` samples of a DALI batch as a Batch (augmented per row when asked)."""
+        if self.sums is not None:
+            members = 1 + cameras + len(DENSE) + len(SMALL)  # images, dense, small, meta.json
+            self._verify(outputs[-members:], take)
+            outputs = outputs[:-members]
         for index in range(take):
             meta = json.loads(_host(outputs[-1], index).tobytes())
             if meta.get("schema") != SCHEMA_VERSION:

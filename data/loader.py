@@ -13,6 +13,8 @@ so every rank yields `len(loader)` batches and no sample is read twice in a
 training epoch. Tar streams are parsed with webdataset's tar iterators; samples
 are decoded and augmented in the DataLoader workers.
 
+Every member read is checked against its shard's CRC-32 table (`stack.data.checksums`),
+so bytes corrupted after writing are named rather than decoded into garbage pixels.
 A bad sample stops the epoch with a `BadSample` naming the shard and key, unless
 `data.skip_bad_samples` is true: then it is replaced by the worker's previous good
 sample (so batch counts stay equal across ranks), counted in `loader.skipped`
@@ -34,6 +36,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from stack.data.augment import augment_row
+from stack.data.checksums import ShardSums
 from stack.data.format import MANIFEST, SCHEMA_VERSION
 from stack.data.samples import (LOADER_MEMBERS, BadSample, ClassMaps, check_members, collate, decode_arrays, decode_jpeg,
                                 to_fields)
@@ -141,12 +144,13 @@ class FrameSamples(IterableDataset):
     """Batch rows of one rank for one epoch; each DataLoader worker reads its planned pieces."""
 
     def __init__(self, pipeline: Pipeline, manifest: dict, shards: list, rank: int, world_size: int,
-                 drop_last: bool, shuffle: bool, augment: bool, epoch: int, skipped):
+                 drop_last: bool, shuffle: bool, augment: bool, epoch: int, skipped, verify: bool = True):
         super().__init__()
         self.pipeline, self.manifest, self.shards = pipeline, manifest, shards
         self.rank, self.world_size, self.drop_last = rank, world_size, drop_last
         self.shuffle, self.augment, self.epoch, self.skipped = shuffle, augment, epoch, skipped
         self.maps = ClassMaps.build(manifest, pipeline)
+        self.sums = ShardSums() if verify else None
 
     def __iter__(self):
         info = get_worker_info()
@@ -164,6 +168,8 @@ class FrameSamples(IterableDataset):
     def decode(self, sample: dict, shard: str) -> list:
         """The Batch rows of one stored sample: one for a frame sample, one per frame for a clip."""
         cameras, key = self.manifest["cameras"], sample.get("__key__")
+        if self.sums is not None:
+            self.sums.check_sample(sample, shard)
         if self.manifest.get("layout") == "clips":
             from stack.data.clips import decode_clip, frame_arrays
 
@@ -225,9 +231,10 @@ def _shuffled(rows, rng: np.random.Generator, size: int = SHUFFLE_BUFFER):
 class TorchLoader:
     """Iterable of Batch for one rank, with `len()` equal on every rank; each iteration is one epoch."""
 
-    def __init__(self, pipeline: Pipeline, split: str, rank: int, world_size: int, shuffle: bool, augment: bool):
+    def __init__(self, pipeline: Pipeline, split: str, rank: int, world_size: int, shuffle: bool, augment: bool,
+                 verify: bool = True):
         self.pipeline, self.split, self.rank, self.world_size = pipeline, split, rank, world_size
-        self.shuffle, self.augment, self.drop_last = shuffle, augment, split == "train"
+        self.shuffle, self.augment, self.drop_last, self.verify = shuffle, augment, split == "train", verify
         root = pipeline.data.root
         self.manifest = read_manifest(root)
         check_layout(pipeline, self.manifest, root)
@@ -252,7 +259,7 @@ class TorchLoader:
 
     def __iter__(self):
         dataset = FrameSamples(self.pipeline, self.manifest, self.shards, self.rank, self.world_size,
-                               self.drop_last, self.shuffle, self.augment, self.epoch, self.skipped)
+                               self.drop_last, self.shuffle, self.augment, self.epoch, self.skipped, self.verify)
         workers = self.pipeline.data.num_workers
         loader = DataLoader(dataset, batch_size=self.pipeline.data.batch_size, num_workers=workers,
                             collate_fn=_collate, multiprocessing_context="fork" if workers else None)
@@ -266,12 +273,13 @@ class TorchLoader:
 
 
 def build_loader(pipeline: Pipeline, split: str, rank: int | None = None, world_size: int | None = None,
-                 shuffle: bool | None = None, augment: bool | None = None):
+                 shuffle: bool | None = None, augment: bool | None = None, verify: bool = True):
     """An iterable of `stack.batch.Batch` with `len()` for `split` ("train" or "val") on this rank.
 
     shuffle defaults to True for train; augment to `data.augment.enabled` for train
     (never for val). `data.backend` picks the torch or the DALI implementation;
-    both yield the same fields, shapes and dtypes.
+    both yield the same fields, shapes and dtypes. `verify=False` skips the member
+    checksums (only `stack bench data` does, to measure what they cost).
     """
     rank, world_size = resolve_rank(rank, world_size)
     shuffle = split == "train" if shuffle is None else shuffle
@@ -279,5 +287,5 @@ def build_loader(pipeline: Pipeline, split: str, rank: int | None = None, world_
     if pipeline.data.backend == "dali":
         from stack.data.dali_loader import DaliLoader
 
-        return DaliLoader(pipeline, split, rank, world_size, shuffle, augment)
-    return TorchLoader(pipeline, split, rank, world_size, shuffle, augment)
+        return DaliLoader(pipeline, split, rank, world_size, shuffle, augment, verify)
+    return TorchLoader(pipeline, split, rank, world_size, shuffle, augment, verify)

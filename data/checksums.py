@@ -1,0 +1,73 @@
+"""Check every member a loader reads against the CRC-32 its shard's `.sums` file recorded.
+
+A flipped bit inside a JPEG's entropy-coded data still decodes — as garbage pixels that
+train the model on noise — so decoding is no check. `stack data make` records each
+member's CRC-32 (`stack.data.format`); both loaders compare the bytes they actually read
+with it, and a mismatch is a `BadSample` naming the shard, the sample key and the member
+(with `data.skip_bad_samples=true` it is counted and replaced like any bad sample).
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from pathlib import Path
+
+from stack.data.format import CHECKSUM
+from stack.data.samples import BadSample
+
+
+def sums_path(shard: str | Path) -> Path:
+    return Path(shard).with_suffix(".sums")
+
+
+def load_sums(shard: str | Path) -> dict:
+    """{key: {member: crc32}} of a shard; a missing or unreadable `.sums` file is a BadSample naming it."""
+    path = sums_path(shard)
+    try:
+        table = json.loads(path.read_text())
+        if table.get("algorithm") != CHECKSUM or not isinstance(table.get("samples"), dict):
+            raise ValueError(f"expected algorithm {CHECKSUM!r} and a 'samples' table, found {sorted(table)}")
+    except (OSError, ValueError, AttributeError) as exc:
+        raise BadSample(f"shard {shard}: its checksum file {path} is missing or unreadable ({exc}); every shard of "
+                        "this schema has one: re-create the dataset with `stack data make`") from exc
+    return table["samples"]
+
+
+def verify(member: str, data, expected: dict, shard: str, key: str) -> None:
+    """Raise BadSample unless CRC-32 of `data` (bytes or a uint8 array) is what `expected[member]` recorded."""
+    if member not in expected:
+        raise BadSample(f"shard {shard}, sample {key}: member {member} has no checksum in {sums_path(shard)}; "
+                        "the shard and its checksum file do not belong together: re-create them with `stack data make`")
+    found = zlib.crc32(data)
+    if found != expected[member]:
+        raise BadSample(f"shard {shard}, sample {key}: member {member} is corrupt (crc32 {found:08x}, written as "
+                        f"{expected[member]:08x}): its bytes changed after the shard was written (disk or copy error); "
+                        "re-create the shard, or set data.skip_bad_samples=true to skip such samples")
+
+
+class ShardSums:
+    """The `.sums` tables of the shards a loader reads, loaded once per shard (per process)."""
+
+    def __init__(self):
+        self._tables: dict = {}
+
+    def check_sample(self, sample: dict, shard: str) -> None:
+        """Every member of a WebDataset sample dict (`__key__`, `member: bytes`)."""
+        key = sample.get("__key__", "?")
+        expected = self.expected(shard, key)
+        for member, data in sample.items():
+            if not member.startswith("__"):
+                verify(member, data, expected, shard, key)
+
+    def check_member(self, member: str, data, shard: str, key: str) -> None:
+        verify(member, data, self.expected(shard, key), shard, key)
+
+    def expected(self, shard: str, key: str) -> dict:
+        if shard not in self._tables:
+            self._tables[shard] = load_sums(shard)
+        table = self._tables[shard].get(key)
+        if table is None:
+            raise BadSample(f"shard {shard}: sample {key} is not listed in {sums_path(shard)}; the shard and its "
+                            "checksum file do not belong together: re-create them with `stack data make`")
+        return table
