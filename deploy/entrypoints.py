@@ -1,35 +1,54 @@
 """Entry points behind `stack export` and `stack deploy` (the CLI calls these): checkpoint in, ONNX / bundle out.
 
 They turn a checkpoint and its pipeline into a `DeploySpec`; `stack.deploy.orchestrate` then runs the
-steps and gates in order and writes the bundle.
+steps and gates in order and writes the bundle. Both bake one camera calibration into the network
+(`--calibration FILE`, default the pipeline's nominal `data.rig`) and, before any work, refuse
+validation samples recorded with another one (`stack.deploy.calibration.check_samples`): parity,
+INT8 ranges and the accuracy gate are only meaningful on frames the baked geometry belongs to.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from stack.deploy.orchestrate import DeploySpec, run_deploy
+from stack.deploy.calibration import BUNDLE_FILE as CALIBRATION_FILE
+from stack.deploy.calibration import Calibration, check_samples
 from stack.deploy.network import batch_feeds, export_network
+from stack.deploy.orchestrate import DeploySpec, run_deploy
 
 
-def export_checkpoint(pipeline, state_dict: dict, checkpoint: str, log=print) -> dict:
+def bundle_calibration(pipeline, path: str | None, log=print) -> Calibration:
+    """The calibration to bake: the file at `path`, checked against the network's cameras, or the nominal rig."""
+    if path is None:
+        return Calibration.from_rig(pipeline.data.rig)
+    calibration = Calibration.load(path)
+    calibration.name = calibration.name or Path(path).stem
+    calibration.check_fits(pipeline.data.rig, f"calibration file {path}")
+    log(f"camera calibration {calibration.name!r} from {path} (hash {calibration.hash[:12]})")
+    return calibration
+
+
+def export_checkpoint(pipeline, state_dict: dict, checkpoint: str, log=print, calibration_file: str | None = None) -> dict:
     """Write `{export.out_dir}/model.onnx` and check it; returns the export summary."""
     from stack.config import pipeline_to_yaml
     from stack.deploy.export import check_parity, export_onnx
     from stack.deploy.validation import load_validation
     from stack.errors import StackError
 
-    network = export_network(pipeline, state_dict)
-    folder = Path(pipeline.export.out_dir)
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "pipeline.yaml").write_text(pipeline_to_yaml(pipeline))
-    log(f"exporting {checkpoint} to {folder / 'model.onnx'} (opset {pipeline.export.opset}) ...")
-    exported = export_onnx(network.net, network.example, network.output_names, folder / "model.onnx",
-                           pipeline.export.opset, network.metadata)
+    calibration = bundle_calibration(pipeline, calibration_file, log)
     try:
         samples, source = load_validation(pipeline, 2)
     except StackError as exc:
         raise StackError(f"parity needs validation samples: {exc}") from None
+    check_samples(samples, calibration, f"the validation split of {pipeline.data.root} (parity samples)")
+    network = export_network(pipeline, state_dict, calibration)
+    folder = Path(pipeline.export.out_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "pipeline.yaml").write_text(pipeline_to_yaml(pipeline))
+    (folder / CALIBRATION_FILE).write_text(calibration.to_yaml())
+    log(f"exporting {checkpoint} to {folder / 'model.onnx'} (opset {pipeline.export.opset}) ...")
+    exported = export_onnx(network.net, network.example, network.output_names, folder / "model.onnx",
+                           pipeline.export.opset, network.metadata)
     feeds = [f for batch in samples for f in batch_feeds(batch)]
     parity = check_parity(network.net, exported.path, feeds, network.output_names, pipeline.export.parity_atol,
                           pipeline.export.parity_rtol)
@@ -37,23 +56,28 @@ def export_checkpoint(pipeline, state_dict: dict, checkpoint: str, log=print) ->
             "parity": parity, "samples": source}
 
 
-def deploy_checkpoint(pipeline, state_dict: dict, checkpoint: str, target_name: str, log=print) -> dict:
-    """Build and gate the bundle `{export.out_dir}/{target_name}/`; returns gate.json's content."""
+def deploy_checkpoint(pipeline, state_dict: dict, checkpoint: str, target_name: str, log=print,
+                      calibration_file: str | None = None) -> dict:
+    """Build and gate the bundle `{export.out_dir}/{target_name}/` for one camera calibration; returns gate.json."""
     from stack.config import load_target, pipeline_hash, pipeline_to_yaml
     from stack.deploy.evaluate import head_budgets, make_evaluator
     from stack.deploy.validation import calibration_and_accuracy
 
     target = load_target(target_name, pipeline)
     folder = Path(pipeline.export.out_dir) / target_name
-    network = export_network(pipeline, state_dict)
+    cameras = bundle_calibration(pipeline, calibration_file, log)
     log(f"reading validation samples ({pipeline.export.calibration_samples} calibration + "
         f"{pipeline.export.accuracy_samples} accuracy) ...")
     calibration, accuracy, source = calibration_and_accuracy(pipeline)
+    check_samples(calibration, cameras, f"INT8 calibration samples ({source})")
+    check_samples(accuracy, cameras, f"accuracy samples ({source})")
+    network = export_network(pipeline, state_dict, cameras)
     spec = DeploySpec(
         network.net, network.example, network.output_names, network.metadata,
         calibration=[f for b in calibration for f in batch_feeds(b)],
         accuracy_feeds=[f for b in accuracy for f in batch_feeds(b)],
         evaluator=make_evaluator(pipeline, accuracy), budgets=head_budgets(target, pipeline),
         samples_source=source, checkpoint=str(checkpoint), pipeline_name=pipeline.name,
-        pipeline_hash=pipeline_hash(pipeline), extra_files={"pipeline.yaml": pipeline_to_yaml(pipeline)})
+        pipeline_hash=pipeline_hash(pipeline),
+        extra_files={"pipeline.yaml": pipeline_to_yaml(pipeline), CALIBRATION_FILE: cameras.to_yaml()})
     return run_deploy(spec, target_name, target, pipeline.export, folder, log)

@@ -1,11 +1,12 @@
-"""The project's network as deploy sees it: rebuilt from a checkpoint, fixed to the rig, fed from Batches.
+"""The project's network as deploy sees it: rebuilt from a checkpoint, fixed to a calibration, fed from Batches.
 
 Deploy never imports the trainer: `export_network` rebuilds `stack.models.build_model`
-from the checkpoint's pipeline, loads the weights, and bakes the fixed rig's BEV-pooling
-tables into the graph (`BevNet.fix_geometry`), so the exported inputs are only what
+from the checkpoint's pipeline, loads the weights, and bakes one vehicle's camera
+calibration into the BEV-pooling tables of the graph (`BevNet.fix_geometry`; why baked,
+not a runtime input: `stack.deploy.calibration`), so the exported inputs are only what
 changes per frame: the camera images (uint8, normalised inside the graph), the ego
 status and the driving command. `metadata` is what the ONNX file carries so that a
-runtime never guesses names, layouts, classes, rig or normalisation.
+runtime never guesses names, layouts, classes, calibration or normalisation.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from stack.deploy.calibration import Calibration
 from stack.errors import StackError
 from stack.pipeline import Pipeline
 
@@ -30,10 +32,12 @@ class ExportableNetwork:
     example: dict
     output_names: list
     metadata: dict
+    calibration: Calibration
+    """The camera calibration baked into the BEV pooling."""
 
 
-def export_network(pipeline: Pipeline, state_dict: dict) -> ExportableNetwork:
-    """The trained network with the rig's geometry baked in, plus example inputs and metadata."""
+def export_network(pipeline: Pipeline, state_dict: dict, calibration: Calibration | None = None) -> ExportableNetwork:
+    """The trained network with `calibration` (default: the nominal `data.rig`) baked in, example inputs, metadata."""
     from stack.models import build_model
     from stack.models.outputs import OUTPUTS
 
@@ -46,9 +50,18 @@ def export_network(pipeline: Pipeline, state_dict: dict) -> ExportableNetwork:
             f"It was written by another version of stack.models; retrain or export with that version."
         )
     net.eval()
-    batch = pipeline.export.batch_size
-    net.fix_geometry(net.rig_geometry(batch))
-    return ExportableNetwork(_Exported(net).eval(), example_inputs(pipeline), list(OUTPUTS), metadata(pipeline))
+    calibration = calibration or Calibration.from_rig(pipeline.data.rig)
+    calibration.check_fits(pipeline.data.rig)
+    net.fix_geometry(calibration_geometry(net, calibration, pipeline.export.batch_size))
+    return ExportableNetwork(_Exported(net).eval(), example_inputs(pipeline), list(OUTPUTS),
+                             metadata(pipeline, calibration), calibration)
+
+
+def calibration_geometry(net, calibration: Calibration, batch: int):
+    """`net.geometry` (BEV pooling tables) of `calibration`, repeated for a batch of `batch` frames."""
+    ks = torch.as_tensor(calibration.intrinsics, dtype=torch.float32).expand(batch, -1, -1, -1)
+    poses = torch.as_tensor(calibration.cam_to_ego, dtype=torch.float32).expand(batch, -1, -1, -1)
+    return net.geometry(ks, poses)
 
 
 class _Exported(torch.nn.Module):
@@ -69,8 +82,8 @@ def example_inputs(pipeline: Pipeline) -> dict:
             "ego_status": torch.zeros(batch, 3), "command": torch.zeros(batch, dtype=torch.int64)}
 
 
-def metadata(pipeline: Pipeline) -> dict:
-    """`metadata_props` of the exported graph."""
+def metadata(pipeline: Pipeline, calibration: Calibration | None = None) -> dict:
+    """`metadata_props` of the exported graph (`calibration`: the baked one, default the nominal rig)."""
     from stack.batch import COMMANDS, EGO_STATUS_FIELDS
     from stack.config import pipeline_hash
     from stack.models.backbone import IMAGENET_MEAN, IMAGENET_STD
@@ -78,6 +91,7 @@ def metadata(pipeline: Pipeline) -> dict:
     from stack.pipeline import SCHEMA_VERSION
 
     rig = pipeline.data.rig
+    calibration = calibration or Calibration.from_rig(rig)
     return {
         "pipeline_name": pipeline.name, "pipeline_hash": pipeline_hash(pipeline), "schema_version": str(SCHEMA_VERSION),
         "detection_classes": list(pipeline.model.detection_classes),
@@ -85,6 +99,7 @@ def metadata(pipeline: Pipeline) -> dict:
         "output_layout": output_layout(pipeline, pipeline.export.batch_size),
         "rig": {"image_width": rig.image_width, "image_height": rig.image_height,
                 "cameras": [dataclasses.asdict(c) for c in rig.cameras]},
+        "calibration": calibration.to_dict(), "calibration_hash": calibration.hash,
         "inputs": {"images": "uint8 RGB (B, N, 3, H, W), cameras in rig order, 0..255",
                    "ego_status": f"float32 (B, 3): {', '.join(EGO_STATUS_FIELDS)}",
                    "command": f"int64 (B,): index into {list(COMMANDS)}"},

@@ -544,7 +544,8 @@ class Target:
     runtime: str = "onnxruntime"
     """`tensorrt` or `onnxruntime`."""
     precision: str = "int8"
-    """Engine precision: `fp32`, `fp16`, `int8` or `best` (int8 with fp16 fallback)."""
+    """Engine precision: `fp32`, `fp16`, `int8` or `best`: on TensorRT INT8 with FP16 fallback per layer; on
+    ONNX Runtime the faster of INT8 and fp32 (timed side by side) among those that pass the accuracy gate."""
     qdq_flavour: str = "onnxruntime-cpu"
     """INT8 QDQ form: `tensorrt` (symmetric S8/S8, per-channel weights, zero points 0),
     `onnxruntime-cpu` (U8 activations / S8 weights), or `none`."""
@@ -558,10 +559,19 @@ class Target:
     """DRAM bandwidth, GB/s."""
     peaks_source: str = ""
     """Where the peaks come from (datasheet, measurement)."""
-    min_fps: float = 10.0
-    """Real-time requirement: frames per second the model must sustain."""
-    max_p99_latency_ms: float = 100.0
-    """Real-time requirement: 99th-percentile latency of one frame."""
+    camera_hz: float = 12.0
+    """Frame rate of the cameras the network consumes (one inference per frame); the frame period is
+    1000 / camera_hz ms (nuScenes' surround cameras: 12 Hz, 83.3 ms)."""
+    network_share: float = 0.5
+    """Share of the frame period left to this network (0-1]; the rest of the period belongs to
+    image decoding, pre/post-processing, tracking, prediction and control on the same computer.
+    The latency budget is network_share x the frame period."""
+    min_fps: float = 0.0
+    """Real-time bar on the median latency, frames/s; 0 derives it from the budget: 1000 / budget ms
+    (the median network run fits its share of the frame period)."""
+    max_p99_latency_ms: float = 0.0
+    """Real-time bar on the 99th-percentile latency, ms; 0 derives it: the whole frame period (a run
+    longer than that makes the next frame wait or be dropped)."""
     measured: bool = False
     """True when the gate times the engine on this machine; false when it is predicted."""
     dla_core: int = -1
@@ -573,6 +583,19 @@ class Target:
     accuracy_budget: AccuracyBudget = field(default_factory=AccuracyBudget)
     """Largest accuracy drop allowed per head."""
 
+    def __post_init__(self):
+        """Derive the bars left at 0 from the camera rate and the network's share of the frame period."""
+        if self.camera_hz > 0 and 0 < self.network_share <= 1:
+            self.min_fps = self.min_fps or round(1000.0 / self.latency_budget_ms(), 3)
+            self.max_p99_latency_ms = self.max_p99_latency_ms or round(self.frame_period_ms(), 3)
+
+    def frame_period_ms(self) -> float:
+        return 1000.0 / self.camera_hz
+
+    def latency_budget_ms(self) -> float:
+        """The network's share of one frame period, ms."""
+        return self.network_share * self.frame_period_ms()
+
     def problems(self) -> Problems:
         found: Problems = []
         _choice(found, "runtime", self.runtime, RUNTIMES)
@@ -581,6 +604,9 @@ class Target:
         for name in ("int8_tops", "fp16_tflops", "fp32_tflops", "memory_bandwidth_gbs"):
             if getattr(self, name) < 0:
                 found.append((name, f"got {getattr(self, name)}; a peak must be >= 0"))
+        _positive(found, "camera_hz", self.camera_hz)
+        if not 0 < self.network_share <= 1:
+            found.append(("network_share", f"got {self.network_share}; a share of the frame period must be in (0, 1]"))
         _positive(found, "min_fps", self.min_fps)
         _positive(found, "max_p99_latency_ms", self.max_p99_latency_ms)
         if self.reference_workload_ms < 0:

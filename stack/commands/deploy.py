@@ -4,7 +4,9 @@ Exports the network, quantizes it in the target's QDQ flavour on validation samp
 runs the per-head accuracy gate and the FPS gate (measured with ONNX Runtime on CPU
 targets or TensorRT where importable, otherwise predicted by the latency model), and
 writes `{export.out_dir}/{T}/` with the models, the resolved pipeline, report.md,
-latency.png, gate.json and (TensorRT targets) build_engine.sh.
+latency.png, gate.json, calibration.yaml and (TensorRT targets) build_engine.sh.
+`--calibration FILE` builds the bundle for that camera calibration (one bundle per vehicle;
+default the pipeline's nominal data.rig); validation samples recorded with another are refused.
 Exit 0: every gate passed; 1: a gate failed (report.md says which); 2: bad input.
 """
 
@@ -14,8 +16,9 @@ import argparse
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from stack.commands.export import CHECKPOINT_HELP
+    from stack.commands.export import CHECKPOINT_HELP, add_calibration_argument
 
+    add_calibration_argument(parser)
     parser.add_argument("--target", metavar="NAME",
                         help="deploy target: a file stem in configs/targets/ (e.g. orin, cpu, ci-cpu)")
     parser.add_argument("--verify", metavar="BUNDLE",
@@ -46,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
         print(pipeline_to_yaml(pipeline), end="")
     from stack.deploy.entrypoints import deploy_checkpoint
 
-    result = deploy_checkpoint(pipeline, state_dict, args.checkpoint, args.target)
+    result = deploy_checkpoint(pipeline, state_dict, args.checkpoint, args.target, calibration_file=args.calibration)
     return 0 if result["passed"] else 1
 
 

@@ -3,8 +3,10 @@
 Writes `{export.out_dir}/model.onnx` (standard ONNX ops only, named outputs, metadata:
 pipeline hash, classes, output layout, rig, input normalisation) and the resolved
 pipeline beside it; prints the operators with TensorRT's verdict and the ONNX Runtime vs
-PyTorch error per output. Exit 0 when parity holds, 1 when an output differs beyond its
-tolerance, 2 on bad input.
+PyTorch error per output. `--calibration FILE` bakes a vehicle's camera calibration into the
+BEV pooling instead of the pipeline's nominal rig (see `stack.deploy.calibration`); it is written
+beside the model as calibration.yaml. Exit 0 when parity holds, 1 when an output differs beyond
+its tolerance, 2 on bad input (including validation samples recorded with another calibration).
 """
 
 from __future__ import annotations
@@ -14,11 +16,18 @@ import argparse
 
 CHECKPOINT_HELP = ("CHECKPOINT: the .ckpt/.pt file `stack train` wrote, given before or among the key=value "
                    "overrides (the first word without '=').")
+CALIBRATION_HELP = ("camera calibration (YAML/JSON, as `stack data calibration` writes) to bake into the network; "
+                    "default: the pipeline's nominal data.rig. The validation samples must have been recorded with it.")
+
+
+def add_calibration_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--calibration", metavar="FILE", help=CALIBRATION_HELP)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     # CHECKPOINT arrives through the shared `overrides` positional (a second positional
     # would be swallowed by it); `take_checkpoint` takes it off.
+    add_calibration_argument(parser)
     parser.usage = f"stack {parser.prog.split()[-1]} [options] CHECKPOINT [key=value ...]"
     parser.epilog = CHECKPOINT_HELP
 
@@ -46,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
         from stack.config import pipeline_to_yaml
 
         print(pipeline_to_yaml(pipeline), end="")
-    summary = export_checkpoint(pipeline, state_dict, args.checkpoint)
+    summary = export_checkpoint(pipeline, state_dict, args.checkpoint, calibration_file=args.calibration)
     print("operators: " + ", ".join(f"{op} x{n}" for op, n in summary["ops"].items()))
     problems = summary["tensorrt_problems"]
     print("TensorRT 8.6/10.3 import: " + ("every operator native" if not problems else "; ".join(problems)))

@@ -1,0 +1,120 @@
+"""`DeployedNetwork`: the one interface a deployed bundle is run through (closed-loop simulation, replay, tools).
+
+    net = DeployedNetwork.open("runs/tiny/export/cpu")          # the precision the bundle ships
+    outputs = net.infer(images, ego_status, command, calibration)  # {output name: array}
+
+`open` checks the bundle against its gate.json (`stack.deploy.bundle.verify_bundle`: every
+file the one the gate scored), reads the camera calibration the network was built for
+(`calibration.yaml`, and the same hash in the ONNX metadata) and starts an ONNX Runtime
+session on the chosen model. `infer` takes one frame and the calibration it was taken
+with, and raises `CalibrationMismatch` rather than run a frame from cameras the network's
+pooling tables do not describe (`stack.deploy.calibration` says why they are baked). Output
+names and layouts are those of `stack.models.outputs`, also in `metadata["output_layout"]`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from stack.deploy.calibration import BUNDLE_FILE as CALIBRATION_FILE
+from stack.deploy.calibration import Calibration, CalibrationMismatch
+from stack.errors import StackError
+
+MODEL_FILES = {"int8": "model.int8.onnx", "fp32": "model.onnx"}
+"""The two precisions a bundle may carry."""
+
+
+class DeployedNetwork:
+    """A verified bundle's network on ONNX Runtime, for one camera calibration. Create it with `open`."""
+
+    def __init__(self, session, path: Path, metadata: dict, calibration: Calibration):
+        self.session, self.path, self.metadata, self.calibration = session, path, metadata, calibration
+        self.output_names = [output.name for output in session.get_outputs()]
+        self.pipeline_hash = metadata.get("pipeline_hash", "")
+        self._inputs = {i.name: i for i in session.get_inputs()}
+
+    @classmethod
+    def open(cls, bundle_dir: str | Path, model: str | None = None, threads: int = 0) -> "DeployedNetwork":
+        """The bundle's shipped model (`model=None`) or its "int8" / "fp32" model, after verifying the bundle."""
+        from stack.deploy.export import read_metadata
+        from stack.deploy.runtime import ort_session
+
+        folder = Path(bundle_dir)
+        gate = _verified_gate(folder)
+        path = folder / _model_file(folder, gate, model)
+        calibration = Calibration.load(folder / CALIBRATION_FILE) if (folder / CALIBRATION_FILE).is_file() else None
+        if calibration is None:
+            raise StackError(f"bundle {folder} has no {CALIBRATION_FILE}: it was built before bundles recorded the "
+                             f"camera calibration they are for. Deploy again (`stack deploy --calibration FILE`).")
+        metadata = read_metadata(path)
+        if metadata.get("calibration_hash") != calibration.hash:
+            raise CalibrationMismatch(
+                f"{path.name} was exported for calibration hash {str(metadata.get('calibration_hash'))[:12]}, but the "
+                f"bundle's {CALIBRATION_FILE} has {calibration.hash[:12]}: the bundle mixes files of two builds. "
+                f"Deploy again.")
+        return cls(ort_session(path, threads), path, metadata, calibration)
+
+    def infer(self, images: np.ndarray, ego_status: np.ndarray, command: np.ndarray,
+              calibration: Calibration) -> dict[str, np.ndarray]:
+        """Run one frame: uint8 (1, N, 3, H, W) images in the bundle's camera order, float32 (1, 3) ego status
+        (speed, acceleration, yaw rate), int64 (1,) command; `calibration` is the cameras' calibration now."""
+        self.check_calibration(calibration)
+        feeds = {"images": images, "ego_status": ego_status, "command": command}
+        for name, value in feeds.items():
+            self._check_input(name, value)
+        return dict(zip(self.output_names, self.session.run(self.output_names, feeds)))
+
+    def check_calibration(self, calibration: Calibration) -> None:
+        """Raise CalibrationMismatch unless `calibration` pools into the same BEV cells as the bundle's."""
+        if not isinstance(calibration, Calibration):
+            raise StackError(f"infer needs the frame's camera calibration as a stack.deploy.calibration.Calibration, "
+                             f"found {type(calibration).__name__}")
+        differences = self.calibration.compare(calibration)
+        if differences:
+            raise CalibrationMismatch(
+                f"this frame's camera calibration ({calibration.name or 'unnamed'}, hash {calibration.hash[:12]}) is not "
+                f"the one bundle {self.path.parent} was built for ({self.calibration.name or 'unnamed'}, hash "
+                f"{self.calibration.hash[:12]}):\n  " + "\n  ".join(differences)
+                + "\nIts BEV pooling would put features in the wrong cells. Deploy a bundle for this calibration "
+                  "(`stack deploy --calibration FILE`).")
+
+    def _check_input(self, name: str, value) -> None:
+        spec = self._inputs[name]
+        expected_type = spec.type.removeprefix("tensor(").removesuffix(")")
+        expected_type = {"float": "float32", "double": "float64"}.get(expected_type, expected_type)
+        shape = [d if isinstance(d, int) else None for d in spec.shape]
+        found = (str(getattr(value, "dtype", type(value).__name__)), list(getattr(value, "shape", [])))
+        fits = isinstance(value, np.ndarray) and found[0] == expected_type and len(shape) == len(found[1]) \
+            and all(e is None or e == f for e, f in zip(shape, found[1]))
+        if not fits:
+            raise StackError(f"infer input {name!r}: expected a numpy {expected_type} array of shape {shape} "
+                             f"({self.metadata.get('inputs', {}).get(name, '')}), found {found[0]} {found[1]}")
+
+
+def _verified_gate(folder: Path) -> dict:
+    """gate.json after `verify_bundle` (every file is the one the gate scored; BundleMismatch otherwise)."""
+    from stack.deploy.orchestrate import verify_bundle
+
+    return verify_bundle(folder)
+
+
+def _model_file(folder: Path, gate: dict, model: str | None) -> str:
+    """The file of the requested precision, or the one gate.json says the bundle ships."""
+    if model is not None:
+        if model not in MODEL_FILES:
+            raise StackError(f"model={model!r}: expected one of {sorted(MODEL_FILES)} or None (the shipped model)")
+        if not (folder / MODEL_FILES[model]).is_file():
+            raise StackError(f"bundle {folder} has no {MODEL_FILES[model]} (its target {gate.get('target', '?')} "
+                             f"ships {gate.get('precision', '?')}); open it with model=None")
+        return MODEL_FILES[model]
+    shipped = gate.get("shipped")
+    if isinstance(shipped, dict) and shipped.get("file"):
+        if shipped["file"] not in MODEL_FILES.values() or not (folder / shipped["file"]).is_file():
+            raise StackError(f"bundle {folder}: gate.json ships {shipped['file']}, which is not in the bundle. Deploy again.")
+        return shipped["file"]
+    for name in (MODEL_FILES["int8"], MODEL_FILES["fp32"]):
+        if (folder / name).is_file():
+            return name
+    raise StackError(f"bundle {folder} holds neither model.int8.onnx nor model.onnx. Deploy again.")

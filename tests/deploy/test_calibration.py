@@ -1,0 +1,332 @@
+"""A bundle is built for one camera calibration: export bakes it, deploy and the runtime refuse any other.
+
+A small real BevNet (128x64 images, 32x32 BEV cells) keeps each export to a few seconds;
+the converted-dataset tests write the nuScenes-format fixture of tests/data/test_convert.py.
+"""
+
+import dataclasses
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from stack.cli import main
+from stack.config import load_pipeline
+from stack.deploy.calibration import Calibration, CalibrationMismatch, check_samples
+from stack.errors import StackError
+
+REPO = Path(__file__).resolve().parents[2]
+MICRO = ["data.rig.image_width=128", "data.rig.image_height=64", "model.bev.x_range=[-16.0,16.0]",
+         "model.bev.y_range=[-16.0,16.0]", "model.depth.bins=16", "model.neck_channels=16", "model.bev_channels=16",
+         "data.samples_per_shard=2", "data.batch_size=1", "data.num_workers=0"]
+FILES = [str(REPO / "configs/pipeline.yaml"), str(REPO / "configs/presets/tiny.yaml")]
+
+
+def micro_pipeline(*extra):
+    return load_pipeline(FILES, [*MICRO, *extra])
+
+
+def moved(calibration: Calibration, roll_deg: float = 1.5) -> Calibration:
+    """The rig's cameras moved by 3-5 cm, yawed/pitched by 1-2° (Camera fields), then rolled about the optical axis."""
+    pipeline = micro_pipeline()
+    cameras = [dataclasses.replace(c, x=c.x + 0.03, y=c.y - 0.04, z=c.z + 0.05, yaw_deg=c.yaw_deg + 1.5,
+                                   pitch_deg=c.pitch_deg + 1.0) for c in pipeline.data.rig.cameras]
+    rig = dataclasses.replace(pipeline.data.rig, cameras=cameras)
+    result = Calibration.from_rig(rig)
+    angle = math.radians(roll_deg)
+    roll = np.array([[math.cos(angle), -math.sin(angle), 0], [math.sin(angle), math.cos(angle), 0], [0, 0, 1]])
+    poses = result.cam_to_ego.copy()
+    poses[:, :3, :3] = poses[:, :3, :3] @ roll  # rotate about the camera's z (optical) axis
+    return Calibration(result.image_width, result.image_height, result.cameras, result.intrinsics, poses, "moved")
+
+
+@pytest.fixture(scope="module")
+def micro():
+    """(pipeline, state_dict of an untrained micro BevNet)."""
+    from stack.models import build_model
+
+    pipeline = micro_pipeline()
+    torch.manual_seed(0)
+    return pipeline, build_model(pipeline).state_dict()
+
+
+def export(pipeline, state_dict, calibration, path):
+    from stack.deploy.export import export_onnx
+    from stack.deploy.network import export_network
+
+    network = export_network(pipeline, state_dict, calibration)
+    export_onnx(network.net, network.example, network.output_names, path, pipeline.export.opset, network.metadata)
+    return network
+
+
+def frames(pipeline, count=2, seed=0):
+    rng = np.random.default_rng(seed)
+    rig = pipeline.data.rig
+    return [{"images": rng.integers(0, 256, (1, len(rig.cameras), 3, rig.image_height, rig.image_width), dtype=np.uint8),
+             "ego_status": np.array([[rng.uniform(2, 12), 0.3, 0.05]], np.float32),
+             "command": np.array([1], np.int64)} for _ in range(count)]
+
+
+def per_call_outputs(pipeline, state_dict, calibration, feeds):
+    """PyTorch with geometry computed per call from `calibration` (what training does): the reference."""
+    from stack.models import build_model
+
+    net = build_model(pipeline)
+    net.load_state_dict(state_dict)
+    net.eval()
+    ks = torch.as_tensor(calibration.intrinsics, dtype=torch.float32)[None]
+    poses = torch.as_tensor(calibration.cam_to_ego, dtype=torch.float32)[None]
+    with torch.no_grad():
+        return net(*(torch.from_numpy(feeds[k]) for k in ("images", "ego_status", "command")),
+                   geometry=net.geometry(ks, poses))
+
+
+@pytest.fixture(scope="module")
+def exported(micro, tmp_path_factory):
+    """{"nominal"|"moved": (onnx path, Calibration)} for the micro network."""
+    pipeline, state_dict = micro
+    folder = tmp_path_factory.mktemp("calibrated")
+    nominal = Calibration.from_rig(pipeline.data.rig)
+    out = {}
+    for name, calibration in (("nominal", nominal), ("moved", moved(nominal))):
+        export(pipeline, state_dict, calibration, folder / f"{name}.onnx")
+        out[name] = (folder / f"{name}.onnx", calibration)
+    return out
+
+
+# ----------------------------------------------------------------------------- the calibration itself
+
+def test_file_round_trip_hash_and_differences(tmp_path):
+    nominal = Calibration.from_rig(micro_pipeline().data.rig)
+    for suffix in ("yaml", "json"):
+        again = Calibration.load(nominal.save(tmp_path / f"c.{suffix}"))
+        assert again.hash == nominal.hash and again.compare(nominal) == []
+    float32 = Calibration(128, 64, nominal.cameras, nominal.intrinsics.astype(np.float32),
+                          nominal.cam_to_ego.astype(np.float32))
+    assert float32.compare(nominal) == []  # shards store float32: still the same calibration
+    differences = nominal.compare(moved(nominal))
+    assert len(differences) == 6
+    assert differences[0].startswith("camera front: position differs by 7.1 cm, rotation by ")
+    angle = float(differences[0].split("rotation by ")[1].split("°")[0])
+    assert 1.5 < angle < 3.0
+
+
+@pytest.mark.parametrize("edit, needle", [
+    (lambda d: d["cameras"][0]["cam_to_ego"][0].__setitem__(0, 2.0), "not a proper rotation"),
+    (lambda d: d["cameras"][1]["intrinsics"][0].__setitem__(0, float("nan")), "non-finite"),
+    (lambda d: d["cameras"][2]["intrinsics"][0].__setitem__(2, 900.0), "principal point"),
+    (lambda d: d["cameras"].pop(), "hash"),
+    (lambda d: d.pop("cameras"), "cameras"),
+])
+def test_malformed_files_are_refused(tmp_path, edit, needle):
+    data = Calibration.from_rig(micro_pipeline().data.rig).to_dict()
+    edit(data)
+    if needle != "hash":
+        data.pop("hash", None)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(StackError, match=needle):
+        Calibration.load(path)
+
+
+def test_wrong_camera_count_or_size_does_not_fit_the_network():
+    pipeline = micro_pipeline()
+    nominal = Calibration.from_rig(pipeline.data.rig)
+    five = Calibration(128, 64, nominal.cameras[:5], nominal.intrinsics[:5], nominal.cam_to_ego[:5], "five")
+    with pytest.raises(CalibrationMismatch, match="the network takes cameras"):
+        five.check_fits(pipeline.data.rig)
+    doubled = nominal.intrinsics.copy()
+    doubled[:, :2] *= 2
+    with pytest.raises(CalibrationMismatch, match="at 128x64"):
+        Calibration(256, 128, nominal.cameras, doubled, nominal.cam_to_ego).check_fits(pipeline.data.rig)
+
+
+# ----------------------------------------------------------------------------- export bakes the calibration
+
+def test_exported_network_pools_with_the_calibration_it_was_built_for(micro, exported):
+    """ORT of the network built for the moved rig = PyTorch with that rig's geometry; the nominal one is not."""
+    from stack.deploy.export import read_metadata
+    from stack.deploy.runtime import ort_session
+
+    pipeline, state_dict = micro
+    path, calibration = exported["moved"]
+    feeds = frames(pipeline)
+    sessions = {name: ort_session(exported[name][0]) for name in ("moved", "nominal")}
+    bev_outputs = ("heatmap", "box_regression", "plan_trajectories")
+    for sample in feeds:
+        reference = per_call_outputs(pipeline, state_dict, calibration, sample)
+        for name, session in sessions.items():
+            got = dict(zip(reference, session.run(list(reference), sample)))
+            for output in bev_outputs:
+                expected = reference[output].numpy()
+                tolerance = pipeline.export.parity_atol + pipeline.export.parity_rtol * np.abs(expected).max()
+                error = np.abs(got[output] - expected).max()
+                if name == "moved":
+                    assert error <= tolerance, (output, error, tolerance)
+                elif output == "heatmap":
+                    assert error > 20 * tolerance, (output, error, tolerance)  # baked nominal pools elsewhere
+    meta = read_metadata(path)
+    assert meta["calibration_hash"] == calibration.hash != exported["nominal"][1].hash
+    assert Calibration.from_dict(meta["calibration"]).compare(calibration) == []
+
+
+# ----------------------------------------------------------------------------- the runtime interface
+
+def write_bundle(folder: Path, onnx_path: Path, calibration: Calibration, shipped: str | None = None) -> Path:
+    """A bundle as deploy writes it (model, calibration.yaml, gate.json vouching for every file)."""
+    import shutil
+
+    from stack.deploy.bundle import vouch
+    from stack.deploy.report import write_gate_json
+
+    folder.mkdir(parents=True)
+    shutil.copyfile(onnx_path, folder / "model.onnx")
+    (folder / "calibration.yaml").write_text(calibration.to_yaml())
+    result = {"target": "cpu", "precision": "fp32", "passed": True, "failures": []}
+    if shipped:
+        result["shipped"] = {"file": shipped, "precision": "fp32", "why": "test"}
+    write_gate_json(folder, vouch(folder, result))
+    return folder
+
+
+def test_deployed_network_refuses_another_calibration(micro, exported, tmp_path):
+    from stack.deploy.runner import DeployedNetwork
+    from stack.deploy.runtime import ort_session
+
+    pipeline, _ = micro
+    path, calibration = exported["moved"]
+    bundle = write_bundle(tmp_path / "bundle", path, calibration)
+    net = DeployedNetwork.open(bundle)
+    assert net.path.name == "model.onnx" and net.calibration.hash == calibration.hash
+    sample = frames(pipeline, 1, seed=3)[0]
+    outputs = net.infer(sample["images"], sample["ego_status"], sample["command"], calibration)
+    direct = ort_session(path).run(net.output_names, sample)
+    for name, value in zip(net.output_names, direct):
+        np.testing.assert_allclose(outputs[name], value, rtol=1e-5, atol=1e-5)
+    nominal = exported["nominal"][1]
+    with pytest.raises(CalibrationMismatch, match=r"camera front: position differs by 7\.1 cm"):
+        net.infer(sample["images"], sample["ego_status"], sample["command"], nominal)
+    with pytest.raises(StackError, match="'ego_status': expected a numpy float32"):
+        net.infer(sample["images"], sample["ego_status"].astype(np.float64), sample["command"], calibration)
+    with pytest.raises(StackError, match="has no model.int8.onnx"):
+        DeployedNetwork.open(bundle, model="int8")
+
+
+def test_deployed_network_refuses_a_bundle_whose_calibration_was_swapped(exported, tmp_path):
+    from stack.deploy.bundle import BundleMismatch
+    from stack.deploy.runner import DeployedNetwork
+
+    path, calibration = exported["moved"]
+    bundle = write_bundle(tmp_path / "bundle", path, calibration, shipped="model.onnx")
+    (bundle / "calibration.yaml").write_text(exported["nominal"][1].to_yaml())
+    with pytest.raises(BundleMismatch, match="calibration.yaml: changed"):
+        DeployedNetwork.open(bundle)
+    # a bundle assembled from two builds (gate re-vouched, but model and calibration disagree)
+    mixed = write_bundle(tmp_path / "mixed", path, exported["nominal"][1])
+    with pytest.raises(CalibrationMismatch, match="mixes files of two builds"):
+        DeployedNetwork.open(mixed)
+
+
+# ----------------------------------------------------------------------------- deploy on a converted dataset
+
+def _convert_fixture():
+    spec = importlib.util.spec_from_file_location("convert_fixture", REPO / "tests/data/test_convert.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # skips the test when nuscenes-devkit is absent
+    return module
+
+
+@pytest.fixture(scope="module")
+def converted(micro, tmp_path_factory):
+    """(checkpoint, data root) of the micro network and a converted nuScenes-format dataset."""
+    from stack.checkpoint import save_model_checkpoint
+    from stack.data.convert import convert
+
+    fixture = _convert_fixture()
+    folder = tmp_path_factory.mktemp("nuscenes")
+    pipeline = micro_pipeline(f"data.root={folder / 'shards'}", f"export.out_dir={folder / 'export'}",
+                              "export.calibration_samples=1", "export.accuracy_samples=1", "export.sensitivity_samples=1")
+    fixture.write_fixture(folder / "source", pipeline.data.rig)
+    convert(pipeline, "nuscenes", str(folder / "source"), "v1.0-mini")
+    checkpoint = save_model_checkpoint(folder / "micro.pt", pipeline, micro[1])
+    return checkpoint, folder
+
+
+def test_deploy_refuses_samples_recorded_with_another_calibration(converted, capsys):
+    """Converted nuScenes intrinsics are not the nominal rig's: deploy must say so, not gate on mis-pooled frames."""
+    checkpoint, folder = converted
+    code = main(["deploy", "--target", "ci-cpu", str(checkpoint)])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "sample 0, was recorded with another camera calibration" in err
+    assert "camera front: intrinsics by up to" in err and "stack data calibration" in err
+    assert not (folder / "export" / "ci-cpu").exists()
+    moved_file = moved(Calibration.from_rig(micro_pipeline().data.rig)).save(folder / "moved.yaml")
+    code = main(["export", str(checkpoint), "--calibration", str(moved_file)])
+    err = capsys.readouterr().err
+    assert code == 2 and "position differs by 7.1 cm" in err and "rotation by" in err, err
+
+
+def test_converted_dataset_deploys_with_its_own_calibration(converted, capsys):
+    """`stack data calibration` extracts it; export bakes it, parity holds, every sample is accepted."""
+    from stack.deploy.export import read_metadata
+    from stack.deploy.validation import calibration_and_accuracy
+
+    checkpoint, folder = converted
+    written = folder / "vehicle.yaml"
+    assert main(["data", "calibration", str(folder / "shards"), "--out", str(written)]) == 0
+    vehicle = Calibration.load(written)
+    np.testing.assert_allclose(vehicle.intrinsics[0, 0, 0], 253.2 * 128 / 320, rtol=1e-6)
+    code = main(["export", str(checkpoint), "--calibration", str(written)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert out.count(" ok") == 6 and "FAIL" not in out
+    assert read_metadata(folder / "export" / "model.onnx")["calibration_hash"] == vehicle.hash
+    assert Calibration.load(folder / "export" / "calibration.yaml").hash == vehicle.hash
+    pipeline = micro_pipeline(f"data.root={folder / 'shards'}", "export.calibration_samples=1", "export.sensitivity_samples=1",
+                              "export.accuracy_samples=1")
+    calibration_split, accuracy, _ = calibration_and_accuracy(pipeline)
+    check_samples(calibration_split + accuracy, vehicle, "converted samples")  # accepted: no error
+
+
+def test_data_calibration_refuses_a_dataset_of_two_vehicles(converted, tmp_path):
+    """Two shards recorded with different calibrations: no single calibration to build a bundle for."""
+    import shutil
+
+    from stack.deploy.calibration import dataset_calibration
+
+    _, folder = converted
+    root = tmp_path / "two"
+    shutil.copytree(folder / "shards", root)
+    manifest = json.loads((root / "manifest.json").read_text())
+    train = root / manifest["splits"]["train"][0]["path"]
+    _rewrite_intrinsics(train, scale=1.1)
+    with pytest.raises(CalibrationMismatch, match="more than one camera calibration"):
+        dataset_calibration(str(root))
+    assert dataset_calibration(str(train), sample=0).intrinsics[0, 0, 0] == pytest.approx(253.2 * 128 / 320 * 1.1, 1e-5)
+
+
+def _rewrite_intrinsics(shard: Path, scale: float) -> None:
+    """Rewrite every intrinsics.npy of `shard` scaled (a second vehicle with longer lenses)."""
+    import io
+    import tarfile
+
+    members = []
+    with tarfile.open(shard) as tar:
+        for member in tar:
+            data = tar.extractfile(member).read()
+            if member.name.endswith(".intrinsics.npy"):
+                k = np.load(io.BytesIO(data))
+                k[:, :2, :] *= scale
+                buffer = io.BytesIO()
+                np.save(buffer, k)
+                data = buffer.getvalue()
+                member.size = len(data)
+            members.append((member, data))
+    with tarfile.open(shard, "w") as tar:
+        for member, data in members:
+            tar.addfile(member, io.BytesIO(data))
