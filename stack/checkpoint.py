@@ -13,6 +13,13 @@ Two formats are read:
 - a Lightning `.ckpt` whose LightningModule stored `pipeline_yaml` (and
   `pipeline_hash`) in the checkpoint dict (`on_save_checkpoint`) or in its
   `hyper_parameters`; the `model.` prefix of its state-dict keys is stripped.
+
+Both are read with `torch.load(weights_only=True)` and nothing else: a pickle can name
+any callable (`os.system` in `__reduce__`) and unpickling runs it, so a file that needs
+more than tensors, numbers, strings and containers is refused, never retried unsafely
+(https://pytorch.org/docs/stable/notes/serialization.html#weights-only). Everything
+`stack train` writes (model.pt; the .ckpt with AdamW, LR schedule, loop and RNG state)
+loads this way.
 """
 
 from __future__ import annotations
@@ -140,10 +147,17 @@ def _read(path: Path) -> dict:
         raise CheckpointError(missing_file_message(
             "checkpoint", path, "Give the .ckpt/.pt file that `stack train` wrote (under train.out_dir)."))
     try:
-        try:
-            raw = torch.load(path, map_location="cpu", weights_only=True)
-        except pickle.UnpicklingError:  # Lightning stores hyper-parameters as arbitrary objects
-            raw = torch.load(path, map_location="cpu", weights_only=False)
+        raw = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        if "GLOBAL" not in str(exc):  # not a pickle that names a callable: garbage or truncated
+            raise CheckpointError(f"{str(path)!r} is not a checkpoint torch can read ({_refusal_reason(exc)}). "
+                                  f"Give the file that `stack train` wrote.") from None
+        raise CheckpointError(
+            f"refused to load {str(path)!r}: it holds objects other than tensors, numbers, strings and containers "
+            f"({_refusal_reason(exc)}). Unpickling them could run code from "
+            f"the file, so the stack loads checkpoints weights-only and nothing else. Give the model.pt or .ckpt "
+            f"that `stack train` wrote (they hold tensors and plain values only)."
+        ) from None
     except Exception as exc:  # noqa: BLE001 - any failure to unpickle means "not a checkpoint"
         raise CheckpointError(
             f"{str(path)!r} is not a checkpoint torch can read ({type(exc).__name__}: {str(exc)[:200]}). "
@@ -156,6 +170,13 @@ def _read(path: Path) -> dict:
             f"Give the file that `stack train` wrote."
         )
     return raw
+
+
+def _refusal_reason(exc: Exception) -> str:
+    """The line of torch's weights-only error that names the object (e.g. 'unsupported GLOBAL posix.system')."""
+    lines = [line.strip() for line in str(exc).splitlines() if "GLOBAL" in line or "Unsupported" in line]
+    lines = [line.removeprefix("Weights only load failed. ") for line in lines]
+    return (lines[0] if lines else str(exc).strip().splitlines()[-1])[:200].rstrip(".")
 
 
 def _pipeline_text(raw: dict, path: Path) -> tuple[str, str | None]:

@@ -16,7 +16,9 @@ import dataclasses
 import difflib
 import hashlib
 import inspect
+import math
 import os
+import re
 import typing
 from functools import lru_cache
 from pathlib import Path
@@ -26,6 +28,7 @@ import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from stack import safe_values
 from stack.errors import ConfigError, missing_file_message
 from stack.pipeline import Pipeline, Target
 
@@ -33,6 +36,49 @@ CONFIG_DIR = Path(os.environ.get("STACK_CONFIG_DIR", Path(__file__).resolve().pa
 """The repository's `configs/` folder (override with STACK_CONFIG_DIR)."""
 DEFAULT_CONFIG = CONFIG_DIR / "pipeline.yaml"
 TARGETS_DIR = CONFIG_DIR / "targets"
+FOLDER_KEYS = ("data.root", "train.out_dir", "export.out_dir")
+"""Keys naming folders the stages create: an existing file there is refused up front."""
+
+
+class ConfigLoader(yaml.SafeLoader):
+    """PyYAML's safe loader without the YAML 1.1 readings that surprise in a config.
+
+    YAML 1.1 reads `12:00:00` as the base-60 integer 43200 (and `1:30.5` as a float) and
+    `2026-01-01` as a date; YAML 1.2 dropped both. Here such values stay strings, so
+    `train.slurm_time=12:00:00` is the time the user wrote. Other numbers (`0x10`, `1_000`,
+    `1e3`, `.inf`) and booleans read as YAML 1.1 reads them.
+    """
+
+
+ConfigLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:timestamp"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+for _tag, _sexagesimal in (("int", r"|[-+]?[1-9][0-9_]*(?::[0-5]?[0-9])+"),
+                           ("float", r"|[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+\.[0-9_]*")):
+    for _first, _resolvers in ConfigLoader.yaml_implicit_resolvers.items():
+        _resolvers[:] = [(tag, re.compile(regexp.pattern.replace(_sexagesimal, ""), regexp.flags))
+                         if tag == f"tag:yaml.org,2002:{_tag}" else (tag, regexp) for tag, regexp in _resolvers]
+
+
+YAML_ERRORS = (yaml.YAMLError, ValueError, TypeError, OverflowError, RecursionError)
+"""What reading YAML can raise: syntax errors, and constructor errors for tags like `!!int x`."""
+
+
+def parse_yaml_value(text: str):
+    """One YAML value (an override's right-hand side, or a whole file) read with `ConfigLoader`."""
+    value = yaml.load(text, Loader=ConfigLoader)  # noqa: S506 - a SafeLoader subclass
+    _refuse_cycles(value, ())
+    return value
+
+
+def _refuse_cycles(value: Any, inside: tuple) -> None:
+    """An alias to its own ancestor (`&a [*a]`) is legal YAML but an endless config: a ValueError."""
+    if isinstance(value, (dict, list)):
+        if id(value) in inside:
+            raise ValueError("a YAML alias refers to a node that contains it (an endless value)")
+        for item in value.values() if isinstance(value, dict) else value:
+            _refuse_cycles(item, inside + (id(value),))
 
 
 # ------------------------------------------------------------------ public API
@@ -45,14 +91,26 @@ def load_pipeline(files: Sequence[str | Path] = (), overrides: Sequence[str] = (
     is loaded first as `targets.<file stem>`, so targets can be overridden
     (`targets.orin.min_fps=30`) like any other key.
     """
+    return apply_overrides(base_config(files), overrides)
+
+
+def base_config(files: Sequence[str | Path] = ()) -> DictConfig:
+    """The schema with the target files and then `files` (default configs/pipeline.yaml) merged, unvalidated."""
     config = OmegaConf.structured(Pipeline)
     for path in sorted(TARGETS_DIR.glob("*.yaml")) if TARGETS_DIR.is_dir() else ():
         config.targets[path.stem] = _load_target_node(path)
     for path in files or [DEFAULT_CONFIG]:
         config = _merge_file(config, Path(path))
+    return config
+
+
+def apply_overrides(config: DictConfig, overrides: Sequence[str]) -> Pipeline:
+    """`key=value` overrides applied to `config` (changed in place), then the validated Pipeline."""
     for text in overrides:
         _apply_override(config, text)
-    return _to_pipeline(config, source="the merged configuration")
+    pipeline = _to_pipeline(config, source="the merged configuration")
+    _check_folders(pipeline)
+    return pipeline
 
 
 def pipeline_to_yaml(pipeline: Pipeline) -> str:
@@ -69,11 +127,24 @@ def pipeline_from_yaml(text: str, source: str) -> Pipeline:
 
 def pipeline_hash(pipeline: Pipeline) -> str:
     """Short content hash of the resolved pipeline (sha256 of its YAML)."""
-    return hashlib.sha256(pipeline_to_yaml(pipeline).encode()).hexdigest()[:16]
+    return yaml_hash(pipeline_to_yaml(pipeline))
+
+
+def yaml_hash(text: str) -> str:
+    """`pipeline_hash` of the pipeline whose `pipeline_to_yaml` is `text` (saves serialising twice)."""
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def check_target_name(name: str, source: str) -> None:
+    """A target name becomes a folder under export.out_dir: refuse anything but an identifier."""
+    message = safe_values.identifier(name)
+    if message:
+        raise ConfigError(f"{source}: bad target name: {message}.")
 
 
 def load_target(name: str, pipeline: Pipeline) -> Target:
     """The deploy target called `name`, or an error listing the known ones."""
+    check_target_name(name, "--target")
     if name in pipeline.targets:
         return pipeline.targets[name]
     known = ", ".join(sorted(pipeline.targets)) or "none"
@@ -100,8 +171,8 @@ def describe(prefix: str = "") -> str:
 
 def _parse_yaml(text: str, source: str) -> dict:
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
+        data = parse_yaml_value(text)
+    except YAML_ERRORS as exc:
         raise ConfigError(f"{source} is not valid YAML: {exc}. Fix the syntax at the line shown.") from None
     if data is None:
         return {}
@@ -111,11 +182,32 @@ def _parse_yaml(text: str, source: str) -> dict:
 
 
 def _read_config_file(path: Path) -> dict:
-    if not path.is_file():
-        raise ConfigError(missing_file_message(
-            "config file", path,
-            f"Pass an existing YAML file with -c, e.g. -c {DEFAULT_CONFIG.relative_to(CONFIG_DIR.parent)}."))
-    return _parse_yaml(path.read_text(), f"config file {str(path)!r}")
+    """The mapping in a YAML config file; a missing, unreadable, non-UTF-8 or empty file is an error.
+
+    An empty file is refused rather than read as "no keys": `-c FILE` replaces
+    configs/pipeline.yaml, so an empty (or all-comment) file would silently run the
+    bare schema defaults instead of the default pipeline.
+    """
+    example = f"-c {DEFAULT_CONFIG.relative_to(CONFIG_DIR.parent)}"
+    if not path.exists() or path.is_dir():
+        raise ConfigError(missing_file_message("config file", path, f"Pass an existing YAML file with -c, e.g. {example}."))
+    source = f"config file {str(path)!r}"
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{source} cannot be read ({exc.strerror or exc}). Check its permissions, "
+                          f"or pass a readable YAML file with -c.") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{source} is not UTF-8 text (byte {raw[exc.start]:#04x} at offset {exc.start}); "
+                          f"a config file is YAML in UTF-8. Convert it (e.g. iconv -t UTF-8) or pass the right file.") from None
+    data = _parse_yaml(text, source)
+    if not data:
+        raise ConfigError(f"{source} is empty (it sets no keys). An empty -c file would replace "
+                          f"configs/pipeline.yaml with the bare schema defaults; put keys in it, or leave it out "
+                          f"(no -c uses configs/pipeline.yaml).")
+    return data
 
 
 def _merge_file(config: DictConfig, path: Path) -> DictConfig:
@@ -123,14 +215,57 @@ def _merge_file(config: DictConfig, path: Path) -> DictConfig:
 
 
 def _merge_mapping(config: DictConfig, data: dict, source: str) -> DictConfig:
+    _check_shape(data, Pipeline, "", source)
     for name, value in (data.get("targets") or {}).items() if isinstance(data.get("targets"), dict) else ():
         if name not in config.targets:  # a new target starts from the Target defaults
             config.targets[name] = OmegaConf.structured(Target)
     try:
         return OmegaConf.merge(config, data)
-    except (OmegaConfBaseException, TypeError, ValueError) as exc:
+    except (OmegaConfBaseException, TypeError, ValueError, OverflowError) as exc:
         key = str(getattr(exc, "full_key", None) or "")
         raise _explain(exc, source, full_key=_locate(data, key)) from None
+
+
+def _check_shape(data: Any, hint: Any, key: str, source: str) -> None:
+    """Refuse a section given as a scalar, a scalar given as a list, a non-string name...: OmegaConf's
+    own errors for these lose the key ("bad value for ''")."""
+    found = _shape_problem(data, hint, key)
+    if found:
+        where, expected, value = found
+        raise ConfigError(f"{source}: bad value for {where or 'the top level'!r}: expected {expected}, found {value}.")
+
+
+def _shape_problem(data: Any, hint: Any, key: str) -> tuple[str, str, str] | None:
+    """(dotted key, what was expected, what was found) of the first value whose shape does not fit `hint`."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is typing.Union and type(None) in args:
+        return None if data is None else _shape_problem(data, [a for a in args if a is not type(None)][0], key)
+    if dataclasses.is_dataclass(hint) or origin in (dict, typing.Dict):
+        if not isinstance(data, dict):
+            section = " (a mapping of its keys)" if dataclasses.is_dataclass(hint) else ""
+            return key, _type_name(hint) + section, _describe_value(data)
+        hints = _type_hints(hint) if dataclasses.is_dataclass(hint) else {}
+        for name, value in data.items():
+            if not isinstance(name, str):
+                return _join(key, str(name)), "names (string keys)", f"the key {name!r}"
+            inner = hints.get(name) if hints else args[1]
+            found = _shape_problem(value, inner, _join(key, name)) if inner is not None else None
+            if found:
+                return found
+        return None
+    if origin in (list, typing.List):
+        if not isinstance(data, list):
+            return key, _type_name(hint), _describe_value(data)
+        return next(filter(None, (_shape_problem(v, args[0], _join(key, str(i))) for i, v in enumerate(data))), None)
+    if isinstance(data, (dict, list)):
+        return key, _type_name(hint), _describe_value(data)
+    return None
+
+
+def _describe_value(value: Any) -> str:
+    if isinstance(value, (dict, list)):
+        return "a mapping" if isinstance(value, dict) else "a list"
+    return "null" if value is None else repr(value)[:60]
 
 
 def _locate(data: Any, key: str, prefix: str = "") -> str | None:
@@ -151,9 +286,11 @@ def _locate(data: Any, key: str, prefix: str = "") -> str | None:
 def _load_target_node(path: Path) -> DictConfig:
     node = OmegaConf.structured(Target)
     source = f"target file {str(path)!r}"
+    data = _read_config_file(path)
+    _check_shape(data, Target, f"targets.{path.stem}", source)
     try:
-        return OmegaConf.merge(node, _read_config_file(path))
-    except (OmegaConfBaseException, TypeError, ValueError) as exc:
+        return OmegaConf.merge(node, data)
+    except (OmegaConfBaseException, TypeError, ValueError, OverflowError) as exc:
         raise _explain(exc, source, prefix=f"targets.{path.stem}") from None
 
 
@@ -167,13 +304,14 @@ def _apply_override(config: DictConfig, text: str) -> None:
         )
     source = f"the command-line override {text!r}"
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
-        raise ConfigError(f"{source}: cannot parse the value {raw!r} as YAML. Quote it, e.g. {key}='{raw}'.") from None
+        value = parse_yaml_value(raw) if raw.strip() else ""
+    except YAML_ERRORS:
+        raise ConfigError(f"{source}: cannot parse the value {raw!r} as YAML. For a string, quote it in YAML inside "
+                          f"the shell's quotes, e.g. {key}='\"...\"'; control characters are never allowed.") from None
     _check_path_exists(config, key, source)
     try:
         OmegaConf.update(config, key, value, merge=True)
-    except (OmegaConfBaseException, TypeError, ValueError) as exc:
+    except (OmegaConfBaseException, TypeError, ValueError, OverflowError) as exc:
         raise _explain(exc, source, full_key=key) from None
 
 
@@ -214,7 +352,7 @@ def _to_pipeline(config: DictConfig, source: str) -> Pipeline:
         raise ConfigError(f"{source} leaves required keys unset: {', '.join(missing)}. Give each a value.")
     try:
         pipeline = OmegaConf.to_object(config)
-    except (OmegaConfBaseException, TypeError, ValueError) as exc:
+    except (OmegaConfBaseException, TypeError, ValueError, OverflowError) as exc:
         raise _explain(exc, source) from None
     problems = list(_walk_problems(pipeline, ""))
     if problems:
@@ -225,19 +363,75 @@ def _to_pipeline(config: DictConfig, source: str) -> Pipeline:
     return pipeline
 
 
+def _check_folders(pipeline: Pipeline) -> None:
+    """A folder key whose path (or one of its parents) is an existing file fails later, deep in a stage."""
+    for key in FOLDER_KEYS:
+        section, name = key.split(".")
+        value = getattr(getattr(pipeline, section), name)
+        path = Path(value)
+        try:
+            blocking = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"{key}={value[:80]!r} cannot be used as a folder ({exc}); give a shorter, plain path.") from None
+        if blocking is not None:
+            what = "is a file" if blocking == path else f"lies under {str(blocking)!r}, which is a file"
+            raise ConfigError(f"{key}={value!r} {what}; {key} names a folder (created when missing). "
+                              f"Point it at a folder, or move the file away.")
+
+
 def _walk_problems(node: Any, prefix: str) -> Iterator[tuple[str, str]]:
-    """Every section's `problems()`, named by full dotted key (list items by index)."""
+    """Every section's `problems()` and every leaf's rules, named by full dotted key (list items by index)."""
     if dataclasses.is_dataclass(node):
-        for name, message in node.problems():
+        misshapen = list(_element_problems(node, prefix))
+        yield from misshapen  # problems() assumes the declared element types: it runs only when they hold
+        reported = set()
+        for name, message in [] if misshapen else node.problems():
+            reported.add(name)
             yield _join(prefix, name), message
-        for f in dataclasses.fields(node):
-            yield from _walk_problems(getattr(node, f.name), _join(prefix, f.name))
+        for f in dataclasses.fields(node):  # a leaf its section already reported needs no second message
+            value = getattr(node, f.name)
+            if f.name not in reported or isinstance(value, (dict, list)) or dataclasses.is_dataclass(value):
+                yield from _walk_problems(value, _join(prefix, f.name))
     elif isinstance(node, dict):
         for name, value in node.items():
             yield from _walk_problems(value, _join(prefix, str(name)))
     elif isinstance(node, list):
         for index, value in enumerate(node):
             yield from _walk_problems(value, _join(prefix, str(index)))
+    else:
+        yield from _leaf_problems(node, prefix)
+
+
+def _element_problems(section: Any, prefix: str) -> Iterator[tuple[str, str]]:
+    """Items of List[str]/Dict[str, float]-style fields that are not of the element type.
+
+    OmegaConf accepts a nested list as an element of a List[str] (`train.slurm_extra=[[]]`).
+    """
+    primitives = (str, int, float, bool)
+    for name, hint in _type_hints(type(section)).items():
+        origin, args = typing.get_origin(hint), typing.get_args(hint)
+        if origin not in (list, dict) or not args or args[-1] not in primitives:
+            continue
+        value = getattr(section, name)
+        items = enumerate(value) if origin is list else value.items()
+        for index, item in items:
+            if not isinstance(item, args[-1]) and not (args[-1] is float and isinstance(item, int)):
+                yield _join(prefix, f"{name}.{index}"), f"got {item!r}; expected {_type_name(args[-1])}"
+
+
+@lru_cache(maxsize=None)
+def _type_hints(cls: type) -> dict:
+    return typing.get_type_hints(cls)
+
+
+def _leaf_problems(value: Any, key: str) -> Iterator[tuple[str, str]]:
+    """Rules for every value of its type: strings hold no control characters, numbers are finite."""
+    if isinstance(value, str):
+        message = safe_values.control_characters(value)
+        if message:
+            yield key, message
+    elif isinstance(value, float) and not math.isfinite(value):
+        yield key, f"got {value!r}; must be a finite number"
 
 
 def _join(prefix: str, name: str) -> str:

@@ -18,6 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
+from stack import safe_values
+
 SCHEMA_VERSION = 1
 """Bumped whenever a field is renamed or its meaning changes; artifacts record it."""
 
@@ -419,7 +421,7 @@ class TrainConfig:
     slurm_partition: str = ""
     """SLURM partition for launcher=slurm; empty uses the cluster's default."""
     slurm_time: str = "04:00:00"
-    """SLURM wall-time limit (HH:MM:SS) for launcher=slurm."""
+    """SLURM wall-time limit for launcher=slurm: HH:MM:SS, D-HH:MM:SS, MM (sbatch --time forms)."""
     slurm_extra: List[str] = field(default_factory=list)
     """Extra `#SBATCH` options for launcher=slurm, e.g. `--account=perception`."""
     log_every_n_steps: int = 10
@@ -453,8 +455,13 @@ class TrainConfig:
         if not self.fsdp_units:
             found.append(("fsdp_units", "got an empty list; use [\"*\"] to shard each top-level part"))
         host, _, port = self.rendezvous.rpartition(":")
-        if not host or not port.isdigit():
+        if not host or not port.isdigit() or any(c.isspace() for c in host):
             found.append(("rendezvous", f"got {self.rendezvous!r}; expected host:port, e.g. node001:29500"))
+        # these are written into the sbatch script (stack.train.launch): formats, not just strings
+        for name, check in (("slurm_time", safe_values.slurm_time), ("slurm_partition", safe_values.slurm_partition)):
+            message = check(getattr(self, name))
+            found += [(name, message)] if message else []
+        found += [(f"slurm_extra.{i}", m) for i, m in enumerate(map(safe_values.slurm_option, self.slurm_extra)) if m]
         return found
 
 
@@ -645,4 +652,7 @@ class Pipeline:
         if self.schema_version != SCHEMA_VERSION:
             found.append(("schema_version",
                           f"got {self.schema_version}; this stack reads schema {SCHEMA_VERSION}"))
+        for name in self.targets:  # each names a bundle folder under export.out_dir
+            message = safe_values.identifier(name)
+            found += [(f"targets.{name}", message)] if message else []
         return found

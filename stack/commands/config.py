@@ -16,13 +16,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from stack.cli import load_pipeline_from_args
-    from stack.config import describe, pipeline_hash, pipeline_to_yaml
+    from stack.config import describe, pipeline_to_yaml, yaml_hash
 
     if args.describe is not None:
         print(describe(args.describe))
         return 0
     pipeline = load_pipeline_from_args(args)
     if not args.print_config:
-        print(f"# pipeline {pipeline.name} (schema {SCHEMA_VERSION}, sha256 {pipeline_hash(pipeline)})")
-        print(pipeline_to_yaml(pipeline), end="")
+        text = pipeline_to_yaml(pipeline)
+        print(f"# pipeline {pipeline.name} (schema {SCHEMA_VERSION}, sha256 {yaml_hash(text)})")
+        print(text, end="")
     return 0

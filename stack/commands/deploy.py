@@ -38,8 +38,9 @@ def run(args: argparse.Namespace) -> int:
                          "checkpoint, or --verify BUNDLE to check a bundle that exists.")
     from stack.checkpoint import load_for_deploy
     from stack.commands.export import take_checkpoint
-    from stack.config import load_target
+    from stack.config import check_target_name, load_target
 
+    check_target_name(args.target, "--target")  # it names a folder: refused before any file is read
     args.checkpoint = take_checkpoint(args)
     pipeline, state_dict, _ = load_for_deploy(args.checkpoint, args.config, args.overrides)
     load_target(args.target, pipeline)  # an unknown target is bad input before any work starts

@@ -31,6 +31,8 @@ def run(args: argparse.Namespace) -> int:
 
     checkpoint = take_checkpoint(args)
     pipeline = load_pipeline_from_args(args) if (args.config or args.overrides) else None
+    if pipeline is not None:
+        _check_same_network(checkpoint, pipeline)
     metrics, out = evaluate_checkpoint(Path(checkpoint), pipeline, split=args.split)
     rows = verdicts(metrics)
     print(f"| head | metric | model | baseline | bar | verdict |\n|---|---|---|---|---|---|")
@@ -44,3 +46,12 @@ def run(args: argparse.Namespace) -> int:
     print(f"{int(metrics['eval/batches'])} {args.split} batches in {metrics['eval/seconds']:.1f} s; "
           f"all metrics: {out / 'metrics.json'}; plot: {out / 'heads.png'}")
     return 0 if all(row.passed for row in rows) else 1
+
+
+def _check_same_network(checkpoint: str, pipeline) -> None:
+    """Refuse, before any data is read, a pipeline whose model or rig differs from the checkpoint's (as
+    export and deploy do): its data would not fit the network (another image size, other classes)."""
+    from stack.checkpoint import check_same_network, load_model_checkpoint
+
+    stored, _, _ = load_model_checkpoint(checkpoint)
+    check_same_network(stored, pipeline, checkpoint)

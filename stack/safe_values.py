@@ -1,0 +1,69 @@
+"""Rules for string values that end up in file names or in generated scripts.
+
+A pipeline value is data, never code: a target name becomes a folder under
+`export.out_dir`, SLURM keys become `#SBATCH` lines, paths are written into shell
+scripts. The schema (`stack.pipeline` `problems()`) applies these rules so that a
+value that could escape its folder or add a line to a script is refused before any
+work starts; the writers still quote everything they write (`shlex.quote`).
+
+Each check returns None when the value is fine, else what is wrong and what is
+allowed, to go after the key in a `problems()` entry. Standard library only: the
+schema imports this module.
+"""
+
+from __future__ import annotations
+
+import re
+
+CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+"""C0 and C1 control characters and DEL: a newline ends a script line, an escape rewrites a terminal."""
+IDENTIFIER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+"""A name that is safe as one path component: no `/`, no `..` escape, no leading dot (hidden or relative)."""
+SLURM_TIME = re.compile(r"(\d+-\d+(:\d+){0,2}|\d+(:\d+){0,2}|UNLIMITED|INFINITE)")
+"""sbatch --time forms (sbatch(1)): minutes, minutes:seconds, hours:minutes:seconds, days-hours,
+days-hours:minutes, days-hours:minutes:seconds; UNLIMITED/INFINITE ask for the partition's limit."""
+SLURM_PARTITION = re.compile(r"[A-Za-z0-9_.-]+(,[A-Za-z0-9_.-]+)*")
+"""One partition name, or a comma-separated list of them (sbatch --partition)."""
+SLURM_OPTION = re.compile(r"--[A-Za-z][A-Za-z0-9-]*(=[A-Za-z0-9_.,:=@%+/~-]+)?")
+"""A long sbatch option with an optional value: `--account=perception`, `--exclusive`, `--mem=64G`."""
+
+
+def control_characters(value: str) -> str | None:
+    """Control characters are refused in every string of the pipeline."""
+    found = CONTROL.search(value)
+    if found is None:
+        return None
+    return (f"got {_short(value)}, which holds the control character {found.group()!r} at position "
+            f"{found.start()}; remove it (a newline or escape in a value would end or rewrite a script line)")
+
+
+def identifier(value: str) -> str | None:
+    """Target names (and other names used as one folder) must be identifiers."""
+    if IDENTIFIER.fullmatch(value) and value not in (".", ".."):
+        return None
+    return (f"got {_short(value)}; a name is used as a folder, so it must be letters, digits, '_', '.' and '-' "
+            f"only, and must not start with '.' (e.g. orin, x86-gpu, orin_nano.v2)")
+
+
+def slurm_time(value: str) -> str | None:
+    if SLURM_TIME.fullmatch(value):
+        return None
+    return (f"got {_short(value)}; expected an sbatch time: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS "
+            f"(e.g. 04:00:00, 2-00:00:00); quote it in YAML files ('12:00:00')")
+
+
+def slurm_partition(value: str) -> str | None:
+    if value == "" or SLURM_PARTITION.fullmatch(value):
+        return None
+    return f"got {_short(value)}; expected a partition name (letters, digits, '_', '.', '-') or a comma-separated list"
+
+
+def slurm_option(value: str) -> str | None:
+    if SLURM_OPTION.fullmatch(value):
+        return None
+    return (f"got {_short(value)}; expected a long sbatch option `--name` or `--name=value` (value of letters, "
+            f"digits and _.,:=@%+/~-, no spaces or quotes), e.g. --account=perception")
+
+
+def _short(value: str, limit: int = 80) -> str:
+    return repr(value if len(value) <= limit else value[:limit] + "...")

@@ -1,0 +1,99 @@
+"""Hostile checkpoints: a crafted pickle never runs, a bad target name is refused before any file is read,
+and a network of another preset is refused by `stack eval` as by export and deploy."""
+
+import contextlib
+import io
+import os
+
+import pytest
+import torch
+
+from stack.checkpoint import CheckpointError, load_model_checkpoint, save_model_checkpoint
+from stack.cli import main
+from stack.config import load_pipeline, pipeline_to_yaml
+
+TINY = ["configs/pipeline.yaml", "configs/presets/tiny.yaml"]
+
+
+class _RunsCode:
+    """Unpickling this calls os.system: what a malicious `.pt` file does."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def run_cli(*argv) -> tuple[int, str]:
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = main(list(argv))
+    return code, err.getvalue()
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_pipeline(TINY)
+
+
+@pytest.fixture
+def crafted(tmp_path, tiny):
+    """(path of a checkpoint whose pickle would create `marker`, marker)."""
+    marker = tmp_path / "pwned"
+    path = tmp_path / "model.pt"
+    torch.save({"format": "stack-model", "schema_version": 1, "pipeline_yaml": pipeline_to_yaml(tiny),
+                "state_dict": {}, "extra": {"payload": _RunsCode(marker)}}, path)
+    return path, marker
+
+
+def test_loading_a_crafted_checkpoint_runs_nothing(crafted):
+    path, marker = crafted
+    with pytest.raises(CheckpointError, match="refused.*weights-only"):
+        load_model_checkpoint(path)
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("command", [["export"], ["eval"], ["deploy", "--target", "cpu"]])
+def test_every_command_that_reads_a_checkpoint_refuses_it_with_exit_2(crafted, tmp_path, command):
+    path, marker = crafted
+    code, err = run_cli(*command, str(path), f"export.out_dir={tmp_path / 'export'}")
+    assert code == 2, err
+    assert "refused" in err and str(path) in err and "Traceback" not in err
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("target", ["../outside", "a/b", ".hidden", "orin;touch x", "", "x y"])
+def test_deploy_checks_the_target_name_before_reading_the_checkpoint(crafted, tmp_path, target):
+    path, marker = crafted
+    code, err = run_cli("deploy", "--target", target, str(path), f"export.out_dir={tmp_path / 'export'}")
+    assert code == 2 and "target name" in err.lower(), err
+    assert not marker.exists() and not (tmp_path / "export").exists() and not (tmp_path / "outside").exists()
+
+
+def test_the_stacks_own_checkpoints_load_weights_only(tmp_path, tiny):
+    """model.pt, and a Lightning .ckpt with AdamW, LambdaLR, loop and RNG state as `stack train` writes it."""
+    layer = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.AdamW(layer.parameters(), lr=1e-3, foreach=True)
+    layer(torch.randn(4, 3)).sum().backward()
+    optimizer.step()
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    plain = save_model_checkpoint(tmp_path / "model.pt", tiny, layer.state_dict(), extra={"global_step": 3})
+    lightning = tmp_path / "step-0000003.ckpt"
+    torch.save({"epoch": 0, "global_step": 3, "pytorch-lightning_version": "2.5.0",
+                "state_dict": {f"model.{k}": v for k, v in layer.state_dict().items()},
+                "loops": {"fit_loop": {"state_dict": {}, "epoch_progress": {"total": {"ready": 1}}}},
+                "callbacks": {"RollingCheckpoints": {}}, "optimizer_states": [optimizer.state_dict()],
+                "lr_schedulers": [schedule.state_dict()], "rng_torch": torch.get_rng_state(),
+                "pipeline_yaml": pipeline_to_yaml(tiny), "pipeline_hash": "x"}, lightning)
+    for path in (plain, lightning):
+        _, state, _ = load_model_checkpoint(path)
+        assert torch.equal(state["weight"], layer.weight)
+
+
+def test_eval_with_another_presets_config_is_refused_up_front(tmp_path, tiny):
+    path = save_model_checkpoint(tmp_path / "model.pt", tiny, {})
+    code, err = run_cli("eval", str(path), "-c", "configs/pipeline.yaml", f"data.root={tmp_path / 'nowhere'}")
+    assert code == 2, err
+    assert "another pipeline" in err and f"model.backbone: checkpoint has '{tiny.model.backbone}'" in err
+    assert not (tmp_path / "eval").exists()
