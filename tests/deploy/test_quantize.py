@@ -45,6 +45,41 @@ def test_tensorrt_flavour_is_symmetric_s8_with_per_channel_weights_and_float_bia
     assert tensorrt_problems(model) == []
 
 
+def _activation_qdq_consumers(model):
+    """(node, input index) pairs where a node reads an activation through a Q/DQ pair."""
+    producers = {out: node for node in model.graph.node for out in node.output}
+    constants = {i.name for i in model.graph.initializer}
+    found = []
+    for node in model.graph.node:
+        if node.op_type in ("QuantizeLinear", "DequantizeLinear"):
+            continue
+        for index, name in enumerate(node.input):
+            dq = producers.get(name)
+            if dq is not None and dq.op_type == "DequantizeLinear" and dq.input[0] not in constants:
+                found.append((node, index))
+    return found
+
+
+def test_tensorrt_flavour_places_qdq_on_weighted_layers_and_residual_adds_only(quantized):
+    """TensorRT's Q/DQ placement guidance: inputs of Conv/ConvTranspose/MatMul/Gemm and both inputs of residual Adds."""
+    model = quantized["tensorrt"]
+    constants = {i.name for i in model.graph.initializer}
+    consumers = _activation_qdq_consumers(model)
+    kinds = {node.op_type for node, _ in consumers}
+    assert kinds <= {"Conv", "ConvTranspose", "MatMul", "Gemm", "Add"}, kinds
+    assert {"Conv", "Add"} <= kinds
+    for node, _ in consumers:
+        if node.op_type == "Add":  # a residual join: both inputs are activations, both quantized
+            assert not set(node.input) & constants
+            assert sum(1 for n, _ in consumers if n is node) == 2, node.name
+    # every weighted layer outside the kept-fp32 pooling reads a quantized activation
+    weighted = [n for n in model.graph.node if n.op_type in ("Conv", "Gemm") and "bev_pool" not in n.name]
+    assert weighted and all(any(n is node for node, _ in consumers) for n in weighted)
+    # the onnxruntime-cpu flavour quantizes around other operators too (what ONNX Runtime's kernels want)
+    assert {n.op_type for n, _ in _activation_qdq_consumers(quantized["onnxruntime-cpu"])} - \
+        {"Conv", "ConvTranspose", "MatMul", "Gemm", "Add"}
+
+
 def test_onnxruntime_cpu_flavour_is_u8_activations_s8_weights(quantized):
     nodes, constants = _qdq(quantized["onnxruntime-cpu"])
     activations = [constants[n.input[2]] for n, _ in nodes if n.op_type == "QuantizeLinear"]
