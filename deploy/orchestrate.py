@@ -46,7 +46,7 @@ class DeploySpec:
     calibration: list
     """Feed dicts for INT8 calibration."""
     accuracy_feeds: list
-    """Feed dicts the accuracy gate scores (kept apart from the calibration feeds when possible)."""
+    """Feed dicts the accuracy gate scores (held-out validation frames, never calibration frames)."""
     evaluator: Callable
     """accuracy.Evaluator over `accuracy_feeds`."""
     budgets: list
