@@ -32,7 +32,7 @@ install: $(STAMP)
 demo: install
 	$(BIN)/stack config $(TINY)
 	$(BIN)/stack data make $(TINY)
-	$(BIN)/stack train $(TINY)
+	$(BIN)/stack train $(TINY) train.overwrite=true
 	$(BIN)/stack eval runs/tiny/train/model.pt $(TINY); rc=$$?; \
 		if [ $$rc -eq 1 ]; then echo "stack eval: a head is below its bar (table above); the demo goes on"; \
 		elif [ $$rc -ne 0 ]; then exit $$rc; fi
@@ -54,7 +54,7 @@ gate: install
 	if [ ! -f $$ckpt ]; then \
 		ckpt=$(CI_CKPT); \
 		test -f $$ckpt || { $(BIN)/stack data make $(TINY) && \
-			$(BIN)/stack train $(TINY) train.out_dir=runs/tiny-ci/train train.max_steps=60; } || exit 1; \
+			$(BIN)/stack train $(TINY) train.out_dir=runs/tiny-ci/train train.max_steps=60 train.overwrite=true; } || exit 1; \
 	fi; \
 	echo "FPS gate on $$ckpt"; \
 	$(BIN)/stack deploy --target ci-cpu $$ckpt $(TINY) && $(BIN)/stack deploy --target orin $$ckpt $(TINY)

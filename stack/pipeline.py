@@ -407,6 +407,9 @@ class TrainConfig:
     resume: Optional[str] = None
     """Checkpoint to resume from (a `.ckpt` file, a sharded checkpoint folder, or a run's out_dir
     to take its latest checkpoint); null starts fresh."""
+    overwrite: bool = False
+    """Start fresh in an out_dir that already holds a run (model.pt or checkpoints), deleting that
+    run's checkpoints, weights and logs. Without it such an out_dir is refused unless train.resume is set."""
     keep_checkpoints: int = 2
     """Most recent checkpoints kept on disk; older ones are deleted after a newer one is complete."""
     fsdp_units: List[str] = field(default_factory=lambda: ["*"])

@@ -12,6 +12,13 @@ deleted. A crash at any moment leaves the previous checkpoint and `latest` intac
 When fitting ends, rank 0 also writes `model.pt` — the full network weights with the
 pipeline (`stack.checkpoint.save_model_checkpoint`) — which `stack export` and
 `stack eval` read on any number of devices.
+
+A checkpoint is written only if every weight and optimizer-state tensor is finite (every
+rank agrees): the loss guard runs before the optimizer step, so an update that makes the
+weights NaN/Inf would otherwise be saved and named "last good". `check_resume` refuses,
+before Lightning starts, a checkpoint that cannot be read (truncated, garbage, a `latest`
+naming a missing file) or whose network differs in shape from the one being trained,
+and `prepare_out_dir` refuses to start a fresh run over an earlier one unless asked.
 """
 
 from __future__ import annotations
@@ -21,10 +28,14 @@ import shutil
 from pathlib import Path
 
 import lightning.pytorch as pl
+import torch
 
 from stack.errors import StackError
+from stack.failpoints import fail_point
 
 LATEST = "latest"
+RUN_OUTPUTS = ("checkpoints", "model.pt", "csv", "tensorboard", "pipeline.yaml")
+"""What a run writes under train.out_dir (and what train.overwrite=true deletes)."""
 
 
 class RollingCheckpoints(pl.Callback):
@@ -46,6 +57,7 @@ class RollingCheckpoints(pl.Callback):
         self._write_model_weights(trainer, pl_module)
 
     def save(self, trainer, pl_module) -> Path:
+        _stop_unless_finite(trainer, pl_module)
         final = self.directory / f"step-{trainer.global_step:07d}.ckpt"
         temp = self.directory / f".{final.name}.partial"
         if trainer.is_global_zero:
@@ -53,6 +65,7 @@ class RollingCheckpoints(pl.Callback):
             _remove(temp)
         trainer.strategy.barrier("checkpoint-start")
         trainer.save_checkpoint(temp)  # collective: every rank writes its part
+        fail_point("checkpoint-write")
         trainer.strategy.barrier("checkpoint-written")
         if trainer.is_global_zero:
             _remove(final)
@@ -84,6 +97,36 @@ class RollingCheckpoints(pl.Callback):
                                   extra={"global_step": trainer.global_step, "epoch": trainer.current_epoch})
 
 
+def _stop_unless_finite(trainer, pl_module) -> None:
+    """Raise TrainingDiverged (naming the previous checkpoint) if any weight or optimizer state is NaN/Inf."""
+    from stack.train.module import TrainingDiverged
+
+    bad = _first_non_finite(pl_module.model.named_parameters(), "weight")
+    for optimizer in trainer.optimizers:
+        states = ((f"{name} of a parameter", value) for state in optimizer.state.values()
+                  for name, value in state.items())
+        bad = bad or _first_non_finite(states, "optimizer state")
+    flag = torch.tensor([1.0 if bad else 0.0], device=pl_module.device)
+    if trainer.world_size > 1:  # every rank stops together
+        flag = trainer.strategy.reduce(flag, reduce_op="max")
+    if not flag.item():
+        return
+    kept = pl_module.last_good_checkpoint or "none was written yet"
+    raise TrainingDiverged(
+        f"training diverged at step {trainer.global_step}: {bad or 'a weight on another rank'} is not finite after the "
+        f"optimizer step, so no checkpoint was written. Last good checkpoint (finite weights): {kept}. Lower "
+        "train.lr, raise train.warmup_steps or set train.grad_clip, then resume with train.resume=<that checkpoint>.")
+
+
+def _first_non_finite(named_tensors, what: str) -> str:
+    for name, value in named_tensors:
+        if isinstance(value, torch.Tensor) and value.is_floating_point():
+            local = value.to_local() if hasattr(value, "to_local") else value
+            if not torch.isfinite(local).all():
+                return f"{what} {name}"
+    return ""
+
+
 def _remove(path: Path) -> None:
     if path.is_dir():
         shutil.rmtree(path)
@@ -103,10 +146,105 @@ def resolve_resume(path: str | Path) -> Path:
     for folder in (path, path / "checkpoints"):
         pointer = folder / LATEST
         if pointer.is_file():
-            return folder / pointer.read_text().strip()
+            named = folder / pointer.read_text().strip()
+            if not named.exists():
+                others = sorted(p.name for p in folder.glob("step-*.ckpt"))
+                raise StackError(
+                    f"train.resume={str(path)!r}: {pointer} names {named.name}, which does not exist "
+                    f"(checkpoints there: {', '.join(others) or 'none'}); point train.resume at one of them")
+            return named
     if path.is_file() or (path.is_dir() and (path / "meta.pt").is_file()):
         return path
     raise StackError(
         f"train.resume={str(path)!r}: expected a checkpoint (`step-*.ckpt` file or sharded folder) or a run "
         f"folder with checkpoints/{LATEST}; {'found a folder without either' if path.exists() else 'nothing is there'}. "
         f"Point it at a train.out_dir or one of its checkpoints/step-*.ckpt.")
+
+
+def prepare_out_dir(pipeline, rank_zero: bool) -> None:
+    """Refuse to start a fresh run in an out_dir that holds an earlier one (model.pt or checkpoints),
+    unless train.resume continues it or train.overwrite=true asks to delete it (done here, on rank 0)."""
+    train = pipeline.train
+    out = Path(train.out_dir)
+    found = [name for name in ("model.pt", "checkpoints") if (out / name).exists()
+             and (name != "checkpoints" or any((out / name).iterdir()))]
+    if not found or train.resume:
+        return
+    if not train.overwrite:
+        raise StackError(
+            f"train.out_dir={str(out)!r} already holds a run ({' and '.join(found)}); a fresh run would overwrite it. "
+            f"Continue it with train.resume={out}, start fresh there with train.overwrite=true (deletes its "
+            "checkpoints, model.pt and logs), or choose another train.out_dir")
+    if rank_zero:
+        for name in RUN_OUTPUTS:
+            _remove(out / name)
+
+
+def read_resume_checkpoint(path: Path) -> dict:
+    """The training state at `path` (`.ckpt` file, or a sharded folder's meta.pt), loaded with weights_only=True;
+    a truncated, garbage or unsafe file is a StackError naming it."""
+    source = path / "meta.pt" if path.is_dir() else path
+    try:
+        state = torch.load(source, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - any failure to read is the same answer to the user
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise StackError(f"train.resume: {source} is not a readable training checkpoint ({detail[:300]}); it is "
+                         "truncated, corrupt or not written by `stack train`. Resume from another checkpoint in "
+                         "its folder, or start fresh without train.resume") from exc
+    if not isinstance(state, dict) or "global_step" not in state:
+        raise StackError(f"train.resume: {source} holds no training state (global_step missing); resume from a "
+                         "checkpoints/step-*.ckpt that `stack train` wrote")
+    return state
+
+
+def check_resume(path: Path, pipeline, model: torch.nn.Module) -> dict:
+    """Refuse a checkpoint whose network does not fit `model` (built from the current pipeline), naming the
+    pipeline keys that differ (checkpoint value vs current value). Returns the checkpoint's training state."""
+    state = read_resume_checkpoint(path)
+    differ = _differing_model_keys(state.get("pipeline_yaml"), pipeline, str(path))
+    weights = state.get("state_dict")
+    if isinstance(weights, dict):
+        current = {f"model.{k}": tuple(v.shape) for k, v in model.state_dict().items()}
+        stored = {k: tuple(v.shape) for k, v in weights.items() if isinstance(v, torch.Tensor)}
+        shapes = [f"{k}: {stored.get(k)} vs {current.get(k)}" for k in sorted(set(current) | set(stored))
+                  if stored.get(k) != current.get(k)]
+    else:  # sharded: the shapes live in the shards; the pipeline's model section decides
+        shapes = ["(sharded checkpoint)"] if differ else []
+    if shapes:
+        keys = "; ".join(differ) or "no model.* key (the network code changed)"
+        raise StackError(
+            f"train.resume: {path} holds a network of another shape than this pipeline builds. Pipeline keys that "
+            f"differ (checkpoint vs current): {keys}. Weights that differ: {'; '.join(shapes[:5])}"
+            f"{' …' if len(shapes) > 5 else ''}. Set those keys back to the checkpoint's values to resume, or start "
+            "fresh without train.resume")
+    return state
+
+
+def _differing_model_keys(pipeline_yaml, pipeline, source: str) -> list[str]:
+    """'key: checkpoint value vs current value' for every model.* and data.rig.* key that differs."""
+    from dataclasses import asdict
+
+    from stack.config import pipeline_from_yaml
+
+    if not isinstance(pipeline_yaml, str):
+        return []
+    try:
+        stored = pipeline_from_yaml(pipeline_yaml, source)
+    except StackError:
+        return []
+    differ = []
+    for section, old, new in (("model", stored.model, pipeline.model), ("data.rig", stored.data.rig, pipeline.data.rig)):
+        before, after = _flat(asdict(old), section), _flat(asdict(new), section)
+        differ += [f"{k}: {before.get(k)!r} vs {after.get(k)!r}" for k in sorted(set(before) | set(after))
+                   if before.get(k) != after.get(k)]
+    return differ
+
+
+def _flat(tree: dict, prefix: str) -> dict:
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}.{key}"))
+        else:
+            out[f"{prefix}.{key}"] = value
+    return out

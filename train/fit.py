@@ -5,31 +5,94 @@ precision, loggers (TensorBoard + CSV under `train.out_dir`), the rich progress 
 step statistics, atomic rolling checkpoints, and the resumable loaders. Lightning
 starts the other local ranks itself (re-running the same command) or, under SLURM
 and torchrun, picks up the ranks their launchers created.
+
+Before Lightning starts, the out_dir and the resume checkpoint are checked
+(`stack.train.checkpoints`): a fresh run never overwrites an earlier one unasked, and
+a checkpoint that is unreadable or shaped for another network is refused. A resumed
+run appends to the earlier CSV and TensorBoard logs (rows from the resumed step on are
+replaced, since those steps run again). Ctrl-C stops with `TrainingInterrupted`
+(exit 130) naming the last checkpoint; Lightning alone would exit 1 without a word.
 """
 
 from __future__ import annotations
 
+import csv
 import logging
+import os
 import sys
 import warnings
 from pathlib import Path
 from typing import Callable
 
 import lightning.pytorch as pl
+from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.loggers.csv_logs import ExperimentWriter
+from lightning.pytorch.loggers.logger import rank_zero_experiment
 from torch import nn
 
+from stack.errors import StackError
 from stack.pipeline import Pipeline
 from stack.train.callbacks import LoaderPosition, StepStats
-from stack.train.checkpoints import RollingCheckpoints, resolve_resume
+from stack.train.checkpoints import LATEST, RollingCheckpoints, check_resume, prepare_out_dir, resolve_resume
 from stack.train.data import LoaderFactory, PipelineData
 from stack.train.module import TrainModule
 from stack.train.parallel import accelerator_name, build_strategy
 from stack.train.precision import for_this_hardware
 
-def build_trainer(pipeline: Pipeline, progress: bool = True, validate: bool = True) -> tuple[pl.Trainer, StepStats]:
-    """The Lightning Trainer for `pipeline.train`, and its step-statistics callback."""
+
+class TrainingInterrupted(StackError):
+    """Ctrl-C (SIGINT) stopped training; the newest complete checkpoint is kept."""
+
+    exit_code = 130
+
+
+class _AppendingWriter(ExperimentWriter):
+    """Lightning's CSV writer deletes an existing metrics.csv; this one appends to it, keeping its columns."""
+
+    def _check_log_dir_exists(self) -> None:
+        pass
+
+    def __init__(self, log_dir: str):
+        super().__init__(log_dir)
+        if os.path.isfile(self.metrics_file_path):
+            with open(self.metrics_file_path, newline="") as handle:
+                self.metrics_keys = sorted(next(csv.reader(handle), []))
+
+
+class AppendingCSVLogger(CSVLogger):
+    """CSVLogger whose metrics.csv survives a resumed run (see `keep_rows_before`)."""
+
+    @property
+    @rank_zero_experiment
+    def experiment(self) -> _AppendingWriter:
+        if self._experiment is None:
+            self._fs.makedirs(self.root_dir, exist_ok=True)
+            self._experiment = _AppendingWriter(log_dir=self.log_dir)
+        return self._experiment
+
+
+def keep_rows_before(path: Path, step: int) -> None:
+    """Drop the rows of `path` (metrics.csv) logged at `step` or later: a run resumed at `step` logs them again."""
+    if not path.is_file():
+        return
+    with open(path, newline="") as handle:
+        reader = csv.DictReader(handle)
+        header, rows = reader.fieldnames or [], [row for row in reader if row.get("step", "") and int(row["step"]) < step]
+    temp = path.with_name(f".{path.name}.partial")
+    with open(temp, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=header)
+        writer.writeheader()
+        writer.writerows(rows)
+    os.replace(temp, path)
+
+def build_trainer(pipeline: Pipeline, progress: bool = True, validate: bool = True,
+                  resume_step: int | None = None) -> tuple[pl.Trainer, StepStats]:
+    """The Lightning Trainer for `pipeline.train`, and its step-statistics callback.
+
+    `resume_step`: the global step a resumed run starts at; TensorBoard hides the earlier
+    run's events from that step on (`purge_step`), which this run writes again."""
     from lightning.pytorch.callbacks import RichProgressBar
-    from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+    from lightning.pytorch.loggers import TensorBoardLogger
 
     train = pipeline.train
     out = Path(train.out_dir)
@@ -45,8 +108,8 @@ def build_trainer(pipeline: Pipeline, progress: bool = True, validate: bool = Tr
         accelerator=accelerator_name(train), devices=train.devices, num_nodes=train.num_nodes,
         strategy=build_strategy(train), precision=train.precision,
         max_epochs=train.max_epochs, max_steps=train.max_steps,
-        logger=[TensorBoardLogger(out, name="tensorboard", version=""), CSVLogger(out, name="csv", version="",
-                                                                             flush_logs_every_n_steps=train.log_every_n_steps)],
+        logger=[TensorBoardLogger(out, name="tensorboard", version="", purge_step=resume_step),
+                AppendingCSVLogger(out, name="csv", version="", flush_logs_every_n_steps=train.log_every_n_steps)],
         callbacks=callbacks, enable_checkpointing=False, enable_progress_bar=progress_bar,
         log_every_n_steps=train.log_every_n_steps, use_distributed_sampler=False,
         num_sanity_val_steps=0, limit_val_batches=1.0 if validate else 0, deterministic=False,
@@ -60,14 +123,41 @@ def fit(pipeline: Pipeline, model: Callable[[Pipeline], nn.Module] | None = None
     """Train the network `model(pipeline)` builds (default: `stack.models.build_model`) on `loaders`
     (default: `stack.data`). The network is built after seeding, so its initial weights follow train.seed."""
     pipeline = for_this_hardware(pipeline)
-    resume = str(resolve_resume(pipeline.train.resume)) if pipeline.train.resume else None
+    first_rank = _launching_rank_zero()
+    prepare_out_dir(pipeline, first_rank)
+    resume = resolve_resume(pipeline.train.resume) if pipeline.train.resume else None
     _quiet_known_warnings()
     pl.seed_everything(pipeline.train.seed, workers=True, verbose=False)
     module = TrainModule(pipeline, model(pipeline) if model is not None else None)
-    trainer, stats = build_trainer(pipeline, progress=progress, validate=True)
+    resume_step = int(check_resume(resume, pipeline, module.model)["global_step"]) if resume else None
+    if resume_step is not None and first_rank:
+        keep_rows_before(Path(pipeline.train.out_dir) / "csv" / "metrics.csv", resume_step)
+    trainer, stats = build_trainer(pipeline, progress=progress, validate=True, resume_step=resume_step)
     _write_pipeline(pipeline, trainer)
-    trainer.fit(module, datamodule=PipelineData(pipeline, loaders), ckpt_path=resume)
+    try:
+        trainer.fit(module, datamodule=PipelineData(pipeline, loaders), ckpt_path=str(resume) if resume else None)
+    except SystemExit as exc:
+        if trainer.interrupted:  # Lightning turns KeyboardInterrupt into exit(1) after its teardown
+            raise TrainingInterrupted(_interrupted_message(pipeline, module)) from exc
+        raise
+    if trainer.interrupted:
+        raise TrainingInterrupted(_interrupted_message(pipeline, module))
     return module, trainer, stats
+
+
+def _launching_rank_zero() -> bool:
+    """True in the process a user started (not in the ranks Lightning, SLURM or torchrun start beside it)."""
+    return all(os.environ.get(name, "0") == "0" for name in ("RANK", "LOCAL_RANK", "SLURM_PROCID", "NODE_RANK"))
+
+
+def _interrupted_message(pipeline: Pipeline, module: TrainModule) -> str:
+    out = Path(pipeline.train.out_dir)
+    last = module.last_good_checkpoint
+    if last is None and (out / "checkpoints" / LATEST).is_file():
+        last = str(out / "checkpoints" / (out / "checkpoints" / LATEST).read_text().strip())
+    if last is None:
+        return "interrupted before the first checkpoint; nothing to resume from (start again)"
+    return f"interrupted; last checkpoint {last}. Continue with train.resume={out}"
 
 
 def _write_pipeline(pipeline: Pipeline, trainer: pl.Trainer) -> None:

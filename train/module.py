@@ -7,7 +7,9 @@ here and in `stack.train.parallel`, so models stay plain `nn.Module`s.
 
 A non-finite loss term or gradient norm stops the run with `TrainingDiverged`,
 naming the step and the term; every rank agrees before stopping, so no rank is left
-waiting in a collective, and no checkpoint is written after the bad step.
+waiting in a collective, and no checkpoint is written after the bad step. Weights that
+an update itself turns non-finite are caught before the next checkpoint is written
+(`stack.train.checkpoints`), so the checkpoint named "last good" always has finite weights.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import torch
 from torch import nn
 
 from stack.errors import StackError
+from stack.failpoints import fail_point
 from stack.pipeline import Pipeline
 from stack.train.parallel import apply_activation_checkpointing, apply_fsdp
 
@@ -94,6 +97,7 @@ class TrainModule(pl.LightningModule):
         return run(batch) if run is not None else self.model(batch)
 
     def training_step(self, batch, batch_idx):
+        fail_point("train-step")
         losses = self.model.loss(self(batch), batch)
         self._step_losses = {name: value.detach() for name, value in losses.items()}  # checked before the update
         size = batch.images.shape[0]

@@ -1,0 +1,151 @@
+"""Nothing of a run is lost: out_dir reuse, logs across a resume, good checkpoints after divergence, bad resumes, Ctrl-C."""
+
+import csv
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from standin import TinyMultiTask, synthetic_loaders, tiny_pipeline  # noqa: E402
+
+from stack.errors import StackError
+from stack.train.fit import fit
+from stack.train.module import TrainingDiverged, TrainModule
+
+RECIPE = ["train.max_epochs=2", "train.log_every_n_steps=1", "train.checkpoint_every_n_steps=4", "train.seed=7"]
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run(out, *overrides, batches=6):
+    pipeline = tiny_pipeline(*RECIPE, f"train.out_dir={out}", *overrides)
+    return fit(pipeline, TinyMultiTask, synthetic_loaders(pipeline, batches), progress=False)
+
+
+def rows(out) -> list[tuple[int, float]]:
+    with open(Path(out) / "csv" / "metrics.csv") as handle:
+        return [(int(r["step"]), float(r["train/loss_total"])) for r in csv.DictReader(handle) if r.get("train/loss_total")]
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """A finished 12-step run (checkpoints at 8 and 12, model.pt, CSV and TensorBoard logs)."""
+    out = tmp_path_factory.mktemp("finished")
+    run(out)
+    return out
+
+
+def test_a_fresh_run_over_an_earlier_one_is_refused_and_changes_nothing(finished, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(finished, out)
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    with pytest.raises(StackError, match=r"already holds a run \(model.pt and checkpoints\).*train.resume=.*"
+                                         r"train.overwrite=true"):
+        run(out)
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+
+
+def test_overwrite_starts_fresh_and_leaves_no_rows_of_the_earlier_run(finished, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(finished, out)
+    run(out, "train.overwrite=true", "train.max_epochs=1")
+    assert [step for step, _ in rows(out)] == list(range(6))
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["latest", "step-0000004.ckpt",
+                                                                        "step-0000006.ckpt"]
+
+
+def test_the_cli_refuses_a_used_out_dir_with_exit_2(finished):
+    result = subprocess.run([sys.executable, "-m", "stack", "train", "-c", "configs/pipeline.yaml", "-c",
+                             "configs/presets/tiny.yaml", f"train.out_dir={finished}"], cwd=REPO, capture_output=True,
+                            text=True, timeout=300, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert "already holds a run" in result.stderr and "train.overwrite=true" in result.stderr
+
+
+def test_resuming_in_the_same_out_dir_keeps_every_earlier_log_row(finished, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(finished, out)
+    run(out, f"train.resume={out / 'checkpoints' / 'step-0000008.ckpt'}")
+    steps = [step for step, _ in rows(out)]
+    assert steps == list(range(12))  # 0-7 from the first run, 8-11 once, from the resumed one
+    assert [loss for _, loss in rows(out)] == pytest.approx([loss for _, loss in rows(finished)], rel=1e-5)
+    assert len(list((out / "tensorboard").glob("events.out.tfevents.*"))) == 2
+
+
+def _poison_weights_after_update(monkeypatch, update: int):
+    """Make the optimizer's `update`-th step (counting from 1) leave a NaN weight, as an overflowing update would."""
+    original, count = TrainModule.configure_optimizers, [0]
+
+    def configure(self):
+        config = original(self)
+
+        def hook(optimizer, args, kwargs):
+            count[0] += 1
+            if count[0] == update:
+                with torch.no_grad():
+                    next(self.model.parameters()).view(-1)[0] = float("nan")
+        config["optimizer"].register_step_post_hook(hook)
+        return config
+    monkeypatch.setattr(TrainModule, "configure_optimizers", configure)
+
+
+def test_weights_made_non_finite_by_an_update_are_never_called_good(tmp_path, monkeypatch):
+    _poison_weights_after_update(monkeypatch, update=6)  # the update that ends step 6, a checkpoint step
+    with pytest.raises(TrainingDiverged, match=r"step 6: weight .* is not finite after the optimizer step.*"
+                                               r"Last good checkpoint \(finite weights\): .*step-0000004\.ckpt"):
+        run(tmp_path, "train.checkpoint_every_n_steps=2")
+    assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "step-0000004.ckpt"
+    assert not (tmp_path / "checkpoints" / "step-0000006.ckpt").exists()
+    state = torch.load(tmp_path / "checkpoints" / "step-0000004.ckpt", weights_only=True)
+    assert all(torch.isfinite(v).all() for v in state["state_dict"].values() if v.is_floating_point())
+    monkeypatch.undo()
+    run(tmp_path, f"train.resume={tmp_path}", "train.lr=0.001", "train.checkpoint_every_n_steps=2")
+    assert torch.load(tmp_path / "checkpoints" / "step-0000012.ckpt", weights_only=True)["global_step"] == 12
+    assert all(torch.isfinite(torch.tensor(loss)) for _, loss in rows(tmp_path))
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "missing latest target"])
+def test_an_unreadable_resume_checkpoint_is_refused_before_training(finished, tmp_path, damage):
+    out = tmp_path / "run"
+    shutil.copytree(finished, out)
+    ckpt = out / "checkpoints" / "step-0000012.ckpt"
+    if damage == "truncated":
+        ckpt.write_bytes(ckpt.read_bytes()[: ckpt.stat().st_size // 2])
+        expected = r"step-0000012\.ckpt is not a readable training checkpoint"
+    elif damage == "garbage":
+        ckpt.write_bytes(os.urandom(4096))
+        expected = r"step-0000012\.ckpt is not a readable training checkpoint"
+    else:
+        ckpt.unlink()
+        expected = r"latest names step-0000012\.ckpt, which does not exist \(checkpoints there: step-0000008\.ckpt\)"
+    with pytest.raises(StackError, match=expected):
+        run(tmp_path / "new", f"train.resume={out}")
+    assert not (tmp_path / "new" / "csv").exists()  # refused before Lightning started
+
+
+def test_a_checkpoint_of_another_network_shape_is_refused_naming_the_key(finished, tmp_path):
+    with pytest.raises(StackError, match=r"model.segmentation_classes: \['road', 'car', 'sky'\] vs "
+                                         r"\['road', 'car', 'sky', 'building'\].*segmentation_head.weight"):
+        run(tmp_path, f"train.resume={finished}", "model.segmentation_classes=[road,car,sky,building]")
+
+
+def test_ctrl_c_exits_130_naming_the_last_checkpoint(tmp_path):
+    process = subprocess.Popen([sys.executable, str(REPO / "tests" / "train" / "run_tiny.py"), "--batches", "6",
+                                f"train.out_dir={tmp_path}", "train.max_epochs=1000", "train.checkpoint_every_n_steps=3"],
+                               cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    latest, deadline = tmp_path / "checkpoints" / "latest", time.time() + 240
+    while not latest.exists() and time.time() < deadline and process.poll() is None:
+        time.sleep(0.05)
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == 130, err
+    named = latest.read_text().strip()
+    assert f"interrupted; last checkpoint {tmp_path / 'checkpoints' / named}" in err and "Traceback" not in err
+    assert torch.load(tmp_path / "checkpoints" / named, weights_only=True)["global_step"] >= 3
