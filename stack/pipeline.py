@@ -15,6 +15,8 @@ This module imports no stage and nothing heavier than the standard library.
 
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
@@ -586,6 +588,16 @@ class Target:
     """True when the gate times the engine on this machine; false when it is predicted."""
     dla_core: int = -1
     """DLA core for TensorRT (-1: GPU only)."""
+    device_compute_capability: str = ""
+    """CUDA compute capability of the target's GPU (`8.7` for every Jetson Orin): a TensorRT timing counts as
+    this target's measurement only on a GPU with this capability; elsewhere it is information and the gate
+    uses the prediction. Empty: no TensorRT timing ever counts as measured on this target."""
+    device_multiprocessors: int = 0
+    """Streaming multiprocessors of the target's GPU (AGX Orin 16, Orin NX / Orin Nano 8), checked with the
+    compute capability when > 0: it tells Orin modules apart."""
+    device_name_pattern: str = ""
+    """Regular expression searched in the device's identity ("CUDA name | board model", the board model from
+    /proc/device-tree/model on a Jetson); checked when not empty."""
     reference_workload_ms: float = 0.0
     """Median time of the reference workload (a 512x512 fp32 MatMul in ONNX Runtime) on the machine
     the bar was set for. When > 0, measured latency is scaled by this / the reference timed in the same
@@ -625,6 +637,15 @@ class Target:
             found.append(("dla_core", f"got {self.dla_core}; use -1 (GPU only) or a DLA core index"))
         if self.precision in ("int8", "best") and self.qdq_flavour == "none":
             found.append(("qdq_flavour", f"precision {self.precision} needs a QDQ flavour, got 'none'"))
+        if self.device_compute_capability and not re.fullmatch(r"\d+\.\d+", self.device_compute_capability):
+            found.append(("device_compute_capability",
+                          f"got {self.device_compute_capability!r}; expected MAJOR.MINOR such as '8.7', or empty"))
+        if self.device_multiprocessors < 0:
+            found.append(("device_multiprocessors", f"got {self.device_multiprocessors}; must be >= 0 (0: not checked)"))
+        try:
+            re.compile(self.device_name_pattern)
+        except re.error as exc:
+            found.append(("device_name_pattern", f"got {self.device_name_pattern!r}, not a regular expression ({exc})"))
         return found
 
 
