@@ -36,25 +36,45 @@ def rank_command(config_files: Sequence[str], overrides: Sequence[str], command:
 
 
 def sbatch_script(pipeline: Pipeline, program: Sequence[str], workdir: str | Path | None = None) -> str:
-    """The sbatch script that runs `program` once per task under srun."""
+    """The sbatch script that runs `program` once per task under srun.
+
+    Every value is quoted (`shlex.quote`): bash runs the script, and sbatch reads the
+    `#SBATCH` lines with the same quoting rules (single and double quotes group, a
+    backslash escapes; Slurm's src/sbatch/opt.c `_get_argument`). The schema has already
+    refused control characters and checked the SLURM keys' formats (`stack.safe_values`).
+    """
     train = pipeline.train
-    out = Path(train.out_dir).resolve()
+    log = _sbatch_filename(Path(train.out_dir).resolve() / "slurm-%j.out")
     lines = ["#!/bin/bash",
-             f"#SBATCH --job-name={_job_name(pipeline)}",
-             f"#SBATCH --nodes={train.num_nodes}",
-             f"#SBATCH --ntasks-per-node={train.devices}",
-             f"#SBATCH --time={train.slurm_time}",
-             f"#SBATCH --output={out}/slurm-%j.out"]
+             _sbatch("--job-name", _job_name(pipeline)),
+             _sbatch("--nodes", train.num_nodes),
+             _sbatch("--ntasks-per-node", train.devices),
+             _sbatch("--time", train.slurm_time),
+             f"#SBATCH --output={shlex.quote(log)}"]
     if train.accelerator == "gpu":
-        lines.append(f"#SBATCH --gpus-per-node={train.devices}")
+        lines.append(_sbatch("--gpus-per-node", train.devices))
     if train.slurm_partition:
-        lines.append(f"#SBATCH --partition={train.slurm_partition}")
-    lines += [f"#SBATCH {option}" for option in train.slurm_extra]
+        lines.append(_sbatch("--partition", train.slurm_partition))
+    lines += [_sbatch(*option.split("=", 1)) for option in train.slurm_extra]
     lines += ["", "set -euo pipefail", f"cd {shlex.quote(str(Path(workdir or os.getcwd()).resolve()))}",
               "export PYTHONUNBUFFERED=1",
               "# One task per rank; Lightning's SLURMEnvironment reads the ranks from srun.",
               "srun --kill-on-bad-exit=1 " + shlex.join(program), ""]
     return "\n".join(lines)
+
+
+def _sbatch(option: str, value: object = None) -> str:
+    """One `#SBATCH --option=value` line, the value quoted."""
+    return f"#SBATCH {option}" if value is None else f"#SBATCH {option}={shlex.quote(str(value))}"
+
+
+def _sbatch_filename(path: Path) -> str:
+    """`path` as an sbatch filename pattern: '%' in the folder doubled (sbatch expands %j, %%...), the
+    `%j` of the file name kept; a backslash, which sbatch's #SBATCH parser drops, is refused."""
+    if "\\" in str(path):
+        raise StackError(f"train.out_dir {str(path.parent)!r} holds a backslash, which sbatch's #SBATCH parser "
+                         f"drops; use a folder without one for launcher=slurm.")
+    return str(path.parent).replace("%", "%%") + "/" + path.name
 
 
 def _job_name(pipeline: Pipeline) -> str:
@@ -70,7 +90,7 @@ def submit_slurm(pipeline: Pipeline, program: Sequence[str], dry_run: bool) -> i
     path.write_text(script)
     if dry_run:
         print(script, end="")
-        print(f"# written to {path}; submit with: sbatch {path}", file=sys.stderr)
+        print(f"# written to {path}; submit with: sbatch {shlex.quote(str(path))}", file=sys.stderr)
         return 0
     sbatch = _require("sbatch", "launcher=slurm submits with sbatch")
     result = subprocess.run([sbatch, "--parsable", str(path)], capture_output=True, text=True)
