@@ -14,6 +14,23 @@ section 5.1 on partial quantization). A real network has hundreds of quantizable
 so a one-pass screen comes first: in the fully quantized model, the signal-to-quantization-
 noise ratio of every Q/DQ'd activation (ONNX Runtime's `qdq_loss_debug`) ranks the nodes
 that read or write it, and only the `shortlist` worst go through the exact measurement.
+Sensitivity is ranked on samples the gate does not score (deploy passes a slice of the
+training split), so the layers kept fp32 are not chosen to flatter the frames that judge them.
+
+How sure is a drop measured on a few dozen frames? Each head's drop comes with a paired
+bootstrap interval over frames (Efron & Tibshirani, "An Introduction to the Bootstrap", 1993,
+ch. 13; paired as in Koehn, "Statistical Significance Tests for Machine Translation
+Evaluation", EMNLP 2004): the same resampled frames score fp32 and INT8, so the interval
+measures the noise in the *difference*, which is far smaller than either metric's own.
+`BOOTSTRAP_LEVEL` (90%) percentile interval over `BOOTSTRAP_RESAMPLES` (500) resamples.
+
+The rule for an interval that straddles the budget: the gate decides on the point estimate
+and the report marks the head "inconclusive at N frames". Gating on the upper bound instead
+would fail a good model whenever the frame count is small (the interval's width shrinks only
+as 1/sqrt(N)), and gating on the lower bound would pass a damaged one; the point estimate is
+the best single guess, and the flag tells the user when to score more frames
+(`export.accuracy_samples`) before trusting the verdict. A head whose whole interval lies
+above the budget fails conclusively.
 """
 
 from __future__ import annotations
@@ -25,6 +42,11 @@ from typing import Callable
 
 import numpy as np
 
+BOOTSTRAP_RESAMPLES = 500
+"""Paired bootstrap resamples of the scored frames per gate attempt."""
+BOOTSTRAP_LEVEL = 0.90
+"""Coverage of the percentile interval reported for each head's drop."""
+
 
 @dataclass(frozen=True)
 class HeadBudget:
@@ -34,6 +56,10 @@ class HeadBudget:
     budget: float
     """Largest allowed drop, in the metric's units."""
     higher_is_better: bool
+    prior_metric: str = ""
+    """A baseline the head must beat (planning: the ego-status rollout's L2), scored on the same frames."""
+    prior_factor: float = 0.0
+    """INT8 must not lift the metric above prior_factor x prior when fp32 is below it (lower-is-better heads)."""
 
 
 @dataclass
@@ -44,10 +70,32 @@ class HeadResult:
     quantized: float
     drop: float
     budget: float
+    low: float = math.nan
+    """Lower end of the paired bootstrap interval of the drop (nan: no per-frame scores)."""
+    high: float = math.nan
+    frames: int = 0
+    prior_bar: float = math.nan
+    """prior_factor x the prior's value on these frames (nan: the head has no prior)."""
+
+    @property
+    def loses_prior(self) -> bool:
+        """fp32 beats the bar set by the head's prior and INT8 does not."""
+        return bool(self.fp32 <= self.prior_bar < self.quantized)
 
     @property
     def passed(self) -> bool:
-        return bool(self.drop <= self.budget + 1e-12)
+        return bool(self.drop <= self.budget + 1e-12) and not self.loses_prior
+
+    @property
+    def conclusive(self) -> bool:
+        """The interval lies wholly on one side of the budget (true when there is no interval)."""
+        if math.isnan(self.low) or math.isnan(self.high):
+            return True
+        return bool(self.high <= self.budget + 1e-12 or self.low > self.budget + 1e-12)
+
+    def verdict(self) -> str:
+        word = "pass" if self.passed else "FAIL"
+        return word if self.conclusive else f"{word} (inconclusive at {self.frames} frames)"
 
 
 @dataclass
@@ -78,33 +126,87 @@ class AccuracyReport:
 
     def to_dict(self) -> dict:
         return {"passed": self.passed, "fp32_metrics": self.fp32_metrics, "excluded": self.final.excluded,
-                "heads": [dict(asdict(h), passed=h.passed) for h in self.final.heads],
+                "heads": [dict(asdict(h), passed=h.passed, conclusive=h.conclusive, loses_prior=h.loses_prior)
+                          for h in self.final.heads],
+                "bootstrap": {"level": BOOTSTRAP_LEVEL, "resamples": BOOTSTRAP_RESAMPLES, "paired": True,
+                              "rule": "pass/fail on the point estimate; an interval that straddles the budget "
+                                      "marks the head inconclusive"},
                 "attempts": [{"excluded": a.excluded, "passed": a.passed,
                               "drops": {h.head: h.drop for h in a.heads}} for a in self.attempts],
                 "sensitivity": [[name, score] for name, score in self.sensitivity[:20]]}
 
 
+@dataclass
+class Scores:
+    """An evaluator's answer: metrics over all its frames, and, when it can, the same metrics on any
+    resample of those frames (`on(indices)`, for the bootstrap)."""
+
+    metrics: dict
+    frames: int = 0
+    on: Callable[[np.ndarray], dict] | None = None
+
+
+def frame_means(per_frame: list[dict]) -> Scores:
+    """Scores for metrics that are means over frames (each frame: metric name -> value)."""
+    names = list(per_frame[0])
+    table = np.array([[row[name] for name in names] for row in per_frame], dtype=np.float64)
+
+    def on(indices) -> dict:
+        return dict(zip(names, table[np.asarray(indices)].mean(axis=0).tolist()))
+    return Scores(on(np.arange(len(per_frame))), len(per_frame), on)
+
+
+def as_scores(value) -> Scores:
+    return value if isinstance(value, Scores) else Scores(dict(value))
+
+
 Runner = Callable[[dict], dict]
 """feeds (input name -> numpy) -> outputs (name -> numpy)."""
-Evaluator = Callable[[Runner], dict]
-"""Runs the model over the validation samples and returns metric name -> value."""
+Evaluator = Callable[[Runner], "Scores | dict"]
+"""Runs the model over the validation samples: Scores (or a plain metric name -> value dict, no interval)."""
 Quantizer = Callable[[list], Path]
 """Layers to keep in fp32 -> path of the quantized model built with them excluded."""
 
 
-def compare(fp32: dict, quantized: dict, budgets: list[HeadBudget]) -> list[HeadResult]:
-    """Per-head drop (positive = worse) against each budget."""
+def _drop(a: float, b: float, higher_is_better: bool) -> float:
+    if math.isnan(a) and math.isnan(b):  # nothing to score on these samples (e.g. no labelled boxes)
+        return 0.0
+    if math.isnan(a) or math.isnan(b):
+        return math.inf
+    return a - b if higher_is_better else b - a
+
+
+def compare(fp32, quantized, budgets: list[HeadBudget], resamples: int = BOOTSTRAP_RESAMPLES,
+            level: float = BOOTSTRAP_LEVEL, seed: int = 0) -> list[HeadResult]:
+    """Per-head drop (positive = worse) against each budget, with its paired bootstrap interval."""
+    fp32, quantized = as_scores(fp32), as_scores(quantized)
+    intervals = paired_bootstrap(fp32, quantized, budgets, resamples, level, seed)
     rows = []
     for item in budgets:
-        a, b = float(fp32[item.metric]), float(quantized[item.metric])
-        if math.isnan(a) and math.isnan(b):  # nothing to score on these samples (e.g. no labelled boxes)
-            drop = 0.0
-        elif math.isnan(a) or math.isnan(b):
-            drop = math.inf
-        else:
-            drop = a - b if item.higher_is_better else b - a
-        rows.append(HeadResult(item.head, item.metric, a, b, drop, item.budget))
+        a, b = float(fp32.metrics[item.metric]), float(quantized.metrics[item.metric])
+        low, high = intervals.get(item.metric, (math.nan, math.nan))
+        prior = float(quantized.metrics.get(item.prior_metric, math.nan)) if item.prior_metric else math.nan
+        rows.append(HeadResult(item.head, item.metric, a, b, _drop(a, b, item.higher_is_better), item.budget,
+                               low, high, fp32.frames, item.prior_factor * prior))
     return rows
+
+
+def paired_bootstrap(fp32: Scores, quantized: Scores, budgets: list[HeadBudget], resamples: int,
+                     level: float, seed: int = 0) -> dict:
+    """metric -> (low, high) percentile interval of the drop over frames resampled with replacement,
+    the same frames for both models; {} when either side cannot score a resample."""
+    if fp32.on is None or quantized.on is None or fp32.frames != quantized.frames or fp32.frames < 2:
+        return {}
+    rng = np.random.default_rng(seed)
+    drops = {item.metric: [] for item in budgets}
+    for _ in range(resamples):
+        indices = rng.integers(0, fp32.frames, fp32.frames)
+        a, b = fp32.on(indices), quantized.on(indices)
+        for item in budgets:
+            drops[item.metric].append(_drop(float(a[item.metric]), float(b[item.metric]), item.higher_is_better))
+    tail = 100 * (1 - level) / 2
+    return {metric: (float(np.percentile(values, tail)), float(np.percentile(values, 100 - tail)))
+            for metric, values in drops.items()}
 
 
 def session_runner(path: str | Path, simulate_int8: bool = False) -> Runner:
@@ -181,8 +283,8 @@ def accuracy_gate(fp32_path: Path, quantize_with: Quantizer, evaluate: Evaluator
     `simulate_int8`: score the quantized graphs with simulated INT8 arithmetic (`ort_session`),
     for QDQ graphs that an engine builder such as TensorRT compiles rather than this host runs.
     """
-    fp32_metrics = evaluate(session_runner(fp32_path))
-    report = AccuracyReport(fp32_metrics)
+    fp32_metrics = as_scores(evaluate(session_runner(fp32_path)))
+    report = AccuracyReport(fp32_metrics.metrics)
     path = quantize_with([])
     report.attempts.append(Attempt([], compare(fp32_metrics, evaluate(session_runner(path, simulate_int8)), budgets)))
     report.quantized_path = path
@@ -209,8 +311,12 @@ def accuracy_gate(fp32_path: Path, quantize_with: Quantizer, evaluate: Evaluator
         count *= 2
 
 
+def _interval(head: HeadResult) -> str:
+    return "" if math.isnan(head.low) else f", {BOOTSTRAP_LEVEL:.0%} CI [{head.low:+.4f}, {head.high:+.4f}]"
+
+
 def _describe(attempt: Attempt) -> str:
-    heads = ", ".join(f"{h.head} {h.metric} {h.fp32:.4f}->{h.quantized:.4f} (drop {h.drop:+.4f} / {h.budget:g})"
-                      for h in attempt.heads)
+    heads = ", ".join(f"{h.head} {h.metric} {h.fp32:.4f}->{h.quantized:.4f} (drop {h.drop:+.4f}{_interval(h)} / "
+                      f"{h.budget:g}{'' if h.conclusive else ', inconclusive'})" for h in attempt.heads)
     kept = f" with {len(attempt.excluded)} layer(s) in fp32" if attempt.excluded else ""
     return f"accuracy gate{kept}: {'PASS' if attempt.passed else 'FAIL'}: {heads}"

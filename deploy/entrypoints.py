@@ -61,14 +61,16 @@ def deploy_checkpoint(pipeline, state_dict: dict, checkpoint: str, target_name: 
     """Build and gate the bundle `{export.out_dir}/{target_name}/` for one camera calibration; returns gate.json."""
     from stack.config import load_target, pipeline_hash, pipeline_to_yaml
     from stack.deploy.evaluate import head_budgets, make_evaluator
-    from stack.deploy.validation import calibration_and_accuracy
+    from stack.deploy.validation import deploy_samples
 
     target = load_target(target_name, pipeline)
     folder = Path(pipeline.export.out_dir) / target_name
     cameras = bundle_calibration(pipeline, calibration_file, log)
-    log(f"reading validation samples ({pipeline.export.calibration_samples} calibration + "
-        f"{pipeline.export.accuracy_samples} accuracy) ...")
-    calibration, accuracy, source = calibration_and_accuracy(pipeline)
+    log(f"reading samples ({pipeline.export.calibration_samples} calibration + {pipeline.export.sensitivity_samples} "
+        f"sensitivity from the training split, {pipeline.export.accuracy_samples} accuracy from validation) ...")
+    samples = deploy_samples(pipeline)
+    calibration, accuracy, source = samples.calibration, samples.accuracy, samples.source
+    check_samples(samples.sensitivity, cameras, f"sensitivity samples ({source})")
     check_samples(calibration, cameras, f"INT8 calibration samples ({source})")
     check_samples(accuracy, cameras, f"accuracy samples ({source})")
     network = export_network(pipeline, state_dict, cameras)
@@ -77,6 +79,7 @@ def deploy_checkpoint(pipeline, state_dict: dict, checkpoint: str, target_name: 
         calibration=[f for b in calibration for f in batch_feeds(b)],
         accuracy_feeds=[f for b in accuracy for f in batch_feeds(b)],
         evaluator=make_evaluator(pipeline, accuracy), budgets=head_budgets(target, pipeline),
+        sensitivity_feeds=[f for b in samples.sensitivity for f in batch_feeds(b)], sample_ids=samples.ids,
         samples_source=source, checkpoint=str(checkpoint), pipeline_name=pipeline.name,
         pipeline_hash=pipeline_hash(pipeline),
         extra_files={"pipeline.yaml": pipeline_to_yaml(pipeline), CALIBRATION_FILE: cameras.to_yaml()})

@@ -11,6 +11,13 @@ does (`stack.models.decoders.decode_all`) and scored with the same suite
 | segmentation | mIoU (`SegmentationMetric`) | higher |
 | depth | AbsRel (`DepthMetric`) | lower |
 | planning | L2 at 3 s, UniAD convention (`PlanningMetric`) | lower |
+
+Planning is also held to its prior, as `stack eval` holds it: the planner is a residual on
+the ego-status rollout, so INT8 must not turn a planner that beats `PLANNING_BAR` x the
+rollout's L2 (on the same frames) into one that does not.
+
+Each frame keeps its own metric accumulators, so the gate can rescore any resample of the
+frames without running the network again (the paired bootstrap in `stack.deploy.accuracy`).
 """
 
 from __future__ import annotations
@@ -20,8 +27,9 @@ import math
 import numpy as np
 import torch
 
-from stack.deploy.accuracy import HeadBudget
+from stack.deploy.accuracy import HeadBudget, Scores
 from stack.deploy.network import batch_feeds
+from stack.metrics.planning import PLANNING_BAR
 
 
 def head_budgets(target, pipeline) -> list[HeadBudget]:
@@ -30,7 +38,8 @@ def head_budgets(target, pipeline) -> list[HeadBudget]:
     return [HeadBudget("detection", "detection_map", budget.detection_map, True),
             HeadBudget("segmentation", "segmentation_miou", budget.segmentation_miou, True),
             HeadBudget("depth", "depth_abs_rel", budget.depth_abs_rel, False),
-            HeadBudget("planning", planning_key(pipeline), budget.planning_l2_3s_m, False)]
+            HeadBudget("planning", planning_key(pipeline), budget.planning_l2_3s_m, False,
+                       prior_metric=f"{planning_key(pipeline)}_ego_rollout", prior_factor=PLANNING_BAR)]
 
 
 def planning_key(pipeline) -> str:
@@ -40,18 +49,26 @@ def planning_key(pipeline) -> str:
 
 
 def make_evaluator(pipeline, batches: list):
-    """An accuracy.Evaluator over `batches` (stack.batch.Batch), one runtime call per sample."""
+    """An accuracy.Evaluator over `batches` (stack.batch.Batch; one frame each), one runtime call per sample."""
     feeds = [batch_feeds(batch) for batch in batches]
 
-    def evaluate(run) -> dict:
+    def evaluate(run) -> Scores:
         from stack.metrics.suite import TaskMetrics
         from stack.models.decoders import decode_all
 
-        metrics = TaskMetrics(pipeline)
+        frames = []
         for batch, samples in zip(batches, feeds):
-            outputs = _stack([run(sample) for sample in samples])
-            metrics.update(decode_all(outputs, pipeline), batch)
-        return _summarise(metrics.compute(), pipeline)
+            metrics = TaskMetrics(pipeline)
+            metrics.update(decode_all(_stack([run(sample) for sample in samples]), pipeline), batch)
+            frames.append(metrics)
+
+        def on(indices) -> dict:
+            total = TaskMetrics(pipeline)
+            for index in indices:
+                total.merge(frames[int(index)])
+            return _summarise(total.compute(), pipeline)
+
+        return Scores(on(range(len(frames))), len(frames), on)
 
     return evaluate
 
@@ -64,4 +81,6 @@ def _summarise(values: dict, pipeline) -> dict:
     seconds = min(3.0, pipeline.model.planning_steps * 0.5)
     return {"detection_map": values["detection/mAP"], "segmentation_miou": values["segmentation/mIoU"],
             "depth_abs_rel": values["depth/AbsRel"],
-            planning_key(pipeline): values.get(f"planning/L2_at_{seconds:g}s", math.nan)}
+            planning_key(pipeline): values.get(f"planning/L2_at_{seconds:g}s", math.nan),
+            f"{planning_key(pipeline)}_ego_rollout": values.get(f"planning/baseline_ego_rollout/L2_at_{seconds:g}s",
+                                                                 math.nan)}

@@ -1,6 +1,12 @@
 """The FPS gate: does the model keep up with the cameras on the target, measured or predicted?
 
-Two bars from the target: `min_fps` (on the median latency) and `max_p99_latency_ms`.
+The bars are a latency budget a user would set (`stack.pipeline.Target`): the cameras run at
+`camera_hz`, and the network may use `network_share` of each frame period; the rest belongs to
+decoding, pre/post-processing, tracking and control on the same computer. So the median
+latency must fit the budget (`min_fps` = 1000 / budget unless set), and the p99 must fit the
+whole frame period (`max_p99_latency_ms` unless set): a longer run delays or drops the next
+frame. The report prints the budget, the latency and the headroom (budget / median latency;
+the median's share of the frame period).
 
 - measured (ONNX Runtime here, TensorRT on a device): median and p99 over
   `export.timing_runs` runs after warm-up. When the target records the reference
@@ -33,6 +39,20 @@ class FpsGate:
     raw_median_ms: float = 0.0
     raw_p99_ms: float = 0.0
     reasons: list = field(default_factory=list)
+    camera_hz: float = 0.0
+    frame_period_ms: float = 0.0
+    budget_ms: float = 0.0
+    """The network's share of the frame period (target.network_share x period), ms."""
+
+    @property
+    def headroom(self) -> float:
+        """Budget / median latency: above 1 the network fits its share of the frame period."""
+        return self.budget_ms / self.median_ms if self.median_ms > 0 else float("inf")
+
+    @property
+    def period_used(self) -> float:
+        """Median latency as a fraction of the frame period."""
+        return self.median_ms / self.frame_period_ms if self.frame_period_ms > 0 else 0.0
 
     @property
     def fps(self) -> float:
@@ -43,19 +63,27 @@ class FpsGate:
         return not self.reasons
 
     def to_dict(self) -> dict:
-        return dict(asdict(self), fps=self.fps, passed=self.passed)
+        return dict(asdict(self), fps=self.fps, passed=self.passed, headroom=self.headroom,
+                    period_used=self.period_used)
 
 
 def decide(mode: str, how: str, median_ms: float, p99_ms: float, target, scale: float = 1.0) -> FpsGate:
     """Apply the target's bars to (scaled) latencies."""
     gate = FpsGate(mode, how, median_ms * scale, p99_ms * scale, target.min_fps, target.max_p99_latency_ms,
-                   scale, median_ms, p99_ms)
+                   scale, median_ms, p99_ms, camera_hz=target.camera_hz, frame_period_ms=target.frame_period_ms(),
+                   budget_ms=target.latency_budget_ms())
     if gate.fps < target.min_fps:
         gate.reasons.append(f"{mode} {gate.fps:.1f} FPS (median {gate.median_ms:.2f} ms) is below the "
-                            f"required {target.min_fps:g} FPS")
+                            f"required {target.min_fps:g} FPS ({_budget_words(gate, target)})")
     if gate.p99_ms > target.max_p99_latency_ms:
-        gate.reasons.append(f"{mode} p99 latency {gate.p99_ms:.2f} ms exceeds {target.max_p99_latency_ms:g} ms")
+        gate.reasons.append(f"{mode} p99 latency {gate.p99_ms:.2f} ms exceeds {target.max_p99_latency_ms:g} ms "
+                            f"(the {gate.frame_period_ms:.1f} ms frame period at {target.camera_hz:g} Hz unless set)")
     return gate
+
+
+def _budget_words(gate: FpsGate, target) -> str:
+    return (f"budget {gate.budget_ms:.1f} ms = {target.network_share:.0%} of the {gate.frame_period_ms:.1f} ms "
+            f"frame period at {target.camera_hz:g} Hz; headroom {gate.headroom:.2f}x")
 
 
 def measured_gate(target, stats, runtime: str, reference_now_ms: float | None) -> FpsGate:

@@ -56,6 +56,11 @@ class DeploySpec:
     pipeline_hash: str = ""
     extra_files: dict = field(default_factory=dict)
     """{file name: text} written into the bundle as they are (the pipeline's YAML, the calibration)."""
+    sensitivity_feeds: list = field(default_factory=list)
+    """Feed dicts that rank layers for the fp32 fallback: neither calibration nor accuracy frames
+    (empty: the calibration feeds, never the accuracy ones)."""
+    sample_ids: dict = field(default_factory=dict)
+    """{"calibration" | "sensitivity" | "accuracy": [sample id, ...]}, recorded in gate.json."""
 
 
 def run_deploy(spec: DeploySpec, name: str, target, export_cfg, folder: Path, log=print) -> dict:
@@ -122,23 +127,36 @@ def _quantize_step(spec: DeploySpec, folder: Path, fp32_path: Path, target, cfg,
 
     log(f"quantizing ({target.qdq_flavour} QDQ, {len(spec.calibration)} calibration samples) and scoring "
         f"{len(spec.accuracy_feeds)} validation samples per head ...")
-    candidates = quantizable_nodes(onnx.load(str(fp32_path)), cfg.keep_fp32)
+    candidates = quantizable_nodes(onnx.load(str(fp32_path)), cfg.keep_fp32, target.qdq_flavour)
     # TensorRT-flavoured graphs are compiled by TensorRT, not run by this host: score their INT8 as simulated.
+    ranking = spec.sensitivity_feeds or spec.calibration[:cfg.sensitivity_samples]
     report = acc.accuracy_gate(fp32_path, quantize_with, spec.evaluator, spec.budgets, candidates,
-                               spec.accuracy_feeds[:cfg.sensitivity_samples], cfg.max_fp32_layers, log,
+                               ranking[:cfg.sensitivity_samples], cfg.max_fp32_layers, log,
                                simulate_int8=target.qdq_flavour == "tensorrt")
     final = folder / "model.int8.onnx"
     shutil.copyfile(report.quantized_path, final)
     shutil.rmtree(work, ignore_errors=True)
     result["accuracy"] = report.to_dict()
+    result["accuracy"]["samples"] = spec.sample_ids
     kept = fp32_nodes(onnx.load(str(fp32_path), load_external_data=False), cfg.keep_fp32)
     result["accuracy"]["keep_fp32"] = {"patterns": list(cfg.keep_fp32), "nodes": len(kept)}
     if cfg.keep_fp32 and not kept:
         log(f"warning: no node name contains any of export.keep_fp32 {list(cfg.keep_fp32)}; nothing is pinned to fp32")
     if not report.passed:
         failing = [h for h in report.final.heads if not h.passed]
-        result["failures"] += [f"accuracy: {h.head} {h.metric} drops {h.drop:+.4f} > budget {h.budget:g}" for h in failing]
+        reasons = [f"accuracy: {h.head} {h.metric} drops {h.drop:+.4f} > budget {h.budget:g}" if h.drop > h.budget
+                   else f"accuracy: {h.head} {h.metric} {h.quantized:.4f} in INT8 no longer beats its prior's bar "
+                        f"{h.prior_bar:.4f} (fp32 {h.fp32:.4f})" for h in failing]
+        if _may_ship_fp32(target):
+            log("INT8 fails the accuracy gate: fp32 will ship (" + "; ".join(reasons) + ")")
+        else:
+            result["failures"] += reasons
     return final
+
+
+def _may_ship_fp32(target) -> bool:
+    """ONNX Runtime targets with precision `best` choose between INT8 and fp32 (`_choose_shipped`)."""
+    return target.runtime == "onnxruntime" and target.precision == "best"
 
 
 def _speed_step(spec, folder: Path, engine_onnx: Path, fp32_path: Path, name: str, target, cfg, result: dict, log):
@@ -146,52 +164,128 @@ def _speed_step(spec, folder: Path, engine_onnx: Path, fp32_path: Path, name: st
 
     if target.runtime == "onnxruntime":
         _measure_onnxruntime(spec, folder, engine_onnx, fp32_path, target, cfg, result, log)
-    elif tensorrt.available():
-        _measure_tensorrt(spec, folder, engine_onnx, target, cfg, result, log)
+        return _finish_speed(result)
+    quantized = engine_onnx != fp32_path
+    result["shipped"] = {"file": engine_onnx.name, "precision": "int8" if quantized else target.precision,
+                         "why": (f"TensorRT builds this QDQ graph: INT8 where Q/DQ sit, FP16 elsewhere, fp32 for "
+                                 f"export.keep_fp32 (target precision {target.precision})") if quantized
+                         else f"target precision {target.precision}: TensorRT builds the float graph"}
+    fp32 = tensorrt.fp32_layers(onnx.load(str(engine_onnx), load_external_data=False), cfg.keep_fp32)
+    result["shipped"]["fp32_layers"] = len(fp32)
+    if tensorrt.available():
+        _measure_tensorrt(spec, folder, engine_onnx, target, cfg, result, log, fp32)
     else:
         _predict(folder, engine_onnx, target, cfg, result, log)
     if target.runtime == "tensorrt":
         script = folder / "build_engine.sh"
-        script.write_text(tensorrt.build_engine_script(engine_onnx.name, target, name))
+        script.write_text(tensorrt.build_engine_script(engine_onnx.name, target, name, fp32))
         script.chmod(0o755)
+    _finish_speed(result)
+
+
+def _finish_speed(result: dict) -> None:
     if not result["fps"]["passed"]:
         result["failures"] += result["fps"]["reasons"]
 
 
 def _measure_onnxruntime(spec, folder, engine_onnx, fp32_path, target, cfg, result, log):
     from stack.deploy.profile import profile_nodes
-    from stack.deploy.runtime import ort_session, reference_workload_ms, time_session
+    from stack.deploy.runtime import reference_workload_ms
 
     feeds = spec.accuracy_feeds[0]
-    log(f"timing with ONNX Runtime ({cfg.timing_runs} runs after {cfg.timing_warmup} warm-up) ...")
+    paths = [engine_onnx] + ([fp32_path] if engine_onnx != fp32_path else [])
+    log(f"timing {' and '.join(p.name for p in paths)} with ONNX Runtime, side by side ({cfg.timing_runs} runs "
+        f"each after {cfg.timing_warmup} warm-up) ...")
     reference = reference_workload_ms()
-    stats = time_session(ort_session(engine_onnx), feeds, cfg.timing_runs, cfg.timing_warmup)
-    side = {engine_onnx.name: stats.to_dict()}
-    if engine_onnx != fp32_path:
-        side[fp32_path.name] = time_session(ort_session(fp32_path), feeds, cfg.timing_runs, cfg.timing_warmup).to_dict()
-    gate = measured_gate(target, stats, "ONNX Runtime CPU", reference)
-    nodes = profile_nodes(engine_onnx, feeds)
+    times = _time_side_by_side(paths, feeds, cfg)
+    result["shipped"] = _choose_shipped(target, engine_onnx, fp32_path, result, times)
+    shipped = folder / result["shipped"]["file"]
+    log(f"shipping {shipped.name}: {result['shipped']['why']}")
+    gate = measured_gate(target, times[shipped.name], "ONNX Runtime CPU", reference)
+    nodes = profile_nodes(shipped, feeds)
     result["fps"] = gate.to_dict()
-    result["speed"] = {"side_by_side": side, "reference_workload_ms": reference,
+    result["speed"] = {"side_by_side": {name: stats.to_dict() for name, stats in times.items()},
+                       "reference_workload_ms": reference,
                        "breakdown": [(n, op, ms, "measured") for n, op, ms in nodes[:40]]}
-    plot_latency(folder, [(n, op, ms, op) for n, op, ms in nodes], f"measured per-node time, ONNX Runtime ({engine_onnx.name})")
+    plot_latency(folder, [(n, op, ms, op) for n, op, ms in nodes], f"measured per-node time, ONNX Runtime ({shipped.name})")
 
 
-def _measure_tensorrt(spec, folder, engine_onnx, target, cfg, result, log):
+TIMING_ROUNDS = 5
+"""Side-by-side timing alternates the models in this many rounds, so a burst of load hits both."""
+
+
+def _time_side_by_side(paths: list, feeds: dict, cfg) -> dict:
+    """{file name: LatencyStats} over `cfg.timing_runs` runs each, the models alternating in TIMING_ROUNDS rounds."""
+    import time
+
+    from stack.deploy.runtime import ort_session, summarize, time_session
+
+    sessions = {path.name: ort_session(path) for path in paths}
+    for session in sessions.values():
+        time_session(session, feeds, runs=1, warmup=cfg.timing_warmup)
+    times = {name: [] for name in sessions}
+    per_round = -(-cfg.timing_runs // TIMING_ROUNDS)
+    for _ in range(TIMING_ROUNDS):
+        for name, session in sessions.items():
+            for _ in range(per_round):
+                start = time.perf_counter()
+                session.run(None, feeds)
+                times[name].append(time.perf_counter() - start)
+    return {name: summarize(values) for name, values in times.items()}
+
+
+def _choose_shipped(target, int8_path: Path, fp32_path: Path, result: dict, times: dict) -> dict:
+    """gate.json's `shipped`: the model file the bundle's runtime loads by default, its precision and why.
+
+    `best` on ONNX Runtime ships the faster (median, timed side by side) of INT8 and fp32 among those that pass
+    the accuracy gate: INT8 is not free on every CPU (without VNNI its convolutions widen to 16 bits and ran
+    0.80x fp32 on an AVX2 EPYC, BENCHMARKS.md)."""
+    if int8_path == fp32_path:
+        return {"file": fp32_path.name, "precision": "fp32", "why": f"target precision {target.precision}: no INT8"}
+    int8_ms, fp32_ms = times[int8_path.name].median_ms, times[fp32_path.name].median_ms
+    timing = f"INT8 median {int8_ms:.2f} ms vs fp32 {fp32_ms:.2f} ms, timed side by side"
+    if not _may_ship_fp32(target):
+        return {"file": int8_path.name, "precision": "int8", "why": f"target precision {target.precision} ({timing})"}
+    accuracy = result.get("accuracy") or {}
+    if not accuracy.get("passed", False):
+        return {"file": fp32_path.name, "precision": "fp32",
+                "why": f"INT8 fails the accuracy gate (see Accuracy), fp32 passes by definition ({timing})"}
+    if int8_ms < fp32_ms:
+        return {"file": int8_path.name, "precision": "int8",
+                "why": f"INT8 passes the accuracy gate and is {fp32_ms / int8_ms:.2f}x faster ({timing})"}
+    return {"file": fp32_path.name, "precision": "fp32",
+            "why": f"INT8 passes the accuracy gate but is not faster on this CPU: {int8_ms / fp32_ms:.2f}x fp32's "
+                   f"latency ({timing})"}
+
+
+def _measure_tensorrt(spec, folder, engine_onnx, target, cfg, result, log, fp32: list):
+    """Build, compare and time the engine here; the timing gates the target only on the target's own device."""
     from stack.deploy import tensorrt
 
+    device = tensorrt.device_identity()
+    on_target, why_not = tensorrt.runs_on_target(target, device)
     try:
-        engine = tensorrt.build_engine(engine_onnx, folder / "model.engine", target, folder / "timing.cache", log)
+        engine = tensorrt.build_engine(engine_onnx, folder / "model.engine", target, folder / "timing.cache", log, fp32)
     except RuntimeError as exc:  # a graph TensorRT rejects fails the gate; the report says why
         result["failures"].append(f"TensorRT engine build: {exc}")
         _predict(folder, engine_onnx, target, cfg, result, log)
         return
     matches = tensorrt.compare_with_onnxruntime(engine, engine_onnx, spec.accuracy_feeds[:4], atol=1e-2, rtol=1e-2)
     stats = tensorrt.time_engine(engine, spec.accuracy_feeds[0], cfg.timing_runs, cfg.timing_warmup)
-    result["fps"] = measured_gate(target, stats, "TensorRT (CUDA events)", None).to_dict()
-    result["speed"] = {"side_by_side": {engine.name: stats.to_dict()}, "engine_matches_onnxruntime": matches}
     if not matches:
         result["failures"].append("TensorRT engine outputs differ from ONNX Runtime (polygraphy comparator)")
+    timing = {"side_by_side": {engine.name: stats.to_dict()}, "engine_matches_onnxruntime": matches,
+              "device": device.describe()}
+    if on_target:
+        result["fps"] = measured_gate(target, stats, f"TensorRT (CUDA events) on {device.describe()}", None).to_dict()
+        result["speed"] = timing
+        return
+    elsewhere = (f"measured on {device.describe()}, not {target.description or 'the target'} ({why_not}): "
+                 f"median {stats.median_ms:.2f} ms, p99 {stats.p99_ms:.2f} ms there, kept as information")
+    log(f"{elsewhere}; the gate uses the prediction for the target")
+    _predict(folder, engine_onnx, target, cfg, result, log)
+    result["fps"]["how"] += f"; {elsewhere}"
+    result["measured_elsewhere"] = dict(timing, note=elsewhere, why_not=why_not)
 
 
 def _predict(folder, engine_onnx, target, cfg, result, log):

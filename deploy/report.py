@@ -76,6 +76,9 @@ def markdown(result: dict) -> str:
              f"- Validation samples: {result['samples_source']}", ""]
     if result.get("failures"):
         lines += ["## Why it failed", ""] + [f"- {reason}" for reason in result["failures"]] + [""]
+    if result.get("shipped"):
+        shipped = result["shipped"]
+        lines += [f"**Shipped: `{shipped['file']}` ({shipped['precision']})** — {shipped['why']}.", ""]
     lines += _accuracy_section(result.get("accuracy")) + _speed_section(result["fps"], result.get("speed", {}))
     lines += _export_section(result["export"]) + _files_section(result.get("files", []))
     return "\n".join(lines) + "\n"
@@ -84,12 +87,30 @@ def markdown(result: dict) -> str:
 def _accuracy_section(accuracy: dict | None) -> list:
     if not accuracy:
         return ["## Accuracy", "", "No INT8: the target runs fp16/fp32, so there is nothing to gate.", ""]
+    boot = accuracy.get("bootstrap", {})
+    level = f"{boot.get('level', 0):.0%}"
     lines = ["## Accuracy per head (fp32 vs INT8, same validation samples)", "",
-             "| head | metric | fp32 | INT8 | drop | budget | |", "|---|---|---|---|---|---|---|"]
+             f"| head | metric | fp32 | INT8 | drop | {level} interval of the drop | budget | |",
+             "|---|---|---|---|---|---|---|---|"]
     for head in accuracy["heads"]:
+        interval = "n/a" if head.get("low") is None or head["low"] != head["low"] else \
+            f"[{head['low']:+.4f}, {head['high']:+.4f}]"
+        verdict = "pass" if head["passed"] else "FAIL"
+        if not head.get("conclusive", True):
+            verdict += f" (inconclusive at {head['frames']} frames)"
+        elif head.get("loses_prior"):
+            verdict += f" (INT8 loses to its prior: bar {head['prior_bar']:.4f})"
         lines.append(f"| {head['head']} | {head['metric']} | {head['fp32']:.4f} | {head['quantized']:.4f} | "
-                     f"{head['drop']:+.4f} | {head['budget']:g} | {'pass' if head['passed'] else 'FAIL'} |")
+                     f"{head['drop']:+.4f} | {interval} | {head['budget']:g} | {verdict} |")
     lines.append("")
+    if boot:
+        lines += [f"Intervals: paired bootstrap over frames ({boot['resamples']} resamples, {level} percentile "
+                  f"interval; fp32 and INT8 rescored on the same resampled frames). Rule: {boot['rule']}; score "
+                  f"more frames (export.accuracy_samples) to settle an inconclusive head.", ""]
+    samples = accuracy.get("samples") or {}
+    if samples:
+        lines += ["Samples: " + "; ".join(f"{job} {len(ids)} ({_id_range(ids)})" for job, ids in samples.items())
+                  + " — calibration and sensitivity from the training split, accuracy from validation.", ""]
     pinned = accuracy.get("keep_fp32")
     if pinned:
         lines += [f"Never quantized (export.keep_fp32 {pinned['patterns']}): {pinned['nodes']} nodes"
@@ -103,11 +124,15 @@ def _accuracy_section(accuracy: dict | None) -> list:
     return lines
 
 
+def _id_range(ids: list) -> str:
+    return ", ".join(ids) if len(ids) <= 3 else f"{ids[0]} ... {ids[-1]}"
+
+
 def _speed_section(fps: dict, speed: dict) -> list:
     verdict = "pass" if fps["passed"] else "FAIL"
     lines = ["## Speed", "", f"**{fps['mode'].upper()}**: {fps['fps']:.1f} FPS (median {fps['median_ms']:.2f} ms), "
              f"p99 {fps['p99_ms']:.2f} ms; required {fps['min_fps']:g} FPS and p99 <= {fps['max_p99_ms']:g} ms: **{verdict}**",
-             "", f"How: {fps['how']}.", ""]
+             ""] + _budget_lines(fps) + [f"How: {fps['how']}.", ""]
     if speed.get("side_by_side"):
         lines += ["| model | median ms | p99 ms |", "|---|---|---|"]
         lines += [f"| {name} | {row['median_ms']:.2f} | {row['p99_ms']:.2f} |" for name, row in speed["side_by_side"].items()]
@@ -118,6 +143,15 @@ def _speed_section(fps: dict, speed: dict) -> list:
         lines += [f"| `{row[0]}` | {row[1]} | {row[3]} | {row[2]:.3f} |" for row in speed["breakdown"][:15]]
         lines.append("")
     return lines
+
+
+def _budget_lines(fps: dict) -> list:
+    """The latency budget the bars come from, and how much of it the network uses."""
+    if not fps.get("budget_ms"):
+        return []
+    return [f"Budget: cameras at {fps['camera_hz']:g} Hz give a {fps['frame_period_ms']:.1f} ms frame period; the "
+            f"network's share is {fps['budget_ms']:.1f} ms. Median latency {fps['median_ms']:.2f} ms uses "
+            f"{fps['period_used']:.1%} of the frame period: headroom {fps['headroom']:.2f}x (budget / latency).", ""]
 
 
 def _export_section(export: dict) -> list:

@@ -1,33 +1,76 @@
-"""Validation samples for calibration, the accuracy gate and timing, from the validation shards.
+"""The samples deploy works on: calibration and sensitivity from the training split, scoring from validation.
 
-The validation split holds whole scenes never seen in training (`stack data make`). Deploy
-reads it in order, without augmentation, and splits it into a calibration part (the first
-`export.calibration_samples`) and an accuracy part (the next `export.accuracy_samples`),
-so INT8 ranges are never fitted on the samples that judge them — unless the split is too
-small for both, in which case the accuracy part reuses calibration samples and the report
-says so. Too few samples to calibrate at all is an error.
+Three sets, disjoint by construction, each for one job:
+
+- **calibration** (`export.calibration_samples`): INT8 activation ranges are fitted on frames
+  from the *training* split, spread evenly over it (so over its scenes), as a deployment would
+  calibrate on data it has rather than on the frames that will judge it;
+- **sensitivity** (`export.sensitivity_samples`): the per-layer ranking of the accuracy gate's
+  fp32 fallback, on other training frames spread between the calibration ones, so the layers
+  kept fp32 are not chosen on the frames that score them;
+- **accuracy** (`export.accuracy_samples`): the held-out validation split (whole scenes never
+  seen in training, `stack data make`), read in order; every head is scored there.
+
+Each set records its sample ids (`split/index` in the split's unshuffled order), so the
+bundle shows that no frame serves two jobs. Both splits are read without augmentation.
+Too few training frames to calibrate, or no validation frame, is an error.
 """
 
 from __future__ import annotations
 
-from dataclasses import fields
+from dataclasses import dataclass, fields
+
+import numpy as np
 
 from stack.batch import Batch
-from stack.deploy.quantize import check_calibration_set
 from stack.pipeline import Pipeline
+
+
+@dataclass
+class DeploySamples:
+    calibration: list
+    """Single-sample Batches from the training split for INT8 calibration."""
+    sensitivity: list
+    """Single-sample Batches from the training split (not calibration) for the sensitivity ranking."""
+    accuracy: list
+    """Single-sample Batches from the validation split that the accuracy gate scores."""
+    ids: dict
+    """{"calibration" | "sensitivity" | "accuracy": ["train/17", ...]}."""
+    source: str
 
 
 def load_validation(pipeline: Pipeline, count: int) -> tuple[list, str]:
     """(single-sample Batches, up to `count` of them, in split order; a description of the source)."""
+    samples = read_split(pipeline, "val", range(count))
+    return [batch for _, batch in samples], f"validation split of {pipeline.data.root} ({pipeline.data.backend} loader)"
+
+
+def read_split(pipeline: Pipeline, split: str, indices) -> list[tuple[int, Batch]]:
+    """(index, single-sample Batch) for the wanted indices of `split` in its unshuffled order (fewer when
+    the split is shorter); reading stops after the last one wanted."""
     from stack.data.loader import build_loader
 
-    loader = build_loader(pipeline, "val", shuffle=False, augment=False)
-    samples = []
+    wanted = sorted(set(int(i) for i in indices))
+    if not wanted:
+        return []
+    loader = build_loader(pipeline, split, rank=0, world_size=1, shuffle=False, augment=False)
+    found, position, keep = [], 0, set(wanted)
     for batch in loader:
-        samples.extend(split_batch(batch))
-        if len(samples) >= count:
+        for sample in split_batch(batch):
+            if position in keep:
+                found.append((position, sample))
+            position += 1
+        if position > wanted[-1]:
             break
-    return samples[:count], f"validation split of {pipeline.data.root} ({pipeline.data.backend} loader)"
+    return found
+
+
+def split_size(pipeline: Pipeline, split: str) -> int:
+    """Samples in `split` according to the dataset manifest."""
+    from stack.data.loader import read_manifest, split_shards
+
+    root = pipeline.data.root
+    return sum(count for _, count in split_shards(read_manifest(root), root, split))
 
 
 def split_batch(batch: Batch) -> list[Batch]:
@@ -36,15 +79,45 @@ def split_batch(batch: Batch) -> list[Batch]:
     return [Batch(**{f.name: getattr(batch, f.name)[i:i + 1] for f in fields(batch)}) for i in range(size)]
 
 
-def calibration_and_accuracy(pipeline: Pipeline) -> tuple[list, list, str]:
-    """(calibration Batches, accuracy Batches, description) for the export settings."""
+def spread(total: int, count: int) -> list[int]:
+    """`count` indices spread evenly over range(total) (all of them when count >= total)."""
+    if count >= total:
+        return list(range(total))
+    return sorted(set(np.linspace(0, total - 1, count).round().astype(int).tolist()))
+
+
+def deploy_samples(pipeline: Pipeline) -> DeploySamples:
+    """Calibration and sensitivity frames from the training split, accuracy frames from validation."""
+    from stack.errors import StackError
+
     cfg = pipeline.export
-    samples, source = load_validation(pipeline, cfg.calibration_samples + cfg.accuracy_samples)
-    check_calibration_set(samples, cfg.calibration_samples)
-    calibration = samples[:cfg.calibration_samples]
-    rest = samples[cfg.calibration_samples:]
-    if len(rest) >= cfg.accuracy_samples:
-        return calibration, rest, f"{source}: {len(calibration)} calibration + {len(rest)} held-out accuracy samples"
-    accuracy = samples[-cfg.accuracy_samples:]
-    return calibration, accuracy, (f"{source}: only {len(samples)} samples, so the {len(accuracy)} accuracy samples "
-                                   f"overlap the {len(calibration)} calibration samples")
+    train_total = split_size(pipeline, "train")
+    picked = spread(train_total, cfg.calibration_samples + cfg.sensitivity_samples)
+    chosen = set(spread(len(picked), cfg.sensitivity_samples)) if len(picked) > cfg.calibration_samples else set()
+    sensitivity_ids = [picked[i] for i in sorted(chosen)]
+    calibration_ids = [index for i, index in enumerate(picked) if i not in chosen]
+    train = dict(read_split(pipeline, "train", picked))
+    calibration = [train[i] for i in calibration_ids if i in train]
+    if len(calibration) < cfg.calibration_samples:
+        raise StackError(f"calibration set too small: export.calibration_samples asks for {cfg.calibration_samples} "
+                         f"frames of the training split (plus export.sensitivity_samples {cfg.sensitivity_samples} "
+                         f"others), found {train_total} in {pipeline.data.root}. Render more training data "
+                         f"(data.world.scenes) or lower export.calibration_samples.")
+    sensitivity = [train[i] for i in sensitivity_ids if i in train]
+    accuracy = read_split(pipeline, "val", range(cfg.accuracy_samples))
+    if not accuracy:
+        raise StackError(f"no validation frames in {pipeline.data.root}: the accuracy gate scores the validation "
+                         f"split. Render one with data.world.val_fraction > 0 (stack data make).")
+    val_total = split_size(pipeline, "val")
+    source = (f"{pipeline.data.root} ({pipeline.data.backend} loader): calibration {len(calibration)} and sensitivity "
+              f"{len(sensitivity)} frames spread over the {train_total}-frame training split; accuracy "
+              f"{len(accuracy)} of the {val_total} held-out validation frames")
+    ids = {"calibration": [f"train/{i}" for i in calibration_ids], "sensitivity": [f"train/{i}" for i in sensitivity_ids],
+           "accuracy": [f"val/{i}" for i, _ in accuracy]}
+    return DeploySamples(calibration, sensitivity, [batch for _, batch in accuracy], ids, source)
+
+
+def calibration_and_accuracy(pipeline: Pipeline) -> tuple[list, list, str]:
+    """(calibration Batches from the training split, accuracy Batches from validation, description)."""
+    samples = deploy_samples(pipeline)
+    return samples.calibration, samples.accuracy, samples.source

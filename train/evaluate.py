@@ -28,11 +28,8 @@ from pathlib import Path
 
 import torch
 
+from stack.metrics.planning import PLANNING_BAR
 from stack.pipeline import Pipeline
-
-
-PLANNING_BAR = 0.85
-"""The planner's L2 at 3 s must be at most this times the ego-status rollout's (its prior)."""
 
 
 @dataclass

@@ -25,19 +25,24 @@ class Block(nn.Module):
 
 
 class Outlier(nn.Module):
-    """1x1 conv whose first output channel is 1000x the others, then scaled back."""
+    """1x1 conv whose first output channel is 1000x the others, scaled back by the next 1x1 conv's weights.
+
+    The activation between the two convs is an input of a weighted layer, which every INT8 placement
+    (TensorRT's and ONNX Runtime's) quantizes per tensor: its scale follows the loud channel and
+    rounds the other channels to a few levels."""
 
     def __init__(self, channels: int):
         super().__init__()
         self.conv = nn.Conv2d(channels, channels, 1)
+        self.mix = nn.Conv2d(channels, channels, 1, bias=False)
         with torch.no_grad():
             self.conv.weight[0] *= 1000.0
             self.conv.bias[0] = 0.0
-        self.register_buffer("rescale", torch.ones(1, channels, 1, 1))
-        self.rescale[0, 0] = 1e-3
+            self.mix.weight.copy_(torch.eye(channels)[:, :, None, None])
+            self.mix.weight[:, 0] *= 1e-3
 
     def forward(self, x):
-        return self.conv(x) * self.rescale
+        return self.mix(self.conv(x))
 
 
 class BevPool(nn.Module):

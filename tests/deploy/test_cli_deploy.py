@@ -73,6 +73,13 @@ def test_deploy_ci_cpu_measures_and_passes(tiny):
     gate = json.loads((bundle / "gate.json").read_text())
     assert gate["passed"] and gate["fps"]["mode"] == "measured"
     assert [h["head"] for h in gate["accuracy"]["heads"]] == ["detection", "segmentation", "depth", "planning"]
+    ids = gate["accuracy"]["samples"]  # calibrated on training frames, ranked on others, scored on validation
+    assert len(ids["calibration"]) == 4 and len(ids["sensitivity"]) == 1 and len(ids["accuracy"]) == 2, ids
+    assert all(i.startswith("train/") for i in ids["calibration"] + ids["sensitivity"])
+    assert all(i.startswith("val/") for i in ids["accuracy"])
+    assert not set(ids["calibration"]) & set(ids["sensitivity"])
+    assert gate["shipped"]["file"] in {"model.onnx", "model.int8.onnx"} and gate["shipped"]["why"]
+    assert gate["fps"]["budget_ms"] > 0 and "headroom" in (bundle / "report.md").read_text()
     assert {"model.onnx", "model.int8.onnx", "pipeline.yaml", "report.md", "latency.png"} <= {p.name for p in bundle.iterdir()}
 
 
