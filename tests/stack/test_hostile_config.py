@@ -1,0 +1,108 @@
+"""Hostile config files and values: each is refused with a message that says what to do (exit 2), never a
+traceback, and an empty file never silently replaces the default pipeline."""
+
+import contextlib
+import io
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from stack.cli import main
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run_cli(*argv) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
+        code = main(list(argv))
+    return code, out.getvalue(), err.getvalue()
+
+
+def assert_bad_input(result, *needles):
+    code, _, err = result
+    assert code == 2, err
+    assert err.startswith("stack config: error: ") and "Traceback" not in err
+    for needle in needles:
+        assert needle in err, f"{needle!r} not in {err!r}"
+
+
+def test_dev_null_is_empty_not_missing():
+    assert_bad_input(run_cli("config", "-c", "/dev/null"), "'/dev/null' is empty", "leave it out")
+
+
+@pytest.mark.parametrize("text", ["", "\n\n", "# only a comment\n", "---\n", "{}\n", "~\n"])
+def test_an_empty_config_file_is_an_error_not_a_reset(tmp_path, text):
+    """`-c FILE` replaces configs/pipeline.yaml: an empty file would run the bare schema defaults."""
+    path = tmp_path / "empty.yaml"
+    path.write_text(text)
+    assert_bad_input(run_cli("config", "-c", str(path)), "is empty", "configs/pipeline.yaml")
+
+
+def test_a_config_file_that_is_not_utf8(tmp_path):
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes("name: café\n".encode("latin-1"))
+    assert_bad_input(run_cli("config", "-c", str(path)), "is not UTF-8", "0xe9", "offset 9")
+
+
+def test_a_folder_given_as_config_file(tmp_path):
+    assert_bad_input(run_cli("config", "-c", str(tmp_path)), "is a folder")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads a chmod 000 file; the folder case above covers unreadable input")
+def test_an_unreadable_config_file(tmp_path):
+    path = tmp_path / "secret.yaml"
+    path.write_text("name: x\n")
+    path.chmod(0)
+    assert_bad_input(run_cli("config", "-c", str(path)), "cannot be read", "permissions")
+
+
+@pytest.mark.parametrize("key", ["data.root", "train.out_dir", "export.out_dir"])
+def test_a_folder_key_that_is_an_existing_file(tmp_path, key):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    assert_bad_input(run_cli("config", f"{key}={blocker}"), key, "is a file", "names a folder")
+    assert_bad_input(run_cli("config", f"{key}={blocker / 'sub'}"), "lies under", "which is a file")
+
+
+@pytest.mark.parametrize("text, needles", [
+    ("data: 5\n", ["bad value for 'data'", "a DataConfig section", "found 5"]),
+    ("data: [1]\n", ["bad value for 'data'", "found a list"]),
+    ("targets: {orin: 5}\n", ["bad value for 'targets.orin'", "a Target section"]),
+    ("targets: [1]\n", ["bad value for 'targets'", "found a list"]),
+    ("targets: {5: {}}\n", ["'targets.5'", "found the key 5"]),
+    ("targets: {null: {}}\n", ["'targets.None'", "found the key None"]),
+    ("model: {bev: {x_range: {a: 1}}}\n", ["'model.bev.x_range'", "a list of numbers", "found a mapping"]),
+    ("data: {world: {class_mix: [1]}}\n", ["'data.world.class_mix'", "found a list"]),
+    ("train: {slurm_extra: [[1]]}\n", ["'train.slurm_extra.0': expected a string, found a list"]),
+    ("train: {lr: .inf}\n", ["train.lr: got inf; must be a finite number"]),
+    ("name: !!int x\n", ["is not valid YAML"]),
+    ("a: &a [*a]\n", ["is not valid YAML"]),
+])
+def test_misshapen_files_name_the_key(tmp_path, text, needles):
+    """These gave "bad value for '' (None)" or a traceback."""
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    result = run_cli("config", "-c", "configs/pipeline.yaml", "-c", str(path))
+    assert_bad_input(result, *needles)
+    assert "bad value for ''" not in result[2]
+
+
+def test_sexagesimal_override_stays_a_string():
+    code, out, err = run_cli("config", "train.slurm_time=12:00:00", "name=2026-01-01")
+    assert code == 0, err
+    assert "slurm_time: '12:00:00'" in out and "name: '2026-01-01'" in out
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["-c", "/dev/null"], "is empty"),
+    (["train.slurm_time=12:00:00; touch /tmp/stack-pwned"], "expected an sbatch time"),
+    (["train.lr=1e999"], "must be a finite number"),
+])
+def test_through_the_real_cli(args, needle):
+    result = subprocess.run([sys.executable, "-m", "stack", "config", *args], cwd=REPO, capture_output=True,
+                            text=True, timeout=120, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    assert result.returncode == 2 and needle in result.stderr and "Traceback" not in result.stderr, result.stderr
