@@ -3,10 +3,13 @@
     stack train -c configs/pipeline.yaml -c configs/presets/tiny.yaml
     stack train ... train.devices=2 train.strategy=fsdp train.precision=bf16-mixed
     stack train ... train.resume=runs/tiny/train            # continue from its latest checkpoint
+    stack train ... train.overwrite=true                    # start over in an out_dir that holds a run
     stack train ... train.launcher=slurm train.num_nodes=4 train.devices=8 --dry-run
 
 Outputs under train.out_dir: checkpoints/ (resumable, atomic), model.pt (weights +
-pipeline, for export), tensorboard/ and csv/ logs, pipeline.yaml.
+pipeline, for export), tensorboard/ and csv/ logs, pipeline.yaml. An out_dir that holds
+a run is refused without train.resume or train.overwrite; Ctrl-C exits 130 naming the
+last checkpoint.
 """
 
 from __future__ import annotations
