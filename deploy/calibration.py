@@ -283,7 +283,10 @@ def check_samples(batches: list, calibration: Calibration, what: str) -> None:
     index = 0
     for batch in batches:
         for row in range(batch.images.shape[0]):
-            sample = Calibration.from_batch(batch, row, calibration.cameras)
+            try:
+                sample = Calibration.from_batch(batch, row, calibration.cameras)
+            except StackError as exc:
+                raise CalibrationMismatch(f"{what}, sample {index}: {exc}") from None
             differences = calibration.compare(sample)
             if differences:
                 raise CalibrationMismatch(
@@ -303,7 +306,10 @@ def dataset_calibration(path: str, sample: int | None = None) -> Calibration:
     cameras, name = manifest.get("cameras", []), describe(root, manifest)
     first, count = None, 0
     for count, record in enumerate(camera_records(shards), start=1):
-        found = Calibration(width, height, cameras, record.intrinsics, record.cam_to_ego, name=name)
+        try:
+            found = Calibration(width, height, cameras, record.intrinsics, record.cam_to_ego, name=name)
+        except StackError as exc:
+            raise StackError(f"shard {record.shard}, sample {record.key}: {exc}") from None
         if sample is not None and count - 1 == sample:
             found.name = f"{name}, sample {record.key}"
             return found

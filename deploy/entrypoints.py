@@ -13,7 +13,7 @@ from pathlib import Path
 
 from stack.deploy.calibration import BUNDLE_FILE as CALIBRATION_FILE
 from stack.deploy.calibration import Calibration, check_samples
-from stack.deploy.network import batch_feeds, export_network
+from stack.deploy.network import batch_feeds, export_network, training_path_network
 from stack.deploy.orchestrate import DeploySpec, run_deploy
 
 
@@ -50,10 +50,11 @@ def export_checkpoint(pipeline, state_dict: dict, checkpoint: str, log=print, ca
     exported = export_onnx(network.net, network.example, network.output_names, folder / "model.onnx",
                            pipeline.export.opset, network.metadata)
     feeds = [f for batch in samples for f in batch_feeds(batch)]
-    parity = check_parity(network.net, exported.path, feeds, network.output_names, pipeline.export.parity_atol,
+    reference = training_path_network(pipeline, state_dict, calibration)
+    parity = check_parity(reference, exported.path, feeds, network.output_names, pipeline.export.parity_atol,
                           pipeline.export.parity_rtol)
     return {"path": exported.path, "ops": exported.ops, "tensorrt_problems": exported.tensorrt_problems,
-            "parity": parity, "samples": source}
+            "parity": parity, "samples": f"{source}, against PyTorch pooling with bev_pool (geometry per call)"}
 
 
 def deploy_checkpoint(pipeline, state_dict: dict, checkpoint: str, target_name: str, log=print,
@@ -80,6 +81,7 @@ def deploy_checkpoint(pipeline, state_dict: dict, checkpoint: str, target_name: 
         accuracy_feeds=[f for b in accuracy for f in batch_feeds(b)],
         evaluator=make_evaluator(pipeline, accuracy), budgets=head_budgets(target, pipeline),
         sensitivity_feeds=[f for b in samples.sensitivity for f in batch_feeds(b)], sample_ids=samples.ids,
+        reference=training_path_network(pipeline, state_dict, cameras),
         samples_source=source, checkpoint=str(checkpoint), pipeline_name=pipeline.name,
         pipeline_hash=pipeline_hash(pipeline),
         extra_files={"pipeline.yaml": pipeline_to_yaml(pipeline), CALIBRATION_FILE: cameras.to_yaml()})

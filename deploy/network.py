@@ -38,8 +38,26 @@ class ExportableNetwork:
 
 def export_network(pipeline: Pipeline, state_dict: dict, calibration: Calibration | None = None) -> ExportableNetwork:
     """The trained network with `calibration` (default: the nominal `data.rig`) baked in, example inputs, metadata."""
-    from stack.models import build_model
     from stack.models.outputs import OUTPUTS
+
+    net = _loaded(pipeline, state_dict)
+    calibration = calibration or Calibration.from_rig(pipeline.data.rig)
+    calibration.check_fits(pipeline.data.rig)
+    net.fix_geometry(calibration_geometry(net, calibration, pipeline.export.batch_size))
+    return ExportableNetwork(_Exported(net).eval(), example_inputs(pipeline), list(OUTPUTS),
+                             metadata(pipeline, calibration), calibration)
+
+
+def training_path_network(pipeline: Pipeline, state_dict: dict, calibration: Calibration) -> torch.nn.Module:
+    """The same network as training runs it: `stack.ops.bev_pool` with geometry computed from `calibration`
+    on every call, not the baked FixedBevPool tables. The reference of export parity, so parity checks the
+    lowering of the pooling for this calibration too (baked against baked would not)."""
+    net = _loaded(pipeline, state_dict)
+    return _PerCallGeometry(net, calibration_geometry(net, calibration, pipeline.export.batch_size)).eval()
+
+
+def _loaded(pipeline: Pipeline, state_dict: dict):
+    from stack.models import build_model
 
     net = build_model(pipeline)
     missing, unexpected = net.load_state_dict(state_dict, strict=False)
@@ -49,12 +67,7 @@ def export_network(pipeline: Pipeline, state_dict: dict, calibration: Calibratio
             f"{len(missing)} missing (e.g. {missing[:3]}), {len(unexpected)} unexpected (e.g. {unexpected[:3]}). "
             f"It was written by another version of stack.models; retrain or export with that version."
         )
-    net.eval()
-    calibration = calibration or Calibration.from_rig(pipeline.data.rig)
-    calibration.check_fits(pipeline.data.rig)
-    net.fix_geometry(calibration_geometry(net, calibration, pipeline.export.batch_size))
-    return ExportableNetwork(_Exported(net).eval(), example_inputs(pipeline), list(OUTPUTS),
-                             metadata(pipeline, calibration), calibration)
+    return net.eval()
 
 
 def calibration_geometry(net, calibration: Calibration, batch: int):
@@ -73,6 +86,17 @@ class _Exported(torch.nn.Module):
 
     def forward(self, images, ego_status, command):
         return self.net(images, ego_status, command)
+
+
+class _PerCallGeometry(torch.nn.Module):
+    """Keyword inputs images/ego_status/command, pooled with a fixed `geometry` through `bev_pool`."""
+
+    def __init__(self, net: torch.nn.Module, geometry):
+        super().__init__()
+        self.net, self.geometry = net, geometry
+
+    def forward(self, images, ego_status, command):
+        return self.net(images, ego_status, command, geometry=self.geometry)
 
 
 def example_inputs(pipeline: Pipeline) -> dict:

@@ -61,6 +61,9 @@ class DeploySpec:
     (empty: the calibration feeds, never the accuracy ones)."""
     sample_ids: dict = field(default_factory=dict)
     """{"calibration" | "sensitivity" | "accuracy": [sample id, ...]}, recorded in gate.json."""
+    reference: object = None
+    """Parity's reference (same call as `net`): the network pooling with `bev_pool` and the bundle
+    calibration's geometry per call, as in training (None: `net` itself, baked against baked)."""
 
 
 def run_deploy(spec: DeploySpec, name: str, target, export_cfg, folder: Path, log=print) -> dict:
@@ -100,7 +103,9 @@ def run_deploy(spec: DeploySpec, name: str, target, export_cfg, folder: Path, lo
 def _export_step(spec: DeploySpec, folder: Path, cfg, result: dict, log) -> Path:
     log(f"exporting ONNX (opset {cfg.opset}) ...")
     exported = export_onnx(spec.net, spec.example, spec.output_names, folder / "model.onnx", cfg.opset, spec.metadata)
-    parity = check_parity(spec.net, exported.path, spec.accuracy_feeds[:2], spec.output_names, cfg.parity_atol, cfg.parity_rtol)
+    reference = spec.net if spec.reference is None else spec.reference
+    parity = check_parity(reference, exported.path, spec.accuracy_feeds[:2], spec.output_names, cfg.parity_atol,
+                          cfg.parity_rtol)
     result["export"] = {"ops": exported.ops, "tensorrt_problems": exported.tensorrt_problems,
                         "parity": [dict(vars(row), passed=row.passed) for row in parity]}
     for row in parity:
