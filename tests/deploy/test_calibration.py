@@ -174,6 +174,22 @@ def test_exported_network_pools_with_the_calibration_it_was_built_for(micro, exp
     assert Calibration.from_dict(meta["calibration"]).compare(calibration) == []
 
 
+def test_parity_reference_is_the_training_path_of_the_calibration(micro, exported):
+    """Export parity's reference pools with bev_pool per call: it accepts the graph built for its calibration
+    and rejects one built for another (baked against baked would accept both)."""
+    from stack.deploy.export import check_parity
+    from stack.deploy.network import training_path_network
+
+    pipeline, state_dict = micro
+    feeds = frames(pipeline, 1, seed=7)
+    names = ["heatmap", "box_regression", "plan_trajectories", "plan_scores"]
+    reference = training_path_network(pipeline, state_dict, exported["moved"][1])
+    cfg = pipeline.export
+    assert all(r.passed for r in check_parity(reference, exported["moved"][0], feeds, names, cfg.parity_atol, cfg.parity_rtol))
+    wrong = check_parity(reference, exported["nominal"][0], feeds, names, cfg.parity_atol, cfg.parity_rtol)
+    assert not next(r for r in wrong if r.output == "heatmap").passed
+
+
 # ----------------------------------------------------------------------------- the runtime interface
 
 def write_bundle(folder: Path, onnx_path: Path, calibration: Calibration, shipped: str | None = None) -> Path:
