@@ -6,8 +6,9 @@ rounds in one process (so drift hits all alike), each with its per-head accuracy
 same validation samples. Floor: the graph's FLOPs over this machine's fp32 matmul rate
 (the reference workload, timed in the same run).
 
-latency: the latency model's fit to the published Jetson AGX Orin reference(s), its error,
-and the predicted latency of this pipeline's network on every TensorRT target.
+latency: the latency model's fit to the published Jetson Orin references, each one's leave-one-out
+error, the per-class efficiencies, the spread and the gate margin it gives, and the predicted
+latency of this pipeline's network on every TensorRT target.
 """
 
 from __future__ import annotations
@@ -97,32 +98,63 @@ def _print_infer(metrics: dict, times: dict, gflop: float, rate_gflops: float, r
 
 
 def latency(pipeline, args) -> int:
-    from stack.deploy.latency import DEFAULT_EFFICIENCY, predict
-    from stack.deploy.latency_refs import PRIOR, errors, fit_efficiency, load_models
-    from stack.deploy.network import export_network
+    from stack.deploy.latency import GATE_MARGIN, LOO_ERRORS, P99_OVER_MEDIAN
+    from stack.deploy.latency_refs import FITTED, references_for, table
+
+    result = table(pipeline.targets, log=lambda message: print(f"# {message}", flush=True))
+    print(f"\n# latency model fitted to {result['references']} published AGX Orin references (refs not on "
+          f"AGX Orin are predicted, never fitted)")
+    sources = list(dict.fromkeys(row["source"] for row in result["rows"]))
+    print("| reference | family | precision | device | published ms | predicted ms | error | leave-one-out | source |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for row in result["rows"]:
+        loo = "-" if row["loo_error"] is None else f"{row['loo_error']:+.1%}"
+        print(f"| {row['reference']} | {row['family']} | {row['precision']} | {row['target']} | {row['published_ms']} | "
+              f"{row['predicted_ms']} | {row['error']:+.1%} | {loo} | [{sources.index(row['source']) + 1}] |")
+    print("\n" + "\n".join(f"[{i}] {source}" for i, source in enumerate(sources, 1)))
+    _latency_breakdown(result)
+    eff = result["efficiency"]
+    print(f"\nefficiencies (fitted: {', '.join(FITTED)}; others are priors): {eff}")
+    print(f"harness overhead (per image, fitted): {result['overhead_ms']}")
+    print(f"leave-one-out spread: {result['loo_min']:+.1%} to {result['loo_max']:+.1%}, RMS {result['loo_rms']:.1%}; "
+          f"gate margin 1/(1 + worst optimistic) = {result['margin']:g} (in use: {GATE_MARGIN:g}); "
+          f"predicted p99 = median x {P99_OVER_MEDIAN:g}")
+    stale = {k: v for k, v in result["loo"].items() if abs(LOO_ERRORS.get(k, 99) - v) > 0.005}
+    if stale:
+        print(f"NOTE: latency.LOO_ERRORS differs from this fit for {sorted(stale)}: update it")
+    _latency_predictions(pipeline, references_for)
+    return 0
+
+
+def _latency_breakdown(result: dict) -> None:
+    """Predicted ms per operator class for every AGX Orin reference: what each error is made of."""
+    kinds = sorted({k for row in result["rows"] for k in row["by_kind_ms"]})
+    print("\n| reference (AGX Orin) | precision | " + " | ".join(f"{k} ms" for k in kinds) + " |")
+    print("|---|---|" + "---|" * len(kinds))
+    for row in result["rows"]:
+        if row["target"] == "orin":
+            print(f"| {row['reference']} | {row['precision']} | "
+                  + " | ".join(f"{row['by_kind_ms'].get(k, 0.0):.3f}" for k in kinds) + " |")
+
+
+def _latency_predictions(pipeline, references_for) -> None:
     from stack.deploy.export import export_onnx
+    from stack.deploy.latency import GATE_MARGIN, P99_OVER_MEDIAN, predict, target_validation
+    from stack.deploy.network import export_network
     from stack.models import build_model
 
-    orin = pipeline.targets["orin"]
-    models = load_models()
-    fitted = fit_efficiency(orin, PRIOR, models)
-    print(f"# stack bench latency: prior {PRIOR}, fitted {fitted}, in use {DEFAULT_EFFICIENCY}")
-    print("| reference | role | precision | published ms | predicted ms | error | source |")
-    print("|---|---|---|---|---|---|---|")
-    for row in errors(orin, DEFAULT_EFFICIENCY, models):
-        print(f"| {row['reference']} | {row['role']} | {row['precision']} | {row['published_ms']} | "
-              f"{row['predicted_ms']} | {row['error']:+.1%} | {row['source']} |")
     network = export_network(pipeline, build_model(pipeline).state_dict())
     with tempfile.TemporaryDirectory() as folder:
         path = export_onnx(network.net, network.example, network.output_names, Path(folder) / "m.onnx",
                            pipeline.export.opset, network.metadata).path
         model = onnx.load(str(path))
-    print(f"\n{pipeline.name} network, fp16 everywhere vs all convs/matmuls INT8 (predicted, not measured):")
-    print("| target | fp16 ms | int8 ms | int8 FPS | bar FPS |\n|---|---|---|---|---|")
+    print(f"\n{pipeline.name} network, fp16 everywhere vs all convs/matmuls INT8 (predicted, not measured; "
+          f"gated as INT8 x {GATE_MARGIN:g}, p99 x {P99_OVER_MEDIAN:g} more):")
+    print("| target | fp16 ms | int8 ms | int8 x margin ms | bar FPS | own references |\n|---|---|---|---|---|---|")
     for name, target in sorted(pipeline.targets.items()):
         if target.runtime != "tensorrt":
             continue
         fp16 = predict(model, target, keep_fp32=tuple(pipeline.export.keep_fp32)).total_ms
         int8 = predict(model, target, keep_fp32=tuple(pipeline.export.keep_fp32), all_int8=True).total_ms
-        print(f"| {name} | {fp16:.2f} | {int8:.2f} | {1000 / int8:.0f} | {target.min_fps:g} |")
-    return 0
+        print(f"| {name} | {fp16:.2f} | {int8:.2f} | {int8 * GATE_MARGIN:.2f} | {target.min_fps:g} | "
+              f"{target_validation(name)} |")

@@ -294,11 +294,12 @@ def _measure_tensorrt(spec, folder, engine_onnx, target, cfg, result, log, fp32:
 
 
 def _predict(folder, engine_onnx, target, cfg, result, log):
-    from stack.deploy.latency import GATE_MARGIN, predict
+    from stack.deploy.latency import GATE_MARGIN, loo_summary, predict, target_validation
 
     prediction = predict(onnx.load(str(engine_onnx)), target, keep_fp32=tuple(cfg.keep_fp32))
-    note = PREDICTION_ERROR_NOTE + ("; the DLA is not modelled: this is the GPU-only latency"
-                                    if target.dla_core >= 0 else "")
+    note = (f"{PREDICTION_ERROR_NOTE}: {loo_summary()}; the margin covers the worst optimistic one; "
+            f"{target_validation(result['target'])}" + ("; the DLA is not modelled: this is the GPU-only latency"
+                                                       if target.dla_core >= 0 else ""))
     gate = predicted_gate(target, prediction, note, GATE_MARGIN)
     log(f"predicted {prediction.total_ms:.2f} ms on {target.description} (TensorRT not importable here)")
     result["fps"] = gate.to_dict()
@@ -310,6 +311,5 @@ def _predict(folder, engine_onnx, target, cfg, result, log):
                  f"predicted per-layer latency on {target.description}", (points, peaks, target.memory_bandwidth_gbs))
 
 
-PREDICTION_ERROR_NOTE = ("efficiency fitted to MLPerf's Jetson AGX Orin ResNet-50 INT8 latency; on the held-out "
-                         "CUDA-BEVFusion camera backbone (AGX Orin, INT8) it predicts 25% too fast, which the margin "
-                         "covers (BENCHMARKS.md, `stack bench latency`)")
+PREDICTION_ERROR_NOTE = ("per-class efficiencies fitted to published Jetson AGX Orin TensorRT timings (MLPerf ResNet-50, "
+                         "Ultralytics YOLO11 n-x, CUDA-BEVFusion camera backbone; BENCHMARKS.md, `stack bench latency`)")

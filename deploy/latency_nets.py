@@ -1,0 +1,344 @@
+"""The published reference networks of the latency model, rebuilt from their architecture definitions.
+
+Latency depends on shapes, not weight values, so every network is built with random weights,
+exported once to ONNX and cached with its large weight tensors stripped (dims kept, data
+dropped: the latency model reads only shapes). The cache lives in `$STACK_CACHE_DIR/latency-refs`
+(default `~/.cache/stack/latency-refs`), never in git; a missing entry is built on demand.
+
+- `resnet50`: torchvision's ResNet-50 v1.5 (MLPerf Inference's reference network).
+- `yolo11{n,s,m,l,x}`: Ultralytics YOLO11 detection models at 640x640, reproduced block by block
+  from `ultralytics/cfg/models/11/yolo11.yaml` and `ultralytics/nn/modules` (Conv, C3k2, C3k,
+  Bottleneck, SPPF, C2PSA/PSABlock/Attention, Detect with DFL decoding). Their parameter counts
+  equal Ultralytics' own builds (`YOLO11_PARAMETERS`, checked by the tests), so the graph is the
+  one the published Jetson tables timed (Ultralytics exports the box decoding into the engine).
+- `bevfusion_camera`: CUDA-BEVFusion's "Camera Backbone" engine: ResNet-50 + GeneralizedLSSFPN +
+  depth net at 6x256x704 (BEVFusion's ResNet-50 config).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from pathlib import Path
+
+import onnx
+
+NETS_VERSION = 1
+"""Part of every cache file name: bump when a network definition changes."""
+STRIP_ABOVE = 4096
+"""Initializers with more elements than this lose their data in the cache (shape arithmetic keeps its constants)."""
+
+YOLO11_SCALES = {"n": (0.50, 0.25, 1024), "s": (0.50, 0.50, 1024), "m": (0.50, 1.00, 512),
+                 "l": (1.00, 1.00, 512), "x": (1.00, 1.50, 512)}
+"""(depth, width, max channels) per scale, from yolo11.yaml."""
+YOLO11_PARAMETERS = {"n": 2_624_080, "s": 9_458_752, "m": 20_114_688, "l": 25_372_160, "x": 56_966_176}
+"""Parameter counts of `ultralytics.nn.tasks.DetectionModel("yolo11?.yaml")` (ultralytics 8.4.190, nc=80)."""
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("STACK_CACHE_DIR", Path.home() / ".cache" / "stack")) / "latency-refs"
+
+
+def reference_graph(builder: str, input_shape: tuple, log=None) -> onnx.ModelProto:
+    """The reference network `builder` at `input_shape` as a weight-stripped ONNX graph (cached)."""
+    shape_tag = "x".join(str(d) for d in input_shape)
+    path = cache_dir() / f"{builder}-{shape_tag}-v{NETS_VERSION}.onnx"
+    if not path.exists():
+        (log or _stderr)(f"building the {builder} reference graph at {shape_tag} (once; cached in {path.parent})")
+        _export(build_network(builder), input_shape, path)
+    return onnx.load(str(path))
+
+
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def build_network(builder: str):
+    import torch
+    import torchvision
+
+    torch.manual_seed(0)
+    if builder.startswith("yolo11"):
+        return Yolo11(builder[-1]).eval()
+    if builder == "bevfusion_camera":
+        return _bevfusion_camera().eval()
+    return getattr(torchvision.models, builder)(weights=None).eval()
+
+
+def _export(net, input_shape: tuple, path: Path) -> None:
+    import tempfile
+
+    import torch
+
+    from stack.deploy.export import export_onnx
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=path.parent) as folder:
+        raw = Path(folder) / "raw.onnx"
+        export_onnx(_Named(net), {"images": torch.zeros(input_shape)}, ["out"], raw, opset=17, metadata={})
+        model = onnx.load(str(raw))
+        for tensor in model.graph.initializer:
+            if math.prod(tensor.dims) > STRIP_ABOVE:
+                tensor.ClearField("raw_data")
+                tensor.ClearField("float_data")
+        staged = Path(folder) / "stripped.onnx"
+        onnx.save(model, str(staged))
+        os.replace(staged, path)
+
+
+def _Named(net):
+    import torch
+
+    class Named(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = net
+
+        def forward(self, images):
+            return {"out": self.net(images)}
+
+    return Named()
+
+
+def _bevfusion_camera():
+    """ResNet-50 trunk + BEVFusion's GeneralizedLSSFPN (C3-C5 -> 256 at stride 8) + its depth net
+    (two 3x3 convs, then 118 depth bins + 80 context channels): the graph CUDA-BEVFusion times
+    as "Camera Backbone", rebuilt from the BEVFusion configs."""
+    import torch
+    import torchvision
+    from torch import nn
+
+    def block(cin, cout, k):
+        return nn.Sequential(nn.Conv2d(cin, cout, k, padding=k // 2, bias=False), nn.BatchNorm2d(cout), nn.ReLU())
+
+    class Camera(nn.Module):
+        def __init__(self):
+            super().__init__()
+            trunk = torchvision.models.resnet50(weights=None)
+            self.stem = nn.Sequential(trunk.conv1, trunk.bn1, trunk.relu, trunk.maxpool, trunk.layer1, trunk.layer2)
+            self.layer3, self.layer4 = trunk.layer3, trunk.layer4
+            self.lateral4, self.fpn4 = block(1024 + 2048, 256, 1), block(256, 256, 3)
+            self.lateral3, self.fpn3 = block(512 + 256, 256, 1), block(256, 256, 3)
+            self.depthnet = nn.Sequential(block(256, 256, 3), block(256, 256, 3), nn.Conv2d(256, 118 + 80, 1))
+
+        def forward(self, images):
+            c3 = self.stem(images)
+            c4 = self.layer3(c3)
+            c5 = self.layer4(c4)
+            up = nn.functional.interpolate(c5, size=c4.shape[-2:], mode="bilinear", align_corners=False)
+            p4 = self.fpn4(self.lateral4(torch.cat([c4, up], 1)))
+            up = nn.functional.interpolate(p4, size=c3.shape[-2:], mode="bilinear", align_corners=False)
+            p3 = self.fpn3(self.lateral3(torch.cat([c3, up], 1)))
+            return self.depthnet(p3)
+
+    return Camera()
+
+
+# --- YOLO11 (Ultralytics), reproduced from yolo11.yaml and ultralytics/nn/modules ---------------------------
+
+def _torch():
+    import torch
+    from torch import nn
+    return torch, nn
+
+
+def _conv(c1, c2, k=1, s=1, g=1, act=True):
+    """Ultralytics `Conv`: Conv2d (no bias, 'same' padding) + BatchNorm + SiLU."""
+    _, nn = _torch()
+    return nn.Sequential(nn.Conv2d(c1, c2, k, s, k // 2, groups=g, bias=False), nn.BatchNorm2d(c2, eps=1e-3),
+                         nn.SiLU() if act else nn.Identity())
+
+
+def _module(name, init, forward):
+    _, nn = _torch()
+    return type(name, (nn.Module,), {"__init__": init, "forward": forward})
+
+
+def _bottleneck_init(self, c1, c2, shortcut=True, e=0.5):
+    _, nn = _torch()
+    nn.Module.__init__(self)
+    hidden = int(c2 * e)
+    self.cv1, self.cv2, self.add = _conv(c1, hidden, 3), _conv(hidden, c2, 3), shortcut and c1 == c2
+
+
+def _bottleneck_forward(self, x):
+    return x + self.cv2(self.cv1(x)) if self.add else self.cv2(self.cv1(x))
+
+
+def _c3k_init(self, c1, c2, n=1, shortcut=True, e=0.5):
+    _, nn = _torch()
+    nn.Module.__init__(self)
+    hidden = int(c2 * e)
+    self.cv1, self.cv2, self.cv3 = _conv(c1, hidden), _conv(c1, hidden), _conv(2 * hidden, c2)
+    self.m = nn.Sequential(*(Bottleneck(hidden, hidden, shortcut, e=1.0) for _ in range(n)))
+
+
+def _c3k_forward(self, x):
+    torch, _ = _torch()
+    return self.cv3(torch.cat((self.m(self.cv1(x)), self.cv2(x)), 1))
+
+
+def _c3k2_init(self, c1, c2, n=1, c3k=False, e=0.5, shortcut=True):
+    _, nn = _torch()
+    nn.Module.__init__(self)
+    self.c = int(c2 * e)
+    self.cv1, self.cv2 = _conv(c1, 2 * self.c), _conv((2 + n) * self.c, c2)
+    self.m = nn.ModuleList(C3k(self.c, self.c, 2, shortcut) if c3k else Bottleneck(self.c, self.c, shortcut)
+                           for _ in range(n))
+
+
+def _c3k2_forward(self, x):
+    torch, _ = _torch()
+    y = list(self.cv1(x).chunk(2, 1))
+    y.extend(m(y[-1]) for m in self.m)
+    return self.cv2(torch.cat(y, 1))
+
+
+def _sppf_init(self, c1, c2, k=5):
+    _, nn = _torch()
+    nn.Module.__init__(self)
+    hidden = c1 // 2
+    self.cv1, self.cv2 = _conv(c1, hidden), _conv(hidden * 4, c2)
+    self.m = nn.MaxPool2d(k, 1, k // 2)
+
+
+def _sppf_forward(self, x):
+    torch, _ = _torch()
+    y = [self.cv1(x)]
+    y.extend(self.m(y[-1]) for _ in range(3))
+    return self.cv2(torch.cat(y, 1))
+
+
+def _attention_init(self, dim, num_heads, attn_ratio=0.5):
+    _, nn = _torch()
+    nn.Module.__init__(self)
+    self.num_heads, self.head_dim = num_heads, dim // num_heads
+    self.key_dim = int(self.head_dim * attn_ratio)
+    self.scale = self.key_dim ** -0.5
+    self.qkv = _conv(dim, dim + 2 * self.key_dim * num_heads, act=False)
+    self.proj, self.pe = _conv(dim, dim, act=False), _conv(dim, dim, 3, g=dim, act=False)
+
+
+def _attention_forward(self, x):
+    b, c, h, w = x.shape
+    q, k, v = self.qkv(x).view(b, self.num_heads, self.key_dim * 2 + self.head_dim, h * w).split(
+        [self.key_dim, self.key_dim, self.head_dim], dim=2)
+    attn = ((q.transpose(-2, -1) @ k) * self.scale).softmax(dim=-1)
+    x = (v @ attn.transpose(-2, -1)).view(b, c, h, w) + self.pe(v.reshape(b, c, h, w))
+    return self.proj(x)
+
+
+def _psa_init(self, c):
+    _, nn = _torch()
+    nn.Module.__init__(self)
+    self.attn = Attention(c, num_heads=c // 64)
+    self.ffn = nn.Sequential(_conv(c, 2 * c), _conv(2 * c, c, act=False))
+
+
+def _psa_forward(self, x):
+    x = x + self.attn(x)
+    return x + self.ffn(x)
+
+
+def _c2psa_init(self, c1, n=1):
+    _, nn = _torch()
+    nn.Module.__init__(self)
+    self.c = int(c1 * 0.5)
+    self.cv1, self.cv2 = _conv(c1, 2 * self.c), _conv(2 * self.c, c1)
+    self.m = nn.Sequential(*(PSABlock(self.c) for _ in range(n)))
+
+
+def _c2psa_forward(self, x):
+    torch, _ = _torch()
+    a, b = self.cv1(x).split((self.c, self.c), dim=1)
+    return self.cv2(torch.cat((a, self.m(b)), 1))
+
+
+Bottleneck = _module("Bottleneck", _bottleneck_init, _bottleneck_forward)
+C3k = _module("C3k", _c3k_init, _c3k_forward)
+C3k2 = _module("C3k2", _c3k2_init, _c3k2_forward)
+SPPF = _module("SPPF", _sppf_init, _sppf_forward)
+Attention = _module("Attention", _attention_init, _attention_forward)
+PSABlock = _module("PSABlock", _psa_init, _psa_forward)
+C2PSA = _module("C2PSA", _c2psa_init, _c2psa_forward)
+
+
+def _detect_init(self, ch, nc=80, reg_max=16, imgsz=640):
+    torch, nn = _torch()
+    nn.Module.__init__(self)
+    c2, c3 = max(16, ch[0] // 4, reg_max * 4), max(ch[0], min(nc, 100))
+    self.nc, self.reg_max = nc, reg_max
+    self.cv2 = nn.ModuleList(nn.Sequential(_conv(x, c2, 3), _conv(c2, c2, 3), nn.Conv2d(c2, 4 * reg_max, 1))
+                             for x in ch)
+    self.cv3 = nn.ModuleList(nn.Sequential(nn.Sequential(_conv(x, x, 3, g=x), _conv(x, c3)),
+                                           nn.Sequential(_conv(c3, c3, 3, g=c3), _conv(c3, c3)), nn.Conv2d(c3, nc, 1))
+                             for x in ch)
+    self.dfl = nn.Conv2d(reg_max, 1, 1, bias=False).requires_grad_(False)
+    self.dfl.weight.data[:] = torch.arange(reg_max, dtype=torch.float).view(1, reg_max, 1, 1)
+    anchors, strides = [], []
+    for stride in (8, 16, 32):  # anchor points at cell centres, as Ultralytics' make_anchors
+        side = imgsz // stride
+        ys, xs = torch.meshgrid(torch.arange(side) + 0.5, torch.arange(side) + 0.5, indexing="ij")
+        anchors.append(torch.stack((xs, ys), -1).view(-1, 2))
+        strides.append(torch.full((side * side, 1), float(stride)))
+    self.register_buffer("anchors", torch.cat(anchors).T.unsqueeze(0), persistent=False)
+    self.register_buffer("strides", torch.cat(strides).T.unsqueeze(0), persistent=False)
+
+
+def _detect_forward(self, xs):
+    """Boxes decoded in the graph (DFL softmax-expectation, dist2bbox) and class sigmoids: (1, 84, 8400)."""
+    torch, _ = _torch()
+    out = torch.cat([torch.cat((self.cv2[i](x), self.cv3[i](x)), 1).flatten(2) for i, x in enumerate(xs)], 2)
+    box, cls = out.split((4 * self.reg_max, self.nc), 1)
+    b, _, a = box.shape
+    dist = self.dfl(box.view(b, 4, self.reg_max, a).transpose(2, 1).softmax(1)).view(b, 4, a)
+    lt, rb = dist.chunk(2, 1)
+    x1y1, x2y2 = self.anchors - lt, self.anchors + rb
+    boxes = torch.cat(((x1y1 + x2y2) / 2, x2y2 - x1y1), 1) * self.strides
+    return torch.cat((boxes, cls.sigmoid()), 1)
+
+
+Detect = _module("Detect", _detect_init, _detect_forward)
+
+
+def _yolo_init(self, scale: str):
+    _, nn = _torch()
+    nn.Module.__init__(self)
+    depth, width, max_channels = YOLO11_SCALES[scale]
+
+    def ch(c):  # make_divisible(min(c, max) * width, 8)
+        return int(math.ceil(min(c, max_channels) * width / 8) * 8)
+
+    def reps(n):
+        return max(round(n * depth), 1) if n > 1 else n
+
+    c3k = scale in "mlx"  # Ultralytics forces C3k blocks in C3k2 for the M/L/X sizes
+    self.backbone = nn.ModuleList([
+        _conv(3, ch(64), 3, 2), _conv(ch(64), ch(128), 3, 2), C3k2(ch(128), ch(256), reps(2), c3k, 0.25),
+        _conv(ch(256), ch(256), 3, 2), C3k2(ch(256), ch(512), reps(2), c3k, 0.25),
+        _conv(ch(512), ch(512), 3, 2), C3k2(ch(512), ch(512), reps(2), True),
+        _conv(ch(512), ch(1024), 3, 2), C3k2(ch(1024), ch(1024), reps(2), True),
+        SPPF(ch(1024), ch(1024)), C2PSA(ch(1024), reps(2))])
+    self.up = nn.Upsample(scale_factor=2, mode="nearest")
+    self.h13 = C3k2(ch(1024) + ch(512), ch(512), reps(2), c3k)
+    self.h16 = C3k2(ch(512) + ch(512), ch(256), reps(2), c3k)
+    self.down17, self.h19 = _conv(ch(256), ch(256), 3, 2), C3k2(ch(256) + ch(512), ch(512), reps(2), c3k)
+    self.down20, self.h22 = _conv(ch(512), ch(512), 3, 2), C3k2(ch(512) + ch(1024), ch(1024), reps(2), True)
+    self.detect = Detect((ch(256), ch(512), ch(1024)))
+
+
+def _yolo_forward(self, x):
+    torch, _ = _torch()
+    saved = {}
+    for i, layer in enumerate(self.backbone):
+        x = layer(x)
+        saved[i] = x
+    p13 = self.h13(torch.cat((self.up(x), saved[6]), 1))
+    p16 = self.h16(torch.cat((self.up(p13), saved[4]), 1))
+    p19 = self.h19(torch.cat((self.down17(p16), p13), 1))
+    p22 = self.h22(torch.cat((self.down20(p19), saved[10]), 1))
+    return self.detect([p16, p19, p22])
+
+
+Yolo11 = _module("Yolo11", _yolo_init, _yolo_forward)
