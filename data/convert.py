@@ -25,6 +25,7 @@ Scenes go to train/val by the devkit's official splits for the version, or by
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -43,6 +44,16 @@ CATEGORY_PREFIXES = (("vehicle.car", "car"), ("vehicle.truck", "truck"), ("vehic
                      ("human.pedestrian", "pedestrian"), ("vehicle.bicycle", "cyclist"), ("vehicle.motorcycle", "cyclist"))
 VISIBILITY = {"1": 0.2, "2": 0.5, "3": 0.7, "4": 0.9}
 """nuScenes visibility level -> fraction visible (the middle of its bin)."""
+TABLES = ("category", "attribute", "visibility", "instance", "sensor", "calibrated_sensor", "ego_pose", "log",
+          "scene", "sample", "sample_data", "sample_annotation", "map")
+"""The tables of a nuScenes version folder that nuscenes-devkit loads (one `<name>.json` each)."""
+REFERENCES = {("scene", "log_token"): "log", ("scene", "first_sample_token"): "sample",
+              ("sample", "scene_token"): "scene", ("sample", "next"): "sample", ("sample", "prev"): "sample",
+              ("sample_data", "sample_token"): "sample", ("sample_data", "ego_pose_token"): "ego_pose",
+              ("sample_data", "calibrated_sensor_token"): "calibrated_sensor",
+              ("calibrated_sensor", "sensor_token"): "sensor", ("sample_annotation", "sample_token"): "sample",
+              ("sample_annotation", "instance_token"): "instance", ("instance", "category_token"): "category"}
+"""(table, field) -> the table whose token it names; the conversion follows each of these."""
 
 
 def _class_of(category: str) -> int:
@@ -70,7 +81,41 @@ def _open(source: str, version: str):
     if not source or not (Path(source) / version).is_dir():
         raise StackError(f"expected a nuScenes dataset with tables in {Path(source or '.') / version}; pass --source DIR "
                          "(the folder holding samples/ and the version folder) and --version")
+    check_tables(Path(source) / version)
     return NuScenes(version=version, dataroot=source, verbose=False)
+
+
+def check_tables(folder: Path) -> None:
+    """Every table present, a JSON list of records with tokens, and every reference the conversion follows
+    resolving, or a StackError naming the table (the devkit would stop with a bare KeyError or traceback)."""
+    tables = {name: _read_table(folder, name) for name in TABLES}
+    tokens = {name: {row["token"] for row in rows} for name, rows in tables.items()}
+    for (table, field), target in REFERENCES.items():
+        for row in tables[table]:
+            value = row.get(field)
+            if field not in row and field not in ("next", "prev"):
+                raise StackError(f"nuScenes table {folder / table}.json: record {row['token']!r} has no '{field}' "
+                                 "field; the table is not in nuScenes format. Re-extract the dataset.")
+            if value and value not in tokens[target]:
+                raise StackError(f"nuScenes table {folder / table}.json: record {row['token']!r} has {field}="
+                                 f"{value!r}, which is no token of {target}.json (a dangling reference). The dataset "
+                                 "is incomplete or was edited; re-extract it.")
+
+
+def _read_table(folder: Path, name: str) -> list:
+    path = folder / f"{name}.json"
+    if not path.is_file():
+        raise StackError(f"nuScenes table {path} is missing; a version folder holds {', '.join(TABLES)} "
+                         "(as .json). Re-extract the dataset, or pass the right --source / --version.")
+    try:
+        rows = json.loads(path.read_bytes())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise StackError(f"nuScenes table {path} is not valid JSON ({exc}); re-extract the dataset.") from None
+    if not isinstance(rows, list) or not all(isinstance(r, dict) and isinstance(r.get("token"), str) for r in rows):
+        raise StackError(f"nuScenes table {path}: expected a JSON list of records, each with a 'token' string, "
+                         f"found {type(rows).__name__ if not isinstance(rows, list) else 'records without tokens'}; "
+                         "re-extract the dataset.")
+    return rows
 
 
 def _camera(nusc, sample: dict, camera, rig) -> tuple:
@@ -238,18 +283,12 @@ def convert(pipeline: Pipeline, source_format: str | None, source: str | None, v
     tracks: dict = {}
     scenes = sorted(nusc.scene, key=lambda s: s["name"])
     for scene_index, scene in enumerate(scenes):
-        split = official.get(scene["name"]) or split_of(scene_index, len(scenes), pipeline.data.world.val_fraction)
-        sample, frame_index = nusc.get("sample", scene["first_sample_token"]), 0
-        while True:
-            frame = _frame(nusc, sample, rig, tracks)
-            meta = {"scene": scene_index, "frame": frame_index, "split": split, "source": f"nuscenes:{scene['name']}"}
-            writers[split].write(sample_key(scene_index, frame_index),
-                                 frame_members(frame, [c.name for c in rig.cameras], meta, pipeline.data.jpeg_quality))
-            frame_index += 1
-            if not sample["next"]:
-                break
-            sample = nusc.get("sample", sample["next"])
-        print(f"converted {scene['name']} ({frame_index} samples) -> {split}", flush=True)
+        try:
+            _convert_scene(nusc, scene, scene_index, len(scenes), official, pipeline, writers, tracks)
+        except (KeyError, OSError) as exc:  # a field missing from a record, or a file the tables name
+            raise StackError(f"nuScenes scene {scene.get('name')!r}: cannot be converted ({type(exc).__name__}: "
+                             f"{exc}); a record lacks that field or a file is missing under {source}. "
+                             "Re-extract the dataset.") from None
     for writer in writers.values():
         writer.close_shard()
     return write_manifest(root, {
@@ -258,3 +297,21 @@ def convert(pipeline: Pipeline, source_format: str | None, source: str | None, v
         "frame_rate_hz": 2.0, "source": f"nuscenes {version}",
         "splits": {s: [{"path": f"{s}/{x['path']}", "samples": x["samples"]} for x in w.shards] for s, w in writers.items()},
     })
+
+
+def _convert_scene(nusc, scene: dict, scene_index: int, scenes: int, official: dict, pipeline: Pipeline,
+                   writers: dict, tracks: dict) -> None:
+    """Every key frame of one scene into its split's shards."""
+    rig = pipeline.data.rig
+    split = official.get(scene["name"]) or split_of(scene_index, scenes, pipeline.data.world.val_fraction)
+    sample, frame_index = nusc.get("sample", scene["first_sample_token"]), 0
+    while True:
+        frame = _frame(nusc, sample, rig, tracks)
+        meta = {"scene": scene_index, "frame": frame_index, "split": split, "source": f"nuscenes:{scene['name']}"}
+        writers[split].write(sample_key(scene_index, frame_index),
+                             frame_members(frame, [c.name for c in rig.cameras], meta, pipeline.data.jpeg_quality))
+        frame_index += 1
+        if not sample["next"]:
+            break
+        sample = nusc.get("sample", sample["next"])
+    print(f"converted {scene['name']} ({frame_index} samples) -> {split}", flush=True)

@@ -181,3 +181,57 @@ def write_manifest(root: Path, manifest: dict) -> dict:
     manifest = {"schema": SCHEMA_VERSION, **manifest}
     (Path(root) / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     return manifest
+
+
+MANIFEST_FIELDS = {"schema": int, "cameras": list, "image_size": list, "semantic_classes": list,
+                   "detection_classes": list, "splits": dict}
+"""Top-level keys every manifest has, with their JSON types; the loaders read each of them."""
+
+
+def manifest_problem(manifest) -> str | None:
+    """What is wrong with the structure of a parsed manifest.json, or None when the loaders can read it.
+
+    Shard paths must stay inside the dataset folder (relative, no `..`): a manifest is
+    input, and the loaders open whatever it lists.
+    """
+    if not isinstance(manifest, dict):
+        return f"expected a JSON object with keys {', '.join(MANIFEST_FIELDS)}, found a JSON {_json_kind(manifest)}"
+    for name, kind in MANIFEST_FIELDS.items():
+        if not isinstance(manifest.get(name), kind):
+            return f"expected '{name}' to be a JSON {_json_kind(kind())}, found {_json_kind(manifest.get(name), True)}"
+    size = manifest["image_size"]
+    if len(size) != 2 or not all(isinstance(v, int) and v > 0 for v in size):
+        return f"expected 'image_size' to be [height, width] in pixels, found {size!r:.80}"
+    if not all(isinstance(c, str) for c in manifest["cameras"]) or not manifest["cameras"]:
+        return f"expected 'cameras' to be a non-empty list of camera names, found {manifest['cameras']!r:.80}"
+    for split, shards in manifest["splits"].items():
+        for index, entry in enumerate(shards if isinstance(shards, list) else [shards]):
+            path = entry.get("path") if isinstance(entry, dict) else None
+            samples = entry.get("samples") if isinstance(entry, dict) else None
+            if not isinstance(path, str) or not isinstance(samples, int) or samples < 0 or not isinstance(shards, list):
+                return (f"expected splits.{split} to be a list of {{\"path\": \"{split}/frames-000000.tar\", "
+                        f"\"samples\": N}}, found {entry!r:.80} at index {index}")
+            if Path(path).is_absolute() or ".." in Path(path).parts:
+                return f"splits.{split}[{index}] path {path!r} leaves the dataset folder; shard paths are relative to it"
+    return None
+
+
+def array_problem(name: str, array: np.ndarray, cameras: int, image_size: list) -> str | None:
+    """What is wrong with the dtype or shape of a frame sample's `.npy` member (see the table above)."""
+    height, width = image_size
+    expected = {"depth": (cameras, height, width), "semantic": (cameras, height, width),
+                "instance": (cameras, height, width), "intrinsics": (cameras, 3, 3), "cam_to_ego": (cameras, 4, 4),
+                "boxes": (None, 10), "box_ids": (None, 2), "boxes2d": (None, 6), "ego": (3,), "command": (1,),
+                "past": (None, 2), "future": (None, 2)}[name]
+    fits = len(array.shape) == len(expected) and all(e is None or e == s for e, s in zip(expected, array.shape))
+    if array.dtype != DTYPES[name] or not fits:
+        dims = ", ".join("any" if e is None else str(e) for e in expected)
+        shape = f"({dims},)" if len(expected) == 1 else f"({dims})"
+        return f"expected {np.dtype(DTYPES[name]).name} {shape}, found {array.dtype.name} {tuple(array.shape)}"
+    return None
+
+
+def _json_kind(value, with_value: bool = False) -> str:
+    kinds = {dict: "object", list: "array", str: "string", bool: "boolean", int: "number", float: "number"}
+    kind = "null" if value is None else kinds.get(type(value), type(value).__name__)
+    return f"{kind} {value!r:.40}" if with_value and not isinstance(value, (dict, list)) and value is not None else kind

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from stack.data.loader import ShortShard, read_piece
+from stack.data.format import MANIFEST
+from stack.data.loader import ShortShard, check_arrays, read_manifest, read_piece
 from stack.data.roads import SEG_CLASSES
 from stack.data.samples import check_members, decode_arrays, decode_jpeg
 from stack.data.sharding import Piece
@@ -56,7 +57,9 @@ def _load(shard: str, index: int) -> tuple[str, list, np.ndarray, dict]:
     cameras = [name[:-4] for name in sample if name.endswith(".jpg")]
     check_members(sample, cameras, shard)
     images = np.stack([decode_jpeg(sample[f"{c}.jpg"], shard, key, f"{c}.jpg") for c in cameras])
-    return key, cameras, images, decode_arrays(sample, shard)
+    arrays = decode_arrays(sample, shard)
+    check_arrays(arrays, {"cameras": cameras, "image_size": list(images.shape[1:3])}, shard, key)
+    return key, cameras, images, arrays
 
 
 def _draw_boxes(axis, arrays: dict, camera: int, classes: list) -> None:
@@ -109,6 +112,8 @@ def _bev(axis, arrays: dict, classes: list, extent: float = 50.0) -> None:
 def inspect_shard(shard: str, index: int = 0, out: str | None = None) -> str:
     """Write the mosaic of sample `index` of `shard` (frame `index` for clip shards) to `out` (default: beside
     the shard); returns the path."""
+    if index < 0:
+        raise StackError(f"--sample {index}: expected a sample index >= 0 (0 is the shard's first sample)")
     import matplotlib
 
     matplotlib.use("Agg")
@@ -119,8 +124,9 @@ def inspect_shard(shard: str, index: int = 0, out: str | None = None) -> str:
     except ShortShard as exc:
         raise StackError(f"shard {shard} has no sample {index} (it holds {exc.samples} samples; a clip shard's "
                          "samples are clips, and --sample counts their frames); use a smaller --sample") from None
-    manifest_path = Path(shard).parent.parent / "manifest.json"
-    manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
+    out_path = _output_path(shard, index, out)
+    root = Path(shard).parent.parent
+    manifest = read_manifest(root) if (root / MANIFEST).is_file() else {}
     classes = manifest.get("detection_classes", list(CLASSES))
     semantic_names = manifest.get("semantic_classes", list(SEG_CLASSES))
     cols = min(3, len(cameras))
@@ -149,10 +155,24 @@ def inspect_shard(shard: str, index: int = 0, out: str | None = None) -> str:
     figure.legend(handles=swatches, loc="lower center", ncol=len(swatches), fontsize=9, title="semantic classes")
     figure.suptitle(f"{Path(shard).name} · sample {key} · command {command} · speed {speed:.1f} m/s · "
                     f"accel {accel:+.1f} m/s² · yaw rate {yaw_rate:+.2f} rad/s", fontsize=12)
-    out_path = Path(out) if out else Path(shard).with_name(f"{Path(shard).stem}-{index}.png")
     figure.savefig(out_path, bbox_inches="tight")
     plt.close(figure)
     return str(out_path)
+
+
+def _output_path(shard: str, index: int, out: str | None) -> Path:
+    """--out as given (its folder created when missing), inside it when it is a folder, else beside the shard."""
+    default_name = f"{Path(shard).stem}-{index}.png"
+    if not out:
+        return Path(shard).with_name(default_name)
+    path = Path(out)
+    if path.is_dir():
+        return path / default_name
+    blocking = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
+    if blocking is not None:
+        raise StackError(f"--out {out}: {blocking} is a file, so no folder can be made there; give a PNG path in a folder")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def _layers(images: np.ndarray, arrays: dict, camera: int) -> list:

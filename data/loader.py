@@ -37,7 +37,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from stack.data.augment import augment_row
 from stack.data.checksums import ShardSums
-from stack.data.format import MANIFEST, SCHEMA_VERSION
+from stack.data.format import MANIFEST, SCHEMA_VERSION, array_problem, manifest_problem
 from stack.data.samples import (LOADER_MEMBERS, BadSample, ClassMaps, check_members, collate, decode_arrays, decode_jpeg,
                                 to_fields)
 from stack.data.sharding import Piece, plan, worker_quotas
@@ -58,10 +58,26 @@ def read_manifest(root: str | Path) -> dict:
         manifest = json.loads(path.read_text())
     except ValueError as exc:
         raise StackError(f"{path} is not valid JSON ({exc}); re-create the dataset with `stack data make`") from exc
-    if manifest.get("schema") != SCHEMA_VERSION:
+    if isinstance(manifest, dict) and manifest.get("schema") != SCHEMA_VERSION:
         raise StackError(f"{path}: schema version {manifest.get('schema')!r}, this stack reads version {SCHEMA_VERSION}; "
                          "re-create the dataset with this version's `stack data make`")
+    problem = manifest_problem(manifest)
+    if problem:
+        raise StackError(f"{path} is not a dataset manifest: {problem}; re-create the dataset with `stack data make` "
+                         "(or point data.root at one)")
     return manifest
+
+
+def check_arrays(arrays: dict, manifest: dict, shard: str, key: str) -> None:
+    """BadSample unless every `.npy` member has the dtype and shape of the schema (stack.data.format)."""
+    for name, array in arrays.items():
+        problem = array_problem(name, array, len(manifest["cameras"]), manifest["image_size"])
+        if problem:
+            raise BadSample(f"shard {shard}, sample {key}: member {name}.npy: {problem}; re-create the shard "
+                            "with `stack data make`, or set data.skip_bad_samples=true to skip such samples")
+    if "boxes" in arrays and "box_ids" in arrays and len(arrays["boxes"]) != len(arrays["box_ids"]):
+        raise BadSample(f"shard {shard}, sample {key}: boxes.npy holds {len(arrays['boxes'])} boxes but box_ids.npy "
+                        f"{len(arrays['box_ids'])}; re-create the shard with `stack data make`")
 
 
 def split_shards(manifest: dict, root: str | Path, split: str) -> list:
@@ -177,6 +193,7 @@ class FrameSamples(IterableDataset):
             return [to_fields(videos[:, t], frame_arrays(clip, t), self.maps, self.pipeline) for t in range(videos.shape[1])]
         check_members(sample, cameras, shard)
         arrays = decode_arrays(sample, shard, LOADER_MEMBERS)
+        check_arrays(arrays, self.manifest, shard, key)
         images = np.stack([decode_jpeg(sample[f"{c}.jpg"], shard, key, f"{c}.jpg") for c in cameras])
         return [to_fields(images, arrays, self.maps, self.pipeline)]
 

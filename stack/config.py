@@ -201,7 +201,8 @@ def _read_config_file(path: Path) -> dict:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{source} is not UTF-8 text (byte {raw[exc.start]:#04x} at offset {exc.start}); "
-                          f"a config file is YAML in UTF-8. Convert it (e.g. iconv -t UTF-8) or pass the right file.") from None
+                          "a config file is YAML in UTF-8. Convert it (e.g. iconv -t UTF-8) or pass the right file."
+                          ) from None
     data = _parse_yaml(text, source)
     if not data:
         raise ConfigError(f"{source} is empty (it sets no keys). An empty -c file would replace "
@@ -372,7 +373,8 @@ def _check_folders(pipeline: Pipeline) -> None:
         try:
             blocking = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
         except (OSError, ValueError) as exc:
-            raise ConfigError(f"{key}={value[:80]!r} cannot be used as a folder ({exc}); give a shorter, plain path.") from None
+            raise ConfigError(f"{key}={value[:80]!r} cannot be used as a folder ({exc}); "
+                              "give a shorter, plain path.") from None
         if blocking is not None:
             what = "is a file" if blocking == path else f"lies under {str(blocking)!r}, which is a file"
             raise ConfigError(f"{key}={value!r} {what}; {key} names a folder (created when missing). "

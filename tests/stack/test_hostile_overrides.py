@@ -97,7 +97,8 @@ def test_the_cli_in_process_exits_0_or_2(key, value):
 
 
 @pytest.mark.parametrize("override", ["train.slurm_time=12:00:00", "train.lr=1e999", "name=a\nb",
-                                      "train.slurm_extra=[$(touch /tmp/stack-pwned)]", "targets.orin=!!python/object:os.system",
+                                      "train.slurm_extra=[$(touch /tmp/stack-pwned)]",
+                                      "targets.orin=!!python/object:os.system",
                                       "data.augment.resize_scale=[", "train.max_epochs=0x10", "name=" + "🚗" * 2000])
 def test_through_the_real_executable(override):
     stack = Path(sys.executable).with_name("stack")

@@ -1,0 +1,184 @@
+"""Hostile datasets and data commands: each is a clear error naming the file (and shard and key), exit 2."""
+
+import contextlib
+import io
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_bad_input import _copy, _first_train_shard, _iterate, _rewrite  # noqa: E402
+
+from stack.cli import main  # noqa: E402
+from stack.data import build_loader  # noqa: E402
+from stack.data.format import npy_bytes  # noqa: E402
+from stack.data.samples import BadSample  # noqa: E402
+from stack.errors import StackError  # noqa: E402
+
+
+def run_cli(*argv) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
+        code = main(list(argv))
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.mark.parametrize("manifest, needle", [
+    ([], "expected a JSON object"),
+    ("frames", "expected a JSON object"),
+    ({"cameras": None}, "expected 'cameras' to be a JSON array, found null"),
+    ({"splits": {"train": {"path": "x"}}}, "splits.train"),
+    ({"splits": {"train": [{"path": "../../etc/passwd", "samples": 1}]}}, "leaves the dataset folder"),
+    ({"splits": {"train": [{"path": "train/frames-000000.tar", "samples": "many"}]}}, "splits.train"),
+    ({"image_size": [64]}, "expected 'image_size' to be [height, width]"),
+])
+def test_a_manifest_that_is_not_the_expected_object(dataset, tmp_path, small_pipeline, manifest, needle):
+    pipeline, _, root = _copy(dataset, tmp_path, small_pipeline=small_pipeline)
+    stored = json.loads((root / "manifest.json").read_text())
+    broken = {**stored, **manifest} if isinstance(manifest, dict) else manifest
+    (root / "manifest.json").write_text(json.dumps(broken))
+    with pytest.raises(StackError, match=rf"manifest.json is not a dataset manifest: .*{_escape(needle)}"):
+        build_loader(pipeline, "train", 0, 1)
+
+
+def test_inspect_reports_a_broken_manifest_with_exit_2(dataset, tmp_path, small_pipeline):
+    _, manifest, root = _copy(dataset, tmp_path, small_pipeline=small_pipeline)
+    (root / "manifest.json").write_text("[1, 2]")
+    code, _, err = run_cli("data", "inspect", str(_first_train_shard(root, manifest)), "--out", str(tmp_path / "x.png"))
+    assert code == 2 and "not a dataset manifest" in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("member, array, needle", [
+    ("depth", np.zeros((6, 64, 127), np.float16), "expected float16 (6, 64, 128), found float16 (6, 64, 127)"),
+    ("depth", np.zeros((6, 64, 128), np.float64), "expected float16 (6, 64, 128), found float64"),
+    ("boxes", np.zeros((3, 9), np.float32), "expected float32 (any, 10), found float32 (3, 9)"),
+    ("intrinsics", np.zeros((5, 3, 3), np.float32), "expected float32 (6, 3, 3)"),
+    ("ego", np.zeros(2, np.float32), "expected float32 (3,), found float32 (2,)"),
+])
+def test_a_npy_member_of_the_wrong_shape_names_shard_key_and_member(dataset, tmp_path, small_pipeline, member, array,
+                                                                    needle):
+    pipeline, manifest, root = _copy(dataset, tmp_path, small_pipeline=small_pipeline)
+    shard = _first_train_shard(root, manifest)
+    _rewrite(shard, lambda name, data: npy_bytes(array) if name.endswith(f"f0001.{member}.npy") else data)
+    with pytest.raises(BadSample, match=rf"frames-000000.tar, sample s\d+f0001: member {member}.npy: {_escape(needle)}"):
+        _iterate(pipeline)
+    code, _, err = run_cli("data", "inspect", str(shard), "--sample", "1", "--out", str(tmp_path / "x.png"))
+    assert code == 2 and f"{member}.npy" in err and "Traceback" not in err, err
+
+
+def test_mismatched_box_and_id_counts(dataset, tmp_path, small_pipeline):
+    pipeline, manifest, root = _copy(dataset, tmp_path, small_pipeline=small_pipeline)
+    _rewrite(_first_train_shard(root, manifest),
+             lambda name, data: npy_bytes(np.zeros((0, 2), np.int32)) if name.endswith("f0000.box_ids.npy") else data)
+    boxes = np.load(io.BytesIO(_member(_first_train_shard(root, manifest), "f0000.boxes.npy")))
+    if len(boxes) == 0:
+        pytest.skip("the rendered sample has no boxes")
+    with pytest.raises(BadSample, match="boxes.npy holds .* boxes but box_ids.npy 0"):
+        _iterate(pipeline)
+
+
+def test_inspect_writes_into_a_missing_folder(dataset, tmp_path):
+    pipeline, manifest = dataset
+    shard = Path(pipeline.data.root) / manifest["splits"]["train"][0]["path"]
+    out = tmp_path / "new" / "deeper" / "mosaic.png"
+    code, stdout, err = run_cli("data", "inspect", str(shard), "--out", str(out))
+    assert code == 0, err
+    assert out.is_file() and out.read_bytes()[:4] == b"\x89PNG" and str(out) in stdout
+    code, stdout, err = run_cli("data", "inspect", str(shard), "--out", str(tmp_path / "new"))  # a folder: inside it
+    assert code == 0 and (tmp_path / "new" / f"{shard.stem}-0.png").is_file(), err
+
+
+@pytest.mark.parametrize("index, needle", [("-1", "expected a sample index >= 0"), ("999", "has no sample 999")])
+def test_inspect_sample_out_of_range(dataset, tmp_path, index, needle):
+    pipeline, manifest = dataset
+    shard = Path(pipeline.data.root) / manifest["splits"]["train"][0]["path"]
+    code, _, err = run_cli("data", "inspect", str(shard), "--sample", index, "--out", str(tmp_path / "x.png"))
+    assert code == 2 and needle in err and "Traceback" not in err, err
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_inspect_out_under_a_file(dataset, tmp_path):
+    pipeline, manifest = dataset
+    shard = Path(pipeline.data.root) / manifest["splits"]["train"][0]["path"]
+    (tmp_path / "blocker").write_text("a file")
+    code, _, err = run_cli("data", "inspect", str(shard), "--out", str(tmp_path / "blocker" / "x.png"))
+    assert code == 2 and "is a file" in err, err
+
+
+# ---------------------------------------------------------------- nuScenes tables
+
+
+@pytest.fixture
+def nuscenes_source(tmp_path, small_pipeline):
+    pytest.importorskip("nuscenes", reason="needs nuscenes-devkit (pip install --no-deps nuscenes-devkit pyquaternion)")
+    from test_convert import write_fixture
+
+    source = tmp_path / "nuscenes"
+    pipeline = small_pipeline(tmp_path / "out")
+    write_fixture(source, pipeline.data.rig)
+    return source, pipeline
+
+
+def _break_table(source: Path, table: str, change) -> None:
+    path = source / "v1.0-mini" / f"{table}.json"
+    rows = json.loads(path.read_text())
+    result = change(rows)
+    path.write_text(result if isinstance(result, str) else json.dumps(result))
+
+
+@pytest.mark.parametrize("table, change, needle", [
+    ("sample_data", None, "sample_data.json is missing"),
+    ("ego_pose", lambda rows: json.dumps(rows)[:-40], "ego_pose.json is not valid JSON"),
+    ("scene", lambda rows: {"scenes": rows}, "scene.json: expected a JSON list of records"),
+    ("sample", lambda rows: [{**r, "scene_token": "nowhere"} if i == 1 else r for i, r in enumerate(rows)],
+     "sample.json: record 'scene-0061-1' has scene_token='nowhere', which is no token of scene.json"),
+    ("sample_data", lambda rows: [{**r, "calibrated_sensor_token": "gone"} for r in rows],
+     "calibrated_sensor_token='gone'"),
+    ("instance", lambda rows: [{k: v for k, v in r.items() if k != "category_token"} for r in rows],
+     "instance.json: record 'i-car' has no 'category_token' field"),
+])
+def test_broken_nuscenes_tables_name_the_table(nuscenes_source, table, change, needle):
+    from stack.data.convert import convert
+
+    source, pipeline = nuscenes_source
+    if change is None:
+        (source / "v1.0-mini" / f"{table}.json").unlink()
+    else:
+        _break_table(source, table, change)
+    with pytest.raises(StackError, match=_escape(needle)):
+        convert(pipeline, "nuscenes", str(source), "v1.0-mini")
+    assert not (Path(pipeline.data.root) / "manifest.json").exists()
+
+
+def test_a_missing_camera_image_names_the_scene(nuscenes_source):
+    from stack.data.convert import convert
+
+    source, pipeline = nuscenes_source
+    next((source / "samples" / "CAM_FRONT").glob("scene-0061-0.jpg")).unlink()
+    with pytest.raises(StackError, match="nuScenes scene 'scene-0061': cannot be converted .*scene-0061-0.jpg"):
+        convert(pipeline, "nuscenes", str(source), "v1.0-mini")
+
+
+def test_cli_convert_with_a_dangling_token_exits_2(nuscenes_source, tmp_path):
+    source, _ = nuscenes_source
+    _break_table(source, "sample_annotation", lambda rows: [{**rows[0], "instance_token": "ghost"}, *rows[1:]])
+    code, _, err = run_cli("data", "convert", "--from", "nuscenes", "--source", str(source),
+                           "data.rig.image_width=128", "data.rig.image_height=64", f"data.root={tmp_path / 'out'}")
+    assert code == 2 and "sample_annotation.json" in err and "'ghost'" in err and "Traceback" not in err, err
+
+
+def _member(shard: Path, suffix: str) -> bytes:
+    import tarfile
+
+    with tarfile.open(shard) as tar:
+        member = next(m for m in tar.getmembers() if m.name.endswith(suffix))
+        return tar.extractfile(member).read()
+
+
+def _escape(text: str) -> str:
+    import re
+
+    return re.escape(text)
