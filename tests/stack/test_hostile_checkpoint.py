@@ -97,3 +97,12 @@ def test_eval_with_another_presets_config_is_refused_up_front(tmp_path, tiny):
     assert code == 2, err
     assert "another pipeline" in err and f"model.backbone: checkpoint has '{tiny.model.backbone}'" in err
     assert not (tmp_path / "eval").exists()
+
+
+def test_train_resume_refuses_a_crafted_checkpoint(crafted, tmp_path):
+    """train.resume reads the training state weights-only before Lightning loads anything."""
+    path, marker = crafted
+    code, err = run_cli("train", "-c", TINY[0], "-c", TINY[1], f"train.resume={path}",
+                        f"train.out_dir={tmp_path / 'run'}", f"data.root={tmp_path / 'data'}", "train.precision=32-true")
+    assert code == 2 and str(path) in err and "Traceback" not in err, err
+    assert not marker.exists()
