@@ -31,7 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
-from stack.data.format import ShardWriter, frame_members, remove_dataset, sample_key, write_manifest
+from stack.data import staging
+from stack.data.format import ShardWriter, frame_members, sample_key, write_manifest
 from stack.data.make import split_of
 from stack.data.roads import SEG_CLASSES
 from stack.data.traffic import CLASSES
@@ -272,14 +273,18 @@ def _split_names(version: str) -> dict:
 
 
 def convert(pipeline: Pipeline, source_format: str | None, source: str | None, version: str) -> dict:
-    """Convert `source` (nuScenes layout) into frame shards under `data.root`; returns the manifest."""
+    """Convert `source` (nuScenes layout) into frame shards under `data.root`; returns the manifest.
+
+    Like `stack data make`, the shards are written into `data.root/.staging/` and swapped in only
+    when the conversion is complete (`stack.data.staging`): a bad table, a missing image or a kill
+    leaves the previous dataset as it was."""
     if source_format != "nuscenes":
         raise StackError(f"expected --from nuscenes (the one source format supported), found {source_format!r}")
     nusc = _open(source, version)
     root, rig = Path(pipeline.data.root), pipeline.data.rig
     official = _split_names(version)
-    remove_dataset(root)
-    writers = {s: ShardWriter(root / s, "frames", pipeline.data.samples_per_shard) for s in ("train", "val")}
+    stage = staging.prepare(root, print)
+    writers = {s: ShardWriter(stage / s, "frames", pipeline.data.samples_per_shard) for s in ("train", "val")}
     tracks: dict = {}
     scenes = sorted(nusc.scene, key=lambda s: s["name"])
     for scene_index, scene in enumerate(scenes):
@@ -291,12 +296,13 @@ def convert(pipeline: Pipeline, source_format: str | None, source: str | None, v
                              "Re-extract the dataset.") from None
     for writer in writers.values():
         writer.close_shard()
-    return write_manifest(root, {
+    write_manifest(stage, {
         "cameras": [c.name for c in rig.cameras], "image_size": [rig.image_height, rig.image_width],
         "semantic_classes": list(SEG_CLASSES), "detection_classes": list(CLASSES), "layout": "frames",
         "frame_rate_hz": 2.0, "source": f"nuscenes {version}",
         "splits": {s: [{"path": f"{s}/{x['path']}", "samples": x["samples"]} for x in w.shards] for s, w in writers.items()},
     })
+    return staging.commit(root, print)
 
 
 def _convert_scene(nusc, scene: dict, scene_index: int, scenes: int, official: dict, pipeline: Pipeline,

@@ -153,13 +153,19 @@ def test_broken_nuscenes_tables_name_the_table(nuscenes_source, table, change, n
     assert not (Path(pipeline.data.root) / "manifest.json").exists()
 
 
-def test_a_missing_camera_image_names_the_scene(nuscenes_source):
+def test_a_missing_camera_image_names_the_scene_and_keeps_the_previous_dataset(nuscenes_source):
     from stack.data.convert import convert
 
     source, pipeline = nuscenes_source
-    next((source / "samples" / "CAM_FRONT").glob("scene-0061-0.jpg")).unlink()
-    with pytest.raises(StackError, match="nuScenes scene 'scene-0061': cannot be converted .*scene-0061-0.jpg"):
+    root = Path(pipeline.data.root)
+    convert(pipeline, "nuscenes", str(source), "v1.0-mini")
+    before = {p.relative_to(root): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+    next((source / "samples" / "CAM_FRONT").glob("scene-0103-1.jpg")).unlink()  # the second scene's
+    with pytest.raises(StackError, match="nuScenes scene 'scene-0103': cannot be converted .*scene-0103-1.jpg"):
         convert(pipeline, "nuscenes", str(source), "v1.0-mini")
+    after = {p.relative_to(root): p.read_bytes() for p in root.rglob("*") if p.is_file() and ".staging" not in p.parts}
+    assert after == before  # the converted dataset is untouched; the next run removes the unfinished staging folder
+    assert len(list(build_loader(pipeline, "val", 0, 1, shuffle=False, augment=False))) > 0
 
 
 def test_cli_convert_with_a_dangling_token_exits_2(nuscenes_source, tmp_path):
