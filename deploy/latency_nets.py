@@ -12,7 +12,7 @@ dropped: the latency model reads only shapes). The cache lives in `$STACK_CACHE_
   equal Ultralytics' own builds (`YOLO11_PARAMETERS`, checked by the tests), so the graph is the
   one the published Jetson tables timed (Ultralytics exports the box decoding into the engine).
 - `bevfusion_camera`: CUDA-BEVFusion's "Camera Backbone" engine: ResNet-50 + GeneralizedLSSFPN +
-  depth net at 6x256x704 (BEVFusion's ResNet-50 config).
+  lidar-depth encoder + depth net at 6x256x704 (BEVFusion's ResNet-50 config).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import onnx
 
-NETS_VERSION = 1
+NETS_VERSION = 2
 """Part of every cache file name: bump when a network definition changes."""
 STRIP_ABOVE = 4096
 """Initializers with more elements than this lose their data in the cache (shape arithmetic keeps its constants)."""
@@ -102,15 +102,17 @@ def _Named(net):
 
 
 def _bevfusion_camera():
-    """ResNet-50 trunk + BEVFusion's GeneralizedLSSFPN (C3-C5 -> 256 at stride 8) + its depth net
-    (two 3x3 convs, then 118 depth bins + 80 context channels): the graph CUDA-BEVFusion times
-    as "Camera Backbone", rebuilt from the BEVFusion configs."""
+    """The graph CUDA-BEVFusion times as "Camera Backbone" (inputs: six images and their lidar depth maps),
+    rebuilt from BEVFusion's ResNet-50 config: ResNet-50 trunk, GeneralizedLSSFPN (C3-C5 -> 256 at stride 8),
+    DepthLSSTransform's depth encoder (dtransform: 1 -> 8 -> 32 -> 64 channels down to stride 8) and depth
+    net (two 3x3 convs, then 118 depth bins + 80 context channels), depth softmax in the engine."""
     import torch
     import torchvision
     from torch import nn
 
-    def block(cin, cout, k):
-        return nn.Sequential(nn.Conv2d(cin, cout, k, padding=k // 2, bias=False), nn.BatchNorm2d(cout), nn.ReLU())
+    def block(cin, cout, k, stride=1):
+        return nn.Sequential(nn.Conv2d(cin, cout, k, stride, padding=k // 2, bias=False), nn.BatchNorm2d(cout),
+                             nn.ReLU())
 
     class Camera(nn.Module):
         def __init__(self):
@@ -120,9 +122,11 @@ def _bevfusion_camera():
             self.layer3, self.layer4 = trunk.layer3, trunk.layer4
             self.lateral4, self.fpn4 = block(1024 + 2048, 256, 1), block(256, 256, 3)
             self.lateral3, self.fpn3 = block(512 + 256, 256, 1), block(256, 256, 3)
-            self.depthnet = nn.Sequential(block(256, 256, 3), block(256, 256, 3), nn.Conv2d(256, 118 + 80, 1))
+            self.dtransform = nn.Sequential(block(1, 8, 1), block(8, 32, 5, 4), block(32, 64, 5, 2))
+            self.depthnet = nn.Sequential(block(256 + 64, 256, 3), block(256, 256, 3), nn.Conv2d(256, 118 + 80, 1))
 
         def forward(self, images):
+            depth = images[:, :1]  # the lidar depth map input, same size as the image
             c3 = self.stem(images)
             c4 = self.layer3(c3)
             c5 = self.layer4(c4)
@@ -130,7 +134,8 @@ def _bevfusion_camera():
             p4 = self.fpn4(self.lateral4(torch.cat([c4, up], 1)))
             up = nn.functional.interpolate(p4, size=c3.shape[-2:], mode="bilinear", align_corners=False)
             p3 = self.fpn3(self.lateral3(torch.cat([c3, up], 1)))
-            return self.depthnet(p3)
+            out = self.depthnet(torch.cat([p3, self.dtransform(depth)], 1))
+            return torch.cat([out[:, :118].softmax(1), out[:, 118:]], 1)
 
     return Camera()
 
