@@ -98,17 +98,24 @@ def load_for_deploy(path: str | Path, files: list, overrides: list) -> tuple[Pip
     With no config files, the checkpoint's own pipeline is used (with `overrides`
     applied to it); with files, that pipeline must describe the same network.
     """
+    stored, state_dict, meta = load_model_checkpoint(path)
+    return pipeline_for_checkpoint(stored, path, files, overrides), state_dict, meta
+
+
+def pipeline_for_checkpoint(stored: Pipeline, path: str | Path, files: list, overrides: list) -> Pipeline:
+    """`files` + `overrides`, or with no files the checkpoint's own pipeline + `overrides`; either way
+    refused (CheckpointError) when it describes another network than the checkpoint's."""
     from stack.config import load_pipeline, pipeline_to_yaml
 
-    stored, state_dict, meta = load_model_checkpoint(path)
     if files:
         pipeline = load_pipeline(files, overrides)
-        check_same_network(stored, pipeline, path)
-        return pipeline, state_dict, meta
-    with tempfile.TemporaryDirectory() as folder:
-        copy = Path(folder) / "checkpoint_pipeline.yaml"
-        copy.write_text(pipeline_to_yaml(stored))
-        return load_pipeline([copy], overrides), state_dict, meta
+    else:
+        with tempfile.TemporaryDirectory() as folder:
+            copy = Path(folder) / "checkpoint_pipeline.yaml"
+            copy.write_text(pipeline_to_yaml(stored))
+            pipeline = load_pipeline([copy], overrides)
+    check_same_network(stored, pipeline, path)
+    return pipeline
 
 
 def check_same_network(checkpoint: Pipeline, given: Pipeline, path: str | Path) -> None:

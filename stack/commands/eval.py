@@ -3,7 +3,9 @@
     stack eval runs/tiny/train/model.pt -c configs/pipeline.yaml -c configs/presets/tiny.yaml
 
 CHECKPOINT is the `model.pt` that `stack train` writes (or a Lightning `.ckpt`); the
-network is rebuilt from the pipeline it carries. Exit code 0 when every head clears its
+network is rebuilt from the pipeline it carries, and the data comes from the -c files and
+overrides given (or, with none, from that pipeline with the overrides): a pipeline of another
+network (model or rig) is refused up front, as export and deploy refuse it. Exit code 0 when every head clears its
 bar, 1 when one does not. Writes eval/metrics.json and eval/heads.png beside it
 (eval-train/ for `--split train`: the same table on frames the network trained on, so a
 gap between the two splits shows memorisation rather than learning).
@@ -25,14 +27,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from stack.cli import load_pipeline_from_args
     from stack.commands.export import take_checkpoint
     from stack.train.evaluate import evaluate_checkpoint, verdicts
 
     checkpoint = take_checkpoint(args)
-    pipeline = load_pipeline_from_args(args) if (args.config or args.overrides) else None
-    if pipeline is not None:
-        _check_same_network(checkpoint, pipeline)
+    pipeline = _pipeline(checkpoint, args) if (args.config or args.overrides) else None
     metrics, out = evaluate_checkpoint(Path(checkpoint), pipeline, split=args.split)
     rows = verdicts(metrics)
     print(f"| head | metric | model | baseline | bar | verdict |\n|---|---|---|---|---|---|")
@@ -48,10 +47,15 @@ def run(args: argparse.Namespace) -> int:
     return 0 if all(row.passed for row in rows) else 1
 
 
-def _check_same_network(checkpoint: str, pipeline) -> None:
-    """Refuse, before any data is read, a pipeline whose model or rig differs from the checkpoint's (as
-    export and deploy do): its data would not fit the network (another image size, other classes)."""
-    from stack.checkpoint import check_same_network, load_model_checkpoint
+def _pipeline(checkpoint: str, args: argparse.Namespace):
+    """The -c files + overrides, or the checkpoint's own pipeline + overrides when no file is given (as export
+    and deploy do); refused before any data is read when its model or rig differs from the checkpoint's: the
+    data would not fit the network (another image size, other classes)."""
+    from stack.checkpoint import load_model_checkpoint, pipeline_for_checkpoint
+    from stack.config import pipeline_to_yaml
 
     stored, _, _ = load_model_checkpoint(checkpoint)
-    check_same_network(stored, pipeline, checkpoint)
+    pipeline = pipeline_for_checkpoint(stored, checkpoint, args.config, args.overrides)
+    if args.print_config:
+        print(pipeline_to_yaml(pipeline), end="", flush=True)
+    return pipeline

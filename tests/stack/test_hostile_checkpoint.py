@@ -106,3 +106,22 @@ def test_train_resume_refuses_a_crafted_checkpoint(crafted, tmp_path):
                         f"train.out_dir={tmp_path / 'run'}", f"data.root={tmp_path / 'data'}", "train.precision=32-true")
     assert code == 2 and str(path) in err and "Traceback" not in err, err
     assert not marker.exists()
+
+
+def test_overrides_without_files_apply_to_the_checkpoints_own_pipeline(tmp_path, tiny):
+    """`stack eval model.pt data.root=...` evaluates the tiny network (the default pipeline would not fit it);
+    an override that changes the network is refused, for export too."""
+    from stack.checkpoint import load_for_deploy
+    from stack.commands.eval import _pipeline
+
+    path = save_model_checkpoint(tmp_path / "model.pt", tiny, {})
+
+    class Args:
+        config, overrides, print_config = [], [f"data.root={tmp_path / 'shards'}"], False
+
+    assert _pipeline(str(path), Args).model == tiny.model
+    Args.overrides = [f"model.bev_channels={tiny.model.bev_channels + 8}"]
+    with pytest.raises(CheckpointError, match="model.bev_channels: checkpoint has"):
+        _pipeline(str(path), Args)
+    with pytest.raises(CheckpointError, match="model.bev_channels: checkpoint has"):
+        load_for_deploy(path, [], Args.overrides)
