@@ -14,11 +14,22 @@ with the exact `trtexec` line (`trtexec_command`) to run on the device.
   ONNX Runtime on the same inputs and checks every output against tolerances.
 - Time (`time_engine`): warm-up, then per-run CUDA-event timing of `execute_async_v3`,
   reported as median and p99.
+- Which device (`device_identity`, `runs_on_target`): a timing is the target's measurement
+  only on the target's own GPU (compute capability, multiprocessor count, name pattern from
+  the target's YAML). An engine timed on an H100 says nothing about an Orin's 83 ms budget;
+  there the figure is kept as information and the gate uses the prediction.
+- What the accuracy gate scored is what TensorRT builds (`fp32_layers`): the layers kept in
+  fp32 (`export.keep_fp32` and the gate's own fallbacks) get precision constraints
+  (`layer.precision`, output types, `OBEY_PRECISION_CONSTRAINTS`; trtexec's
+  `--layerPrecisions`/`--layerOutputTypes`/`--precisionConstraints=obey`), so `best` cannot
+  quietly run them in FP16.
 """
 
 from __future__ import annotations
 
+import re
 import shlex
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -29,13 +40,70 @@ TRTEXEC_WARMUP_MS = 500
 TRTEXEC_ITERATIONS = 1000
 
 
-def trtexec_command(onnx_name: str, engine_name: str, target, timing_cache: str = "timing.cache") -> str:
+@dataclass(frozen=True)
+class DeviceIdentity:
+    """The CUDA device a TensorRT timing was taken on."""
+
+    name: str
+    compute_capability: str
+    multiprocessors: int
+    board: str = ""
+    """/proc/device-tree/model on a Jetson ("NVIDIA Jetson AGX Orin Developer Kit"), else empty."""
+
+    def describe(self) -> str:
+        board = f", {self.board}" if self.board else ""
+        return f"{self.name} (compute capability {self.compute_capability}, {self.multiprocessors} SMs{board})"
+
+
+def device_identity() -> DeviceIdentity:
+    """Identity of CUDA device 0 (needs a GPU)."""
+    import torch
+
+    props = torch.cuda.get_device_properties(0)
+    model = Path("/proc/device-tree/model")
+    board = model.read_bytes().decode(errors="replace").strip("\x00\n ") if model.is_file() else ""
+    return DeviceIdentity(props.name, f"{props.major}.{props.minor}", props.multi_processor_count, board)
+
+
+def runs_on_target(target, device: DeviceIdentity) -> tuple[bool, str]:
+    """(does a timing on `device` measure `target`?, why not when it does not)."""
+    if not target.device_compute_capability:
+        return False, "the target names no device (targets.T.device_compute_capability)"
+    if device.compute_capability != target.device_compute_capability:
+        return False, (f"compute capability {device.compute_capability} is not the target's "
+                       f"{target.device_compute_capability}")
+    if target.device_multiprocessors and device.multiprocessors != target.device_multiprocessors:
+        return False, f"{device.multiprocessors} SMs, the target has {target.device_multiprocessors}"
+    if target.device_name_pattern and not re.search(target.device_name_pattern, f"{device.name} | {device.board}"):
+        return False, f"the device does not match the target's name pattern {target.device_name_pattern!r}"
+    return True, ""
+
+
+def fp32_layers(model, keep_fp32) -> list[str]:
+    """ONNX node names TensorRT must build in fp32: those `keep_fp32` names and weighted layers left unquantized.
+
+    A weighted layer (Conv, ConvTranspose, MatMul, Gemm) without a DequantizeLinear on its weight
+    was kept in fp32 by the accuracy gate (or by keep_fp32), which scored it in fp32; under
+    `best` TensorRT would otherwise be free to run it in FP16. Constant nodes carry no compute.
+    """
+    from stack.deploy.quantize import fp32_nodes, quantized_layers, weight_layers
+
+    names = set(fp32_nodes(model, keep_fp32)) | (set(weight_layers(model)) - set(quantized_layers(model)))
+    constants = {n.name for n in model.graph.node if n.op_type == "Constant"}
+    return [n.name for n in model.graph.node if n.name in names - constants]
+
+
+def trtexec_command(onnx_name: str, engine_name: str, target, timing_cache: str = "timing.cache",
+                    fp32: list[str] = ()) -> str:
     """The exact trtexec line that builds and times the engine for `target` on the device."""
     args = ["trtexec", f"--onnx={onnx_name}", f"--saveEngine={engine_name}", f"--timingCacheFile={timing_cache}"]
     if target.precision in ("fp16", "best", "int8"):
         args.append("--fp16")
     if target.precision in ("int8", "best"):
         args.append("--int8")  # explicit quantization: the Q/DQ nodes set the INT8 layers
+    if fp32 and target.precision != "fp32":
+        spec = ",".join(f"{name}:fp32" for name in fp32)
+        args += ["--precisionConstraints=obey", f"--layerPrecisions={spec}", f"--layerOutputTypes={spec}"]
     if target.dla_core >= 0:
         args += [f"--useDLACore={target.dla_core}", "--allowGPUFallback"]
     args += [f"--warmUp={TRTEXEC_WARMUP_MS}", f"--iterations={TRTEXEC_ITERATIONS}", "--useCudaGraph",
@@ -43,11 +111,16 @@ def trtexec_command(onnx_name: str, engine_name: str, target, timing_cache: str 
     return " ".join(shlex.quote(a) for a in args)
 
 
-def build_engine_script(onnx_name: str, target, target_name: str) -> str:
+def _comment(text: str) -> str:
+    """`text` made safe for one shell comment line: control characters (a newline would end the comment) become spaces."""
+    return re.sub(r"[\x00-\x1f\x7f]", " ", str(text))
+
+
+def build_engine_script(onnx_name: str, target, target_name: str, fp32: list[str] = ()) -> str:
     """`build_engine.sh`: build + time on the device, with the gate's bar printed next to the result."""
-    command = trtexec_command(onnx_name, f"{target_name}.engine", target)
+    command = trtexec_command(onnx_name, f"{target_name}.engine", target, fp32=fp32)
     return f"""#!/usr/bin/env bash
-# Build and time the {target_name} engine on the device ({target.description}).
+# Build and time the {_comment(target_name)} engine on the device ({_comment(target.description)}).
 # Run from this bundle folder on the target; needs trtexec (JetPack: /usr/src/tensorrt/bin/trtexec).
 # The gate: median >= {target.min_fps:g} FPS and p99 <= {target.max_p99_latency_ms:g} ms (see report.md).
 set -euo pipefail
@@ -58,8 +131,12 @@ grep -E "GPU Compute Time|Throughput" trtexec.log
 """
 
 
-def build_engine(onnx_path: Path, engine_path: Path, target, timing_cache: Path, log=print) -> Path:
-    """Build a serialized engine from the QDQ ONNX with TensorRT's Python API (needs TensorRT)."""
+def build_engine(onnx_path: Path, engine_path: Path, target, timing_cache: Path, log=print,
+                 fp32: list[str] = ()) -> Path:
+    """Build a serialized engine from the QDQ ONNX with TensorRT's Python API (needs TensorRT).
+
+    `fp32`: ONNX node names whose layers are constrained to fp32 (`fp32_layers`).
+    """
     import tensorrt as trt
 
     logger = trt.Logger(trt.Logger.WARNING)
@@ -74,6 +151,10 @@ def build_engine(onnx_path: Path, engine_path: Path, target, timing_cache: Path,
         config.set_flag(trt.BuilderFlag.FP16)
     if target.precision in ("int8", "best"):
         config.set_flag(trt.BuilderFlag.INT8)
+    if fp32 and target.precision != "fp32":
+        constrained = constrain_fp32(network, fp32, trt)
+        config.set_flag(trt.BuilderFlag.OBEY_PRECISION_CONSTRAINTS)
+        log(f"  {constrained} layers constrained to fp32 ({len(fp32)} ONNX nodes kept fp32 by the accuracy gate)")
     if target.dla_core >= 0:
         config.default_device_type = trt.DeviceType.DLA
         config.DLA_core = target.dla_core
@@ -87,6 +168,24 @@ def build_engine(onnx_path: Path, engine_path: Path, target, timing_cache: Path,
     engine_path.write_bytes(bytes(serialized))
     timing_cache.write_bytes(bytes(config.get_timing_cache().serialize()))
     return engine_path
+
+
+def constrain_fp32(network, fp32: list[str], trt) -> int:
+    """Set fp32 precision and output types on every layer named after a node in `fp32`; returns how many.
+
+    The ONNX parser names each layer after its node; exact names only, because exported graphs
+    hold siblings such as `/x/Conv` and `/x/Conv_1` that a prefix rule would confuse.
+    """
+    names = set(fp32)
+    count = 0
+    for index in range(network.num_layers):
+        layer = network.get_layer(index)
+        if layer.name in names:
+            layer.precision = trt.float32
+            for output in range(layer.num_outputs):
+                layer.set_output_type(output, trt.float32)
+            count += 1
+    return count
 
 
 def compare_with_onnxruntime(engine_path: Path, onnx_path: Path, feeds: list[dict], atol: float, rtol: float) -> bool:
