@@ -236,9 +236,6 @@ class Calibration:
                 found.append(f"camera {name}: " + ", ".join(parts))
         return found
 
-    def same_as(self, other: "Calibration") -> bool:
-        return self.hash == other.hash or not self.compare(other)
-
 
 def _camera_problems(k: np.ndarray, pose: np.ndarray, width: int, height: int) -> list[str]:
     if not (np.isfinite(k).all() and np.isfinite(pose).all()):

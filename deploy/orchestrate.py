@@ -78,6 +78,9 @@ def run_deploy(spec: DeploySpec, name: str, target, export_cfg, folder: Path, lo
               "precision": target.precision, "qdq_flavour": target.qdq_flavour, "checkpoint": spec.checkpoint,
               "pipeline_name": spec.pipeline_name, "pipeline_hash": spec.pipeline_hash,
               "samples_source": spec.samples_source, "failures": []}
+    if "calibration_hash" in spec.metadata:  # the camera calibration baked into the BEV pooling
+        result["camera_calibration"] = {"name": spec.metadata.get("calibration", {}).get("name", ""),
+                                        "hash": spec.metadata["calibration_hash"]}
     for file_name, content in spec.extra_files.items():
         (folder / file_name).write_text(content)
     fp32_path = _export_step(spec, folder, export_cfg, result, log)

@@ -74,6 +74,10 @@ def markdown(result: dict) -> str:
              f"QDQ flavour {result['qdq_flavour']})",
              f"- Pipeline: {result['pipeline_name']} (sha256 {result['pipeline_hash']}); checkpoint {result['checkpoint']}",
              f"- Validation samples: {result['samples_source']}", ""]
+    if result.get("camera_calibration"):
+        cameras = result["camera_calibration"]
+        lines[-1:-1] = [f"- Camera calibration: {cameras['name'] or 'unnamed'} (hash {cameras['hash'][:16]}…, "
+                        f"calibration.yaml): the network pools for these cameras only; the runtime refuses others"]
     if result.get("failures"):
         lines += ["## Why it failed", ""] + [f"- {reason}" for reason in result["failures"]] + [""]
     if result.get("shipped"):

@@ -364,6 +364,9 @@ def test_converted_dataset_bundle_runs_through_the_deployed_network(converted, c
     vehicle = Calibration.load(written)
     net = DeployedNetwork.open(folder / "export" / "ci-cpu")
     assert net.calibration.hash == vehicle.hash and net.metadata["calibration_hash"] == vehicle.hash
+    gate = json.loads((folder / "export" / "ci-cpu" / "gate.json").read_text())
+    assert gate["camera_calibration"]["hash"] == vehicle.hash
+    assert f"hash {vehicle.hash[:16]}" in (folder / "export" / "ci-cpu" / "report.md").read_text()
     pipeline = micro_pipeline(f"data.root={folder / 'shards'}")
     batch = load_validation(pipeline, 1)[0][0]
     outputs = net.infer(batch.images.numpy(), batch.ego_status.numpy(), batch.command.numpy(),
