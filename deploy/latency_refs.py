@@ -45,8 +45,9 @@ class Reference:
     binding and synchronisation overhead, fitted as one constant per harness)."""
 
 
-MLPERF = ("MLPerf Inference v3.1 Edge, closed division, NVIDIA Jetson AGX Orin 64G (MAXN), TensorRT 8.6 / JetPack 5.1, "
-          "GPU only, ResNet-50 SingleStream 90th-percentile latency; https://mlcommons.org/benchmarks/inference-edge/")
+MLPERF = ("MLPerf Inference v3.1 Edge, closed division, NVIDIA Jetson AGX Orin 64G, NVIDIA's TensorRT submission "
+          "(GPU; software stack in the submission's system description), ResNet-50 SingleStream 90th-percentile "
+          "latency; https://mlcommons.org/benchmarks/inference-edge/")
 ULTRALYTICS = ("Ultralytics docs, docs/en/guides/nvidia-jetson.md (github.com/ultralytics/ultralytics, commit 75231dff), "
                "'{device}' table, TensorRT ({precision}) inference time ms/im, 640x640, batch 1, benchmarked with "
                "Ultralytics {version}, {jetpack}, MAX power mode + jetson_clocks as the guide prescribes")
@@ -77,7 +78,8 @@ REFERENCES = (
     Reference("CUDA-BEVFusion camera backbone (R50 + LSS-FPN + depth net) 6x3x256x704", "BEV camera backbone",
               "bevfusion_camera", (6, 3, 256, 704), "int8", 12.73,
               "NVIDIA-AI-IOT/Lidar_AI_Solution issue #175: CUDA-BEVFusion resnet50int8 'Camera Backbone' on Jetson AGX "
-              "Orin (TensorRT 8.5, JetPack 5.1), steady state 12.73-14.36 ms per frame; the best value is used"),
+              "Orin (JetPack 5: Python 3.8 in the same user's log, issue #168; power mode not stated), steady state "
+              "12.73-14.36 ms per frame; the best value is used; https://github.com/NVIDIA-AI-IOT/Lidar_AI_Solution/issues/175"),
 ) + _yolo_references()
 
 PRIOR = Efficiency(conv_int8=0.5, conv_fp16=0.5, dwconv=0.05, matmul=0.3, memory=0.7, gather=0.25, launch_us=4.0)
