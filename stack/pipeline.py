@@ -174,7 +174,8 @@ class AugmentConfig:
     resize_scale: List[float] = field(default_factory=lambda: [0.9, 1.1])
     """Random image rescale range [low, high]; intrinsics are updated to match."""
     bev_rotate_deg: float = 5.0
-    """Random yaw of the whole BEV scene, +/- degrees; boxes and trajectories rotate with it."""
+    """Random yaw of the whole BEV scene, +/- degrees: boxes, their velocities and the camera poses rotate with it;
+    the ego's own trajectories stay in its body frame, where its ego status says it moves (data/augment.py)."""
     color_jitter: float = 0.1
     """Brightness/contrast/saturation jitter strength, 0 disables."""
 
@@ -599,9 +600,10 @@ class Target:
     """Regular expression searched in the device's identity ("CUDA name | board model", the board model from
     /proc/device-tree/model on a Jetson); checked when not empty."""
     reference_workload_ms: float = 0.0
-    """Median time of the reference workload (a 512x512 fp32 MatMul in ONNX Runtime) on the machine
-    the bar was set for. When > 0, measured latency is scaled by this / the reference timed in the same
-    run, so a busier or slower machine does not flip the gate; 0 compares raw latency."""
+    """Time per run of the reference workload (a 512x512 fp32 MatMul in ONNX Runtime) on the machine the
+    bar was set for. When > 0, measured latency is scaled by this / the reference timed in the same run
+    (mean per run over blocks between the model's timing rounds, `stack.deploy.gate.time_side_by_side`),
+    so a busier or slower machine does not flip the gate; 0 compares raw latency."""
     accuracy_budget: AccuracyBudget = field(default_factory=AccuracyBudget)
     """Largest accuracy drop allowed per head."""
 
