@@ -246,3 +246,23 @@ def test_stated_error_is_what_the_published_references_give():
         errors = [row["loo_error" if target == "orin" else "error"] for row in result["rows"] if row["target"] == target]
         assert (len(errors), min(errors), max(errors)) == (count, pytest.approx(low, abs=0.005),
                                                            pytest.approx(high, abs=0.005))
+
+
+@pytest.mark.parametrize("name, words", [("orin-nano", "no published reference of its own"),
+                                         ("orin-nano-super", "checked on 10 published references")])
+def test_the_predicted_gate_states_its_error_and_the_targets_own_references(tmp_path, name, words):
+    """What a deploy report's FPS line says for a predicted target: the LOO spread, the margin and p99 ratio
+    applied, and whether the target was ever checked against published figures of its own."""
+    from types import SimpleNamespace
+
+    from stack.deploy.latency import GATE_MARGIN, P99_OVER_MEDIAN
+    from stack.deploy.orchestrate import _predict
+
+    path = tmp_path / "m.onnx"
+    onnx.save(_conv_graph(channels=64, size=64), str(path))
+    result = {"target": name}
+    _predict(tmp_path, path, load_target(name, load_pipeline()), SimpleNamespace(keep_fp32=[]), result, lambda m: None)
+    gate = result["fps"]
+    assert words in gate["how"] and "leave-one-out error on 12 published AGX Orin references" in gate["how"]
+    assert gate["median_ms"] == pytest.approx(gate["raw_median_ms"] * GATE_MARGIN)
+    assert gate["p99_ms"] == pytest.approx(gate["median_ms"] * P99_OVER_MEDIAN)
