@@ -232,6 +232,18 @@ def test_deployed_network_refuses_another_calibration(micro, exported, tmp_path)
         DeployedNetwork.open(bundle, model="int8")
 
 
+def test_deployed_network_opens_the_shipped_model(exported, tmp_path):
+    from stack.deploy.runner import DeployedNetwork
+
+    path, calibration = exported["moved"]
+    assert DeployedNetwork.open(write_bundle(tmp_path / "a", path, calibration, shipped="model.onnx")).path.name \
+        == "model.onnx"
+    with pytest.raises(StackError, match="ships ../model.onnx, which is not in the bundle"):
+        DeployedNetwork.open(write_bundle(tmp_path / "b", path, calibration, shipped="../model.onnx"))
+    with pytest.raises(StackError, match="model='fp16'"):
+        DeployedNetwork.open(tmp_path / "a", model="fp16")
+
+
 def test_deployed_network_refuses_a_bundle_whose_calibration_was_swapped(exported, tmp_path):
     from stack.deploy.bundle import BundleMismatch
     from stack.deploy.runner import DeployedNetwork
