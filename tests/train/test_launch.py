@@ -70,3 +70,27 @@ def test_two_task_job_on_a_one_node_slurm_cluster(tmp_path):
     assert [r["world_size"] for r in ranks] == [2, 2] and [r["global_step"] for r in ranks] == [3, 3]
     assert (out / "checkpoints" / "step-0000003.ckpt").is_file()
     assert len([r for r in csv.DictReader(open(out / "csv" / "metrics.csv")) if r.get("train/loss_total")]) == 3
+
+
+@pytest.mark.skipif(bool(missing_tools()), reason=f"needs SLURM and munge (make slurm); missing: {missing_tools()}")
+def test_sbatch_reads_a_hostile_out_dir_as_one_path(tmp_path):
+    """A real sbatch parses the quoted #SBATCH --output: the log lands in the folder named by a path with
+    spaces, quotes, `$(...)`, `;` and `%`, and the job runs the program with its arguments intact, nothing else."""
+    marker = tmp_path / "pwned"
+    out = tmp_path / f"run 100% 'q' \"d\" $(touch {marker.name}); x"
+    out.mkdir()
+    record = tmp_path / "argv.json"
+    program = [sys.executable, "-c", "import json, sys; json.dump(sys.argv[1:], open(sys.argv[1], 'w'))",
+               str(record), "a b", "$(touch pwned)"]
+    pipeline = tiny_pipeline(f"train.out_dir={json.dumps(str(out))}", "train.slurm_time=0:05:00")
+    script = tmp_path / "job.sbatch"
+    script.write_text(sbatch_script(pipeline, program, workdir=tmp_path))
+    cluster = OneNodeCluster(tmp_path / "cluster").start()
+    try:
+        job = cluster.run_job(script, timeout=120)
+    finally:
+        cluster.stop()
+    assert job["JobState"] == "COMPLETED", job
+    assert (out / f"slurm-{job['JobId']}.out").is_file(), sorted(p.name for p in tmp_path.rglob("slurm-*"))
+    assert json.loads(record.read_text()) == program[3:]
+    assert not marker.exists() and not (tmp_path / "pwned").exists()
