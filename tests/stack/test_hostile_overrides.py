@@ -106,3 +106,32 @@ def test_through_the_real_executable(override):
                             capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONWARNINGS": "ignore"})
     assert_accepted_or_bad_input(result.returncode, result.stderr, override)
     assert not Path("/tmp/stack-pwned").exists()
+
+
+SCRIPT_KEYS = ["train.slurm_time", "train.slurm_partition", "train.slurm_extra", "train.slurm_extra.0", "name",
+               "train.out_dir", "train.rendezvous"]
+"""Keys whose values reach the sbatch script `stack train --dry-run train.launcher=slurm` writes."""
+
+
+@settings(max_examples=30, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+@given(key=st.sampled_from(SCRIPT_KEYS), value=VALUES)
+def test_generated_values_never_add_a_command_to_the_sbatch_script(key, value, tmp_path_factory):
+    import shlex
+
+    out = tmp_path_factory.mktemp("run")
+    override = f"{key}={out}/{value}" if key == "train.out_dir" else f"{key}={value}"  # never outside tmp
+    argv = ["train", "--dry-run", "train.launcher=slurm", "train.slurm_extra=[--exclusive]", f"train.out_dir={out}",
+            override]
+    stdout, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(stdout):
+        code = main(argv)
+    assert code in (0, 2) and "Traceback" not in err.getvalue(), (override, code, err.getvalue())
+    if code == 2:
+        return
+    script = stdout.getvalue()
+    assert subprocess.run(["bash", "-n"], input=script, text=True, capture_output=True).returncode == 0, script
+    commands = [line.split()[0] for line in script.splitlines()[1:] if line and not line.startswith("#")]
+    assert commands == ["set", "cd", "export", "srun"], script
+    for line in script.splitlines():
+        if line.startswith("#SBATCH "):
+            assert len(shlex.split(line[len("#SBATCH "):])) == 1, line  # sbatch's quoting: one option per line
