@@ -27,6 +27,7 @@ def infer(pipeline, args) -> int:
     from stack.deploy.latency import predict
     from stack.deploy.network import batch_feeds, export_network
     from stack.deploy.accuracy import session_runner
+    from stack.deploy.calibration import Calibration, check_samples
     from stack.deploy.export import export_onnx
     from stack.deploy.quantize import quantize
     from stack.deploy.runtime import REFERENCE_MATMUL, ort_session, reference_workload_ms
@@ -35,8 +36,10 @@ def infer(pipeline, args) -> int:
     checkpoint = Path(pipeline.train.out_dir) / "model.pt"
     stored, state_dict, _ = load_model_checkpoint(checkpoint)
     check_same_network(stored, pipeline, checkpoint)
-    network = export_network(pipeline, state_dict)
     calibration, accuracy, source = calibration_and_accuracy(pipeline)
+    cameras = Calibration.from_batch(accuracy[0], 0, [c.name for c in pipeline.data.rig.cameras], "the data's")
+    check_samples(calibration + accuracy, cameras, f"samples ({source})")  # one calibration, baked below
+    network = export_network(pipeline, state_dict, cameras)
     calibration_feeds = [f for b in calibration for f in batch_feeds(b)]
     feeds = batch_feeds(accuracy[0])[0]
     evaluate = make_evaluator(pipeline, accuracy)
