@@ -1,0 +1,57 @@
+"""SIGKILL at named points of `stack train` (stack.failpoints): the previous checkpoint stays intact and a
+resume from it reproduces the uninterrupted run's losses, with every log row kept once."""
+
+import csv
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+SCRIPT = Path(__file__).resolve().parent / "run_tiny.py"
+REPO = Path(__file__).resolve().parents[2]
+RECIPE = ["train.max_epochs=2", "train.log_every_n_steps=1", "train.checkpoint_every_n_steps=4", "train.seed=7"]
+
+
+def train(out: Path, *overrides: str, fail_at: str | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    env.pop("STACK_FAIL_POINT", None)
+    if fail_at:
+        env["STACK_FAIL_POINT"] = fail_at
+    return subprocess.run([sys.executable, str(SCRIPT), "--batches", "6", f"train.out_dir={out}", *RECIPE, *overrides],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+
+
+def losses(out: Path) -> list[tuple[int, float]]:
+    with open(out / "csv" / "metrics.csv") as handle:
+        return [(int(r["step"]), float(r["train/loss_total"])) for r in csv.DictReader(handle) if r.get("train/loss_total")]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    out = tmp_path_factory.mktemp("uninterrupted")
+    result = train(out)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return losses(out)
+
+
+@pytest.mark.slow  # two Lightning processes per kill point (~40 s on 2 busy cores)
+@pytest.mark.parametrize("point, kept", [
+    ("train-step:7", "step-0000004.ckpt"),        # epoch 1, first batch: one checkpoint behind
+    ("train-step:11", "step-0000008.ckpt"),       # epoch 1, mid-epoch
+    ("checkpoint-write:2", "step-0000004.ckpt"),  # step 8's checkpoint written but not yet renamed into place
+])
+def test_sigkill_keeps_the_last_checkpoint_and_resume_reproduces_the_run(uninterrupted, tmp_path, point, kept):
+    killed = train(tmp_path, fail_at=point)
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    checkpoints = tmp_path / "checkpoints"
+    assert (checkpoints / "latest").read_text().strip() == kept
+    assert torch.load(checkpoints / kept, weights_only=True)["global_step"] == int(kept[5:12])
+    assert not (tmp_path / "model.pt").exists()
+    resumed = train(tmp_path, f"train.resume={tmp_path}")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert [s for s, _ in losses(tmp_path)] == list(range(12))  # every step logged once
+    assert [v for _, v in losses(tmp_path)] == pytest.approx([v for _, v in uninterrupted], rel=1e-5)
+    assert not list(checkpoints.glob(".*.partial"))
