@@ -29,7 +29,6 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import yaml
 
 from stack.errors import StackError, missing_file_message
 from stack.pipeline import SCHEMA_VERSION, Pipeline
@@ -89,6 +88,7 @@ def load_model_checkpoint(path: str | Path) -> tuple[Pipeline, dict, dict]:
     else:
         state_dict, kind = _strip_prefix(raw["state_dict"]), "lightning"
         extra = {k: raw[k] for k in ("epoch", "global_step") if k in raw}
+    _check_tensors(state_dict, path)
     return pipeline, state_dict, {"pipeline_hash": stored_hash, "format": kind, "extra": extra}
 
 
@@ -116,6 +116,25 @@ def pipeline_for_checkpoint(stored: Pipeline, path: str | Path, files: list, ove
             pipeline = load_pipeline([copy], overrides)
     check_same_network(stored, pipeline, path)
     return pipeline
+
+
+def check_weights_fit(pipeline: Pipeline, state_dict: dict, path: str | Path) -> None:
+    """Refuse weights that do not fit the network `pipeline` describes (names and shapes), before any work:
+    `load_state_dict` would stop later with a traceback listing hundreds of keys."""
+    from stack.models import build_model
+
+    expected = {k: tuple(v.shape) for k, v in build_model(pipeline).state_dict().items()}
+    found = {k: tuple(v.shape) for k, v in state_dict.items()}
+    missing, unexpected = sorted(set(expected) - set(found)), sorted(set(found) - set(expected))
+    shapes = [f"{k}: {found[k]} vs {expected[k]}" for k in sorted(set(found) & set(expected)) if found[k] != expected[k]]
+    if missing or unexpected or shapes:
+        parts = [f"{len(missing)} missing (e.g. {', '.join(missing[:3])})" if missing else "",
+                 f"{len(unexpected)} unexpected (e.g. {', '.join(unexpected[:3])})" if unexpected else "",
+                 f"{len(shapes)} of another shape (checkpoint vs network: {'; '.join(shapes[:3])})" if shapes else ""]
+        raise CheckpointError(
+            f"the weights in {str(path)!r} do not fit the network its pipeline describes: "
+            f"{', '.join(p for p in parts if p)}. It was written by another version of stack.models or edited; "
+            f"use the model.pt that `stack train` wrote with this version.")
 
 
 def check_same_network(checkpoint: Pipeline, given: Pipeline, path: str | Path) -> None:
@@ -198,11 +217,25 @@ def _pipeline_text(raw: dict, path: Path) -> tuple[str, str | None]:
     )
 
 
+def _check_tensors(state_dict: dict, path: Path) -> None:
+    import torch
+
+    odd = [k for k, v in state_dict.items() if not isinstance(k, str) or not isinstance(v, torch.Tensor)]
+    if odd:
+        value = state_dict[odd[0]]
+        raise CheckpointError(f"{str(path)!r} is not a model checkpoint: its state_dict maps {odd[0]!r} to "
+                              f"{type(value).__name__} {str(value)[:40]!r}, not a tensor. Give the file that "
+                              "`stack train` wrote.")
+
+
 def _check_schema_version(text: str, path: Path) -> None:
+    from stack.config import YAML_ERRORS, parse_yaml_value
+
     try:
-        version = (yaml.safe_load(text) or {}).get("schema_version", SCHEMA_VERSION)
-    except yaml.YAMLError:
+        parsed = parse_yaml_value(text)
+    except YAML_ERRORS:
         return  # pipeline_from_yaml reports the syntax error with its location
+    version = parsed.get("schema_version", SCHEMA_VERSION) if isinstance(parsed, dict) else SCHEMA_VERSION
     if version != SCHEMA_VERSION:
         raise CheckpointError(
             f"checkpoint {str(path)!r} was written with pipeline schema {version}; this stack reads schema "

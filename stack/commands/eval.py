@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
     from stack.train.evaluate import evaluate_checkpoint, verdicts
 
     checkpoint = take_checkpoint(args)
-    pipeline = _pipeline(checkpoint, args) if (args.config or args.overrides) else None
+    pipeline = _checked_pipeline(checkpoint, args)
     metrics, out = evaluate_checkpoint(Path(checkpoint), pipeline, split=args.split)
     rows = verdicts(metrics)
     print(f"| head | metric | model | baseline | bar | verdict |\n|---|---|---|---|---|---|")
@@ -47,15 +47,18 @@ def run(args: argparse.Namespace) -> int:
     return 0 if all(row.passed for row in rows) else 1
 
 
-def _pipeline(checkpoint: str, args: argparse.Namespace):
+def _checked_pipeline(checkpoint: str, args: argparse.Namespace):
     """The -c files + overrides, or the checkpoint's own pipeline + overrides when no file is given (as export
-    and deploy do); refused before any data is read when its model or rig differs from the checkpoint's: the
-    data would not fit the network (another image size, other classes)."""
-    from stack.checkpoint import load_model_checkpoint, pipeline_for_checkpoint
+    and deploy do; None with neither); refused before any data is read when its model or rig differs from the
+    checkpoint's (the data would not fit the network), or when the weights do not fit the network."""
+    from stack.checkpoint import check_weights_fit, load_model_checkpoint, pipeline_for_checkpoint
     from stack.config import pipeline_to_yaml
 
-    stored, _, _ = load_model_checkpoint(checkpoint)
-    pipeline = pipeline_for_checkpoint(stored, checkpoint, args.config, args.overrides)
-    if args.print_config:
-        print(pipeline_to_yaml(pipeline), end="", flush=True)
+    stored, state_dict, _ = load_model_checkpoint(checkpoint)
+    pipeline = None
+    if args.config or args.overrides:
+        pipeline = pipeline_for_checkpoint(stored, checkpoint, args.config, args.overrides)
+        if args.print_config:
+            print(pipeline_to_yaml(pipeline), end="", flush=True)
+    check_weights_fit(stored, state_dict, checkpoint)
     return pipeline

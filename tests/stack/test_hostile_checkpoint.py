@@ -112,16 +112,34 @@ def test_overrides_without_files_apply_to_the_checkpoints_own_pipeline(tmp_path,
     """`stack eval model.pt data.root=...` evaluates the tiny network (the default pipeline would not fit it);
     an override that changes the network is refused, for export too."""
     from stack.checkpoint import load_for_deploy
-    from stack.commands.eval import _pipeline
+    from stack.commands.eval import _checked_pipeline
 
-    path = save_model_checkpoint(tmp_path / "model.pt", tiny, {})
+    from stack.models import build_model
+
+    path = save_model_checkpoint(tmp_path / "model.pt", tiny, build_model(tiny).state_dict())
 
     class Args:
         config, overrides, print_config = [], [f"data.root={tmp_path / 'shards'}"], False
 
-    assert _pipeline(str(path), Args).model == tiny.model
+    assert _checked_pipeline(str(path), Args).model == tiny.model
     Args.overrides = [f"model.bev_channels={tiny.model.bev_channels + 8}"]
     with pytest.raises(CheckpointError, match="model.bev_channels: checkpoint has"):
-        _pipeline(str(path), Args)
+        _checked_pipeline(str(path), Args)
     with pytest.raises(CheckpointError, match="model.bev_channels: checkpoint has"):
         load_for_deploy(path, [], Args.overrides)
+
+
+@pytest.mark.parametrize("payload, needle", [
+    ({"state_dict": {}, "pipeline_yaml": "[1]"}, "must hold a mapping"),
+    ({"state_dict": {}, "pipeline_yaml": "!!int x"}, "is not valid YAML"),
+    ({"state_dict": {"w": 5}, "pipeline_yaml": None}, "maps 'w' to int '5', not a tensor"),
+    ({"state_dict": {}, "pipeline_yaml": None}, "do not fit the network"),
+    ({"state_dict": {"image_encoder.stem.weight": torch.zeros(2)}, "pipeline_yaml": None}, "1 unexpected"),
+])
+def test_crafted_but_loadable_checkpoints_are_bad_input(tmp_path, tiny, payload, needle):
+    """Files that pass the weights-only loader but are not what `stack train` writes: exit 2, not a traceback."""
+    path = tmp_path / "odd.pt"
+    torch.save({**payload, "pipeline_yaml": payload["pipeline_yaml"] or pipeline_to_yaml(tiny)}, path)
+    code, err = run_cli("eval", str(path))
+    assert code == 2 and needle in err and "Traceback" not in err, err
+    assert not (tmp_path / "eval").exists()
