@@ -22,7 +22,8 @@ computed on TensorRT's view of the graph rather than ONNX's node list:
 Efficiencies are per operator class (`KINDS`) and precision, fitted to 12 published Jetson AGX
 Orin TensorRT timings from three network families (`stack.deploy.latency_refs.REFERENCES`,
 refit by `stack bench latency`); each reference's leave-one-out error is the stated error
-(`LOO_ERRORS`), its worst optimistic value sets `GATE_MARGIN`, and BENCHMARKS.md records them. Roofline model: Williams, Waterman, Patterson, CACM 2009
+(`LOO_ERRORS`), its worst optimistic value sets `GATE_MARGIN`, and BENCHMARKS.md records them.
+Roofline model: Williams, Waterman, Patterson, CACM 2009
 (https://doi.org/10.1145/1498765.1498785).
 """
 

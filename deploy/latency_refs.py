@@ -5,9 +5,10 @@ latency does not depend on the weights' values), its input, the precision of the
 engine, the published latency, the device (a target in configs/targets) and its source.
 
 `fit` sets the efficiencies the AGX Orin references can pin (dense conv INT8 and FP16, memory
-bandwidth; plus the per-image overhead of the Ultralytics harness) by least squares on log(predicted / published), with a soft-L1
-loss so one odd reference cannot drag the rest; the classes too small in every reference to be
-identified (depthwise conv, matmul, gather) keep their priors (`PRIOR`, `FITTED`). `leave_one_out`
+bandwidth; plus the per-image overhead of the Ultralytics harness) by least squares on
+log(predicted / published), with a soft-L1 loss so one odd reference cannot drag the rest; the
+classes too small in every reference to be identified (depthwise conv, matmul, gather) keep their
+priors (`PRIOR`, `FITTED`). `leave_one_out`
 refits without each reference and predicts it: that error, not the in-sample one, is the model's
 stated error, and its worst optimistic value sets the gate margin (`latency.gate_margin`).
 References on other devices (Orin Nano Super, Orin NX) are never fitted: they check that the
@@ -184,6 +185,7 @@ def table(targets: dict, loads: dict | None = None, log=None) -> dict:
                      "loo_error": round(loo[ref], 3) if ref in loo else None, "source": ref.source,
                      "by_kind_ms": {k: round(v, 3) for k, v in load.share_by_kind(fitted.efficiency).items()}})
     errors = [loo[r] for r in own]
-    return {"efficiency": fitted.efficiency, "overhead_ms": fitted.overhead_ms, "rows": rows, "loo": {r.name + " " + r.precision: round(e, 3) for r, e in loo.items()},
+    return {"efficiency": fitted.efficiency, "overhead_ms": fitted.overhead_ms, "rows": rows,
+            "loo": {r.name + " " + r.precision: round(e, 3) for r, e in loo.items()},
             "loo_min": min(errors), "loo_max": max(errors), "loo_rms": float(np.sqrt(np.mean(np.square(errors)))),
             "margin": gate_margin({r.name + " " + r.precision: e for r, e in loo.items()}), "references": len(own)}
