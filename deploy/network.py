@@ -11,7 +11,6 @@ runtime never guesses names, layouts, classes, calibration or normalisation.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -121,8 +120,10 @@ def metadata(pipeline: Pipeline, calibration: Calibration | None = None) -> dict
         "detection_classes": list(pipeline.model.detection_classes),
         "segmentation_classes": list(pipeline.model.segmentation_classes),
         "output_layout": output_layout(pipeline, pipeline.export.batch_size),
+        # camera order and image size; the cameras' geometry is `calibration` (the nominal rig's Camera fields
+        # would describe another vehicle when the bundle is built for a measured calibration)
         "rig": {"image_width": rig.image_width, "image_height": rig.image_height,
-                "cameras": [dataclasses.asdict(c) for c in rig.cameras]},
+                "cameras": [c.name for c in rig.cameras]},
         "calibration": calibration.to_dict(), "calibration_hash": calibration.hash,
         "inputs": {"images": "uint8 RGB (B, N, 3, H, W), cameras in rig order, 0..255",
                    "ego_status": f"float32 (B, 3): {', '.join(EGO_STATUS_FIELDS)}",
