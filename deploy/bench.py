@@ -26,7 +26,7 @@ def infer(pipeline, args) -> int:
     from stack.deploy.evaluate import make_evaluator
     from stack.deploy.latency import predict
     from stack.deploy.network import batch_feeds, export_network
-    from stack.deploy.accuracy import session_runner
+    from stack.deploy.accuracy import as_scores, session_runner
     from stack.deploy.calibration import Calibration, check_samples
     from stack.deploy.export import export_onnx
     from stack.deploy.quantize import quantize
@@ -52,7 +52,7 @@ def infer(pipeline, args) -> int:
             models[label] = quantize(fp32, folder / f"{flavour}.onnx", flavour, calibration_feeds,
                                      folder / f"{flavour}.json", pipeline.export.keep_fp32).path
         print(f"# stack bench infer: {pipeline.name}, ONNX Runtime CPU, {source}")
-        metrics = {name: evaluate(session_runner(path)) for name, path in models.items()}
+        metrics = {name: as_scores(evaluate(session_runner(path))).metrics for name, path in models.items()}
         times = _interleaved({name: ort_session(path) for name, path in models.items()}, feeds, pipeline.export)
         reference = reference_workload_ms()
         gflop = predict(onnx.load(str(fp32)), _any_gpu_target(pipeline)).total_flops / 1e9
