@@ -135,7 +135,8 @@ def fit(pipeline: Pipeline, model: Callable[[Pipeline], nn.Module] | None = None
     trainer, stats = build_trainer(pipeline, progress=progress, validate=True, resume_step=resume_step)
     _write_pipeline(pipeline, trainer)
     try:
-        trainer.fit(module, datamodule=PipelineData(pipeline, loaders), ckpt_path=str(resume) if resume else None)
+        trainer.fit(module, datamodule=PipelineData(pipeline, loaders), ckpt_path=str(resume) if resume else None,
+                    weights_only=True)  # never unpickle code from a checkpoint (check_resume read it the same way)
     except SystemExit as exc:
         if trainer.interrupted:  # Lightning turns KeyboardInterrupt into exit(1) after its teardown
             raise TrainingInterrupted(_interrupted_message(pipeline, module)) from exc

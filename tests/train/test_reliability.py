@@ -149,3 +149,22 @@ def test_ctrl_c_exits_130_naming_the_last_checkpoint(tmp_path):
     named = latest.read_text().strip()
     assert f"interrupted; last checkpoint {tmp_path / 'checkpoints' / named}" in err and "Traceback" not in err
     assert torch.load(tmp_path / "checkpoints" / named, weights_only=True)["global_step"] >= 3
+
+
+class _Payload:
+    """Unpickling this runs a command: what a crafted checkpoint would do."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_crafted_resume_checkpoint_is_refused_without_running_its_code(tmp_path):
+    marker = tmp_path / "pwned"
+    crafted = tmp_path / "step-0000004.ckpt"
+    torch.save({"global_step": 4, "state_dict": {}, "payload": _Payload(marker)}, crafted)
+    with pytest.raises(StackError, match=r"step-0000004\.ckpt is not a readable training checkpoint"):
+        run(tmp_path / "out", f"train.resume={crafted}")
+    assert not marker.exists()
