@@ -74,7 +74,7 @@ def configure(override: str) -> tuple[int, str]:
     return 0, ""
 
 
-@settings(max_examples=200, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=150, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
 @given(key=st.sampled_from(KEYS), value=VALUES)
 def test_any_override_value_is_accepted_or_refused_with_a_message(key, value):
     override = f"{key}={value}"
@@ -89,7 +89,7 @@ def test_every_special_value_on_three_keys(index):
         assert_accepted_or_bad_input(*configure(override), override)
 
 
-@settings(max_examples=25, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=20, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
 @given(key=st.sampled_from(KEYS), value=VALUES)
 def test_the_cli_in_process_exits_0_or_2(key, value):
     override = f"{key}={value}"
@@ -113,7 +113,7 @@ SCRIPT_KEYS = ["train.slurm_time", "train.slurm_partition", "train.slurm_extra",
 """Keys whose values reach the sbatch script `stack train --dry-run train.launcher=slurm` writes."""
 
 
-@settings(max_examples=30, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=25, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
 @given(key=st.sampled_from(SCRIPT_KEYS), value=VALUES)
 def test_generated_values_never_add_a_command_to_the_sbatch_script(key, value, tmp_path_factory):
     import shlex
