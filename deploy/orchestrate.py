@@ -198,14 +198,12 @@ def _finish_speed(result: dict) -> None:
 
 def _measure_onnxruntime(spec, folder, engine_onnx, fp32_path, target, cfg, result, log):
     from stack.deploy.profile import profile_nodes
-    from stack.deploy.runtime import reference_workload_ms
 
     feeds = spec.accuracy_feeds[0]
     paths = [engine_onnx] + ([fp32_path] if engine_onnx != fp32_path else [])
     log(f"timing {' and '.join(p.name for p in paths)} with ONNX Runtime, side by side ({cfg.timing_runs} runs "
         f"each after {cfg.timing_warmup} warm-up) ...")
-    reference = reference_workload_ms()
-    times = _time_side_by_side(paths, feeds, cfg)
+    times, reference = _time_side_by_side(paths, feeds, cfg)
     result["shipped"] = _choose_shipped(target, engine_onnx, fp32_path, result, times)
     shipped = folder / result["shipped"]["file"]
     log(f"shipping {shipped.name}: {result['shipped']['why']}")
@@ -218,28 +216,13 @@ def _measure_onnxruntime(spec, folder, engine_onnx, fp32_path, target, cfg, resu
     plot_latency(folder, [(n, op, ms, op) for n, op, ms in nodes], f"measured per-node time, ONNX Runtime ({shipped.name})")
 
 
-TIMING_ROUNDS = 5
-"""Side-by-side timing alternates the models in this many rounds, so a burst of load hits both."""
+def _time_side_by_side(paths: list, feeds: dict, cfg) -> tuple[dict, float]:
+    """({file name: LatencyStats}, reference workload ms now), the models and the reference interleaved."""
+    from stack.deploy.gate import time_side_by_side
+    from stack.deploy.runtime import ort_session
 
-
-def _time_side_by_side(paths: list, feeds: dict, cfg) -> dict:
-    """{file name: LatencyStats} over `cfg.timing_runs` runs each, the models alternating in TIMING_ROUNDS rounds."""
-    import time
-
-    from stack.deploy.runtime import ort_session, summarize, time_session
-
-    sessions = {path.name: ort_session(path) for path in paths}
-    for session in sessions.values():
-        time_session(session, feeds, runs=1, warmup=cfg.timing_warmup)
-    times = {name: [] for name in sessions}
-    per_round = -(-cfg.timing_runs // TIMING_ROUNDS)
-    for _ in range(TIMING_ROUNDS):
-        for name, session in sessions.items():
-            for _ in range(per_round):
-                start = time.perf_counter()
-                session.run(None, feeds)
-                times[name].append(time.perf_counter() - start)
-    return {name: summarize(values) for name, values in times.items()}
+    return time_side_by_side({path.name: ort_session(path) for path in paths}, feeds, cfg.timing_runs,
+                             cfg.timing_warmup)
 
 
 def _choose_shipped(target, int8_path: Path, fp32_path: Path, result: dict, times: dict) -> dict:

@@ -71,6 +71,12 @@ REFERENCE_MATMUL = 512
 
 def reference_workload_ms(runs: int = 30) -> float:
     """Median time of a fixed fp32 matmul through ONNX Runtime: the machine's speed right now."""
+    session, feeds = reference_session()
+    return time_session(session, feeds, runs=runs, warmup=5).median_ms
+
+
+def reference_session():
+    """(ONNX Runtime session, feeds) of the reference workload: a REFERENCE_MATMUL-square fp32 MatMul."""
     import onnxruntime as ort
     from onnx import TensorProto, helper
 
@@ -84,4 +90,4 @@ def reference_workload_ms(runs: int = 30) -> float:
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(0)
     feeds = {"a": rng.standard_normal((n, n), dtype=np.float32), "b": rng.standard_normal((n, n), dtype=np.float32)}
-    return time_session(session, feeds, runs=runs, warmup=5).median_ms
+    return session, feeds
