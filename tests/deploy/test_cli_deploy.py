@@ -114,3 +114,18 @@ def test_calibration_set_too_small(tiny):
     checkpoint, overrides, _ = tiny
     assert_bad_input(stack("deploy", "--target", "cpu", str(checkpoint), *overrides, "export.calibration_samples=500"),
                      "calibration set too small", "export.calibration_samples")
+
+
+def test_bench_infer_scores_and_times_fp32_and_both_int8_flavours(tiny, tmp_path):
+    import shutil
+
+    checkpoint, overrides, folder = tiny
+    train_dir = tmp_path / "train"
+    train_dir.mkdir()
+    shutil.copyfile(checkpoint, train_dir / "model.pt")
+    result = stack("bench", "infer", *TINY, *[o for o in overrides if "data." in o or "export." in o],
+                   f"data.root={folder / 'data'}", f"train.out_dir={train_dir}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [line for line in result.stdout.splitlines() if line.startswith("| ")]
+    assert {row.split("|")[1].strip() for row in rows[1:]} == {"fp32", "int8 U8S8 (cpu flavour)",
+                                                               "int8 S8S8 (tensorrt flavour)"}
