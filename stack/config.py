@@ -61,6 +61,8 @@ for _tag, _sexagesimal in (("int", r"|[-+]?[1-9][0-9_]*(?::[0-5]?[0-9])+"),
                          if tag == f"tag:yaml.org,2002:{_tag}" else (tag, regexp) for tag, regexp in _resolvers]
 
 
+MERGE_ERRORS = (OmegaConfBaseException, TypeError, ValueError, OverflowError, RecursionError)
+"""What OmegaConf raises for a value that does not fit the schema (an int too large for a float included)."""
 YAML_ERRORS = (yaml.YAMLError, ValueError, TypeError, OverflowError, RecursionError)
 """What reading YAML can raise: syntax errors, and constructor errors for tags like `!!int x`."""
 
@@ -68,17 +70,24 @@ YAML_ERRORS = (yaml.YAMLError, ValueError, TypeError, OverflowError, RecursionEr
 def parse_yaml_value(text: str):
     """One YAML value (an override's right-hand side, or a whole file) read with `ConfigLoader`."""
     value = yaml.load(text, Loader=ConfigLoader)  # noqa: S506 - a SafeLoader subclass
-    _refuse_cycles(value, ())
+    _check_nesting(value, ())
     return value
 
 
-def _refuse_cycles(value: Any, inside: tuple) -> None:
-    """An alias to its own ancestor (`&a [*a]`) is legal YAML but an endless config: a ValueError."""
+MAX_NESTING = 32
+"""Deepest nesting a config value may have (the schema's deepest key is 5 levels down)."""
+
+
+def _check_nesting(value: Any, inside: tuple) -> None:
+    """An alias to its own ancestor (`&a [*a]`) is legal YAML but an endless value, and nesting hundreds
+    deep overflows OmegaConf's recursion: both are a ValueError here."""
     if isinstance(value, (dict, list)):
         if id(value) in inside:
             raise ValueError("a YAML alias refers to a node that contains it (an endless value)")
+        if len(inside) >= MAX_NESTING:
+            raise ValueError(f"the value is nested more than {MAX_NESTING} levels deep")
         for item in value.values() if isinstance(value, dict) else value:
-            _refuse_cycles(item, inside + (id(value),))
+            _check_nesting(item, inside + (id(value),))
 
 
 # ------------------------------------------------------------------ public API
@@ -222,7 +231,7 @@ def _merge_mapping(config: DictConfig, data: dict, source: str) -> DictConfig:
             config.targets[name] = OmegaConf.structured(Target)
     try:
         return OmegaConf.merge(config, data)
-    except (OmegaConfBaseException, TypeError, ValueError, OverflowError) as exc:
+    except MERGE_ERRORS as exc:
         key = str(getattr(exc, "full_key", None) or "")
         raise _explain(exc, source, full_key=_locate(data, key)) from None
 
@@ -291,7 +300,7 @@ def _load_target_node(path: Path) -> DictConfig:
     _check_shape(data, Target, f"targets.{path.stem}", source)
     try:
         return OmegaConf.merge(node, data)
-    except (OmegaConfBaseException, TypeError, ValueError, OverflowError) as exc:
+    except MERGE_ERRORS as exc:
         raise _explain(exc, source, prefix=f"targets.{path.stem}") from None
 
 
@@ -312,7 +321,7 @@ def _apply_override(config: DictConfig, text: str) -> None:
     _check_path_exists(config, key, source)
     try:
         OmegaConf.update(config, key, value, merge=True)
-    except (OmegaConfBaseException, TypeError, ValueError, OverflowError) as exc:
+    except MERGE_ERRORS as exc:
         raise _explain(exc, source, full_key=key) from None
 
 
@@ -353,7 +362,7 @@ def _to_pipeline(config: DictConfig, source: str) -> Pipeline:
         raise ConfigError(f"{source} leaves required keys unset: {', '.join(missing)}. Give each a value.")
     try:
         pipeline = OmegaConf.to_object(config)
-    except (OmegaConfBaseException, TypeError, ValueError, OverflowError) as exc:
+    except MERGE_ERRORS as exc:
         raise _explain(exc, source) from None
     problems = list(_walk_problems(pipeline, ""))
     if problems:

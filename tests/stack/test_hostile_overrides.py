@@ -40,7 +40,8 @@ SPECIALS = [
     "!!binary aGVsbG8=", "!!set {a, b}", "!!str 5", "!!int x", "&a [*a]", "*undefined", "yes", "no", "on", "off",
     "'", '"', "'unterminated", "a: b", "- a", "? a", "%YAML 1.2", "---", "...", "#comment", "|", ">", "@x", "`x`",
     "$(touch /tmp/stack-pwned)", "`touch /tmp/stack-pwned`", "a;b", "a\nb", "a\x00b", "\x1b[31m", "é", "🚗", "\u202e",
-    "a" * 5000, "-" * 300, "9" * 400, "--account=x", "../../etc", "/", ".",
+    "a" * 5000, "-" * 300, "9" * 400, "--account=x", "../../etc", "/", ".", "[" * 300 + "]" * 300,
+    "{a: " * 60 + "1" + "}" * 60,
 ]
 VALUES = st.one_of(st.sampled_from(SPECIALS), st.text(max_size=40), st.text(alphabet=st.characters(max_codepoint=0x7f)),
                    st.integers().map(str), st.floats().map(repr), st.lists(st.sampled_from(SPECIALS), max_size=3).map(
