@@ -1,8 +1,8 @@
-"""Check every member a loader reads against the CRC-32 its shard's `.sums` file recorded.
+"""Check every member a loader reads against the hash (xxh3_64) its shard's `.sums` file recorded.
 
 A flipped bit inside a JPEG's entropy-coded data still decodes — as garbage pixels that
 train the model on noise — so decoding is no check. `stack data make` records each
-member's CRC-32 (`stack.data.format`); both loaders compare the bytes they actually read
+member's hash (`stack.data.format.member_hash`); both loaders compare the bytes they actually read
 with it, and a mismatch is a `BadSample` naming the shard, the sample key and the member
 (with `data.skip_bad_samples=true` it is counted and replaced like any bad sample).
 """
@@ -10,10 +10,9 @@ with it, and a mismatch is a `BadSample` naming the shard, the sample key and th
 from __future__ import annotations
 
 import json
-import zlib
 from pathlib import Path
 
-from stack.data.format import CHECKSUM
+from stack.data.format import CHECKSUM, member_hash
 from stack.data.samples import BadSample
 
 
@@ -22,7 +21,7 @@ def sums_path(shard: str | Path) -> Path:
 
 
 def load_sums(shard: str | Path) -> dict:
-    """{key: {member: crc32}} of a shard; a missing or unreadable `.sums` file is a BadSample naming it."""
+    """{key: {member: hash}} of a shard; a missing or unreadable `.sums` file is a BadSample naming it."""
     path = sums_path(shard)
     try:
         table = json.loads(path.read_text())
@@ -35,14 +34,14 @@ def load_sums(shard: str | Path) -> dict:
 
 
 def verify(member: str, data, expected: dict, shard: str, key: str) -> None:
-    """Raise BadSample unless CRC-32 of `data` (bytes or a uint8 array) is what `expected[member]` recorded."""
+    """Raise BadSample unless the hash of `data` (bytes or a uint8 array) is what `expected[member]` recorded."""
     if member not in expected:
         raise BadSample(f"shard {shard}, sample {key}: member {member} has no checksum in {sums_path(shard)}; "
                         "the shard and its checksum file do not belong together: re-create them with `stack data make`")
-    found = zlib.crc32(data)
+    found = member_hash(data)
     if found != expected[member]:
-        raise BadSample(f"shard {shard}, sample {key}: member {member} is corrupt (crc32 {found:08x}, written as "
-                        f"{expected[member]:08x}): its bytes changed after the shard was written (disk or copy error); "
+        raise BadSample(f"shard {shard}, sample {key}: member {member} is corrupt ({CHECKSUM} {found:016x}, written "
+                        f"as {expected[member]:016x}): its bytes changed after the shard was written (disk or copy error); "
                         "re-create the shard, or set data.skip_bad_samples=true to skip such samples")
 
 

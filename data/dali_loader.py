@@ -7,7 +7,7 @@ operators) and with nvJPEG (`mixed`) when a GPU is present — and
 `fn.decoders.numpy` decodes the `.npy` labels. The rows then go through the same
 `to_fields` and `augment_row` as the torch backend, so both backends agree.
 The raw bytes of every member DALI read also come out of the graph, and each is
-checked against its shard's CRC-32 table (`stack.data.checksums`) before the batch is
+checked against its shard's hash table (`stack.data.checksums`) before the batch is
 used; DALI's `source_info` names the shard, key and member.
 
 Sharding: DALI splits the samples into `num_shards` contiguous runs, one per rank
@@ -166,7 +166,7 @@ class DaliLoader:
                          "sample, or re-create the shards (and their .idx files) with `stack data make`")
 
     def _verify(self, raw: list, take: int) -> None:
-        """Each raw member of the first `take` samples against its shard's CRC-32 ("shard:offset:key.member")."""
+        """Each raw member of the first `take` samples against its shard's hash ("shard:offset:key.member")."""
         for members in raw:
             members = members.as_cpu() if hasattr(members, "as_cpu") else members
             for index in range(take):

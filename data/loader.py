@@ -13,7 +13,7 @@ so every rank yields `len(loader)` batches and no sample is read twice in a
 training epoch. Tar streams are parsed with webdataset's tar iterators; samples
 are decoded and augmented in the DataLoader workers.
 
-Every member read is checked against its shard's CRC-32 table (`stack.data.checksums`),
+Every member read is checked against its shard's hash table (`stack.data.checksums`),
 so bytes corrupted after writing are named rather than decoded into garbage pixels.
 A bad sample stops the epoch with a `BadSample` naming the shard and key, unless
 `data.skip_bad_samples` is true: then it is replaced by the worker's previous good

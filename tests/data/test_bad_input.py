@@ -12,6 +12,7 @@ import pytest
 
 from stack.data import build_loader
 from stack.data.format import SCHEMA_VERSION
+from stack.data.format import member_hash
 from stack.data.samples import BadSample
 from stack.errors import StackError
 
@@ -30,8 +31,7 @@ def _rewrite(shard: Path, change, checksums: bool = True):
 
     With `checksums` the `.sums` file follows the new bytes (a shard written wrong, which the
     decoders must catch); without, it keeps the old ones (bytes changed after writing)."""
-    import zlib
-
+    
     with tarfile.open(shard) as tar:
         members = [(m.name, tar.extractfile(m).read()) for m in tar.getmembers()]
     sums = json.loads(shard.with_suffix(".sums").read_text())
@@ -44,7 +44,7 @@ def _rewrite(shard: Path, change, checksums: bool = True):
                 tar.addfile(info, __import__("io").BytesIO(data))
                 key, member = name.split(".", 1)
                 if checksums:
-                    sums["samples"][key][member] = zlib.crc32(data)
+                    sums["samples"][key][member] = member_hash(data)
     shard.with_suffix(".sums").write_text(json.dumps(sums))
 
 

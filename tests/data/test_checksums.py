@@ -4,13 +4,13 @@ import io
 import json
 import shutil
 import tarfile
-import zlib
 
 import numpy as np
 import pytest
 from PIL import Image
 
 from stack.data.loader import build_loader
+from stack.data.format import member_hash
 from stack.data.samples import BadSample
 from stack.errors import StackError
 
@@ -39,7 +39,7 @@ def test_flipped_bytes_inside_a_jpeg_still_decode_but_the_loader_names_them(data
     pipeline, clean, corrupt, key = _corrupt_copy(dataset, tmp_path, small_pipeline)
     pixels = [np.asarray(Image.open(io.BytesIO(b)).convert("RGB"), np.int16) for b in (clean, corrupt)]
     assert pixels[0].shape == pixels[1].shape and np.abs(pixels[0] - pixels[1]).max() > 20  # silent garbage
-    with pytest.raises(BadSample, match=rf"frames-000000\.tar, sample {key}: member front\.jpg is corrupt \(crc32"):
+    with pytest.raises(BadSample, match=rf"frames-000000\.tar, sample {key}: member front\.jpg is corrupt \(xxh3_64"):
         list(build_loader(pipeline, "train", 0, 1, shuffle=False, augment=False))
 
 
@@ -61,11 +61,11 @@ def test_every_member_of_every_shard_has_its_crc32(dataset):
     for entry in manifest["splits"]["train"]:
         shard = f"{pipeline.data.root}/{entry['path']}"
         sums = json.loads(open(shard.replace(".tar", ".sums")).read())
-        assert sums["algorithm"] == "crc32"
+        assert sums["algorithm"] == "xxh3_64"
         with tarfile.open(shard) as tar:
             for m in tar.getmembers():
                 key, member = m.name.split(".", 1)
-                assert sums["samples"][key][member] == zlib.crc32(tar.extractfile(m).read())
+                assert sums["samples"][key][member] == member_hash(tar.extractfile(m).read())
 
 
 def test_a_shard_without_its_checksum_file_is_named(dataset, tmp_path, small_pipeline):
