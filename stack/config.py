@@ -459,8 +459,9 @@ def _explain(exc: Exception, source: str, full_key: str | None = None, prefix: s
     if "not in" in message and ("Key '" in message):
         return ConfigError(f"{source}: unknown config key {key!r}.{_nearest_hint(key)}")
     expected = _expected(getattr(exc, "object_type", None), getattr(exc, "key", None))
-    found = f" ({message})" if message else ""
-    return ConfigError(f"{source}: bad value for {key!r}{found}. Expected {expected}.")
+    found = f" ({message})" if message and message != "None" else ""
+    where = repr(key) if key else "a key OmegaConf did not name"
+    return ConfigError(f"{source}: bad value for {where}{found}. Expected {expected}.")
 
 
 def _expected(owner: Any, name: Any) -> str:
