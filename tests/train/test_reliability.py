@@ -68,6 +68,15 @@ def test_the_cli_refuses_a_used_out_dir_with_exit_2(finished):
     assert "already holds a run" in result.stderr and "train.overwrite=true" in result.stderr
 
 
+def test_a_dry_run_into_a_used_out_dir_is_not_refused(finished, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(finished, out)
+    result = subprocess.run([sys.executable, "-m", "stack", "train", "-c", "configs/pipeline.yaml", "-c",
+                             "configs/presets/tiny.yaml", f"train.out_dir={out}", "train.launcher=slurm", "--dry-run"],
+                            cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and "#SBATCH" in result.stdout, result.stderr
+
+
 def test_resuming_in_the_same_out_dir_keeps_every_earlier_log_row(finished, tmp_path):
     out = tmp_path / "run"
     shutil.copytree(finished, out)
