@@ -59,7 +59,13 @@ def _loaded(pipeline: Pipeline, state_dict: dict):
     from stack.models import build_model
 
     net = build_model(pipeline)
-    missing, unexpected = net.load_state_dict(state_dict, strict=False)
+    try:
+        missing, unexpected = net.load_state_dict(state_dict, strict=False)
+    except RuntimeError as exc:  # a weight of another shape: name the first few, not a traceback of hundreds
+        mismatched = [line.strip() for line in str(exc).splitlines() if "size mismatch" in line]
+        raise StackError(f"the checkpoint's weights do not fit the network its pipeline describes: "
+                         f"{len(mismatched)} of another shape (e.g. {mismatched[:2]}). The checkpoint's weights and "
+                         f"its stored pipeline disagree; export the checkpoint the pipeline was trained with.") from None
     if missing or unexpected:
         raise StackError(
             f"the checkpoint's weights do not fit the network its pipeline describes: "

@@ -76,3 +76,20 @@ def test_checkpoint_from_another_pipeline(tmp_path, tiny):
     assert pipeline.export.opset == 18 and pipeline.targets["orin"].min_fps == 30
     pipeline, _, _ = load_for_deploy(path, [], ["export.opset=18"])
     assert pipeline.model == tiny.model and pipeline.export.opset == 18
+
+
+def test_weights_of_another_shape_are_named_not_a_traceback():
+    import torch
+
+    from stack.config import load_pipeline
+    from stack.deploy.network import export_network
+    from stack.errors import StackError
+    from stack.models import build_model
+
+    pipeline = load_pipeline(["configs/pipeline.yaml", "configs/presets/tiny.yaml"])
+    weights = build_model(pipeline).state_dict()
+    name = next(k for k, v in weights.items() if v.ndim == 4)
+    weights[name] = torch.zeros(1, *weights[name].shape[1:])
+    with pytest.raises(StackError, match="1 of another shape") as caught:
+        export_network(pipeline, weights)
+    assert name in str(caught.value)
