@@ -1,4 +1,4 @@
-"""Clip shards: one H.264 MP4 per camera per scene, plus per-frame labels (schema version 1, layout `clips`).
+"""Clip shards: one H.264 MP4 per camera per scene, plus per-frame labels (schema version `stack.data.format.SCHEMA_VERSION`, layout `clips`).
 
 A clip sample's key is `s{scene:05d}`; its members:
 
@@ -13,7 +13,7 @@ A clip sample's key is `s{scene:05d}`; its members:
 | `box_ids.npy`     | int32 (T, A, 2)                                                           |
 | `boxes2d.npy`     | float32 (J, 7): frame index, then the frame-shard columns                 |
 | `ego.npy`, `command.npy`, `past.npy`, `future.npy` | per frame, stacked on a leading T axis  |
-| `meta.json`       | {"schema": 1, "layout": "clips", "scene": int, "frames": T, "split": str} |
+| `meta.json`       | {"schema": SCHEMA_VERSION, "layout": "clips", "scene": int, "frames": T, "split": str} |
 
 Videos are encoded with PyAV's bundled libx264 (single-threaded, bit-exact
 flags, so shards stay byte-identical for a seed). On the CPU they decode with
