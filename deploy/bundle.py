@@ -13,15 +13,19 @@ folder whose `gate.json` says PASS about a network it never scored. So
   renames leave at most a moment with no bundle at all, never a mixed one;
 - `gate.json` lists the sha256 of every other file in the bundle (`files`) and of the
   checkpoint it was built from, and `verify_bundle` refuses a bundle whose files differ:
-  one changed, missing, or added after the gate ran.
+  one changed, missing, or added after the gate ran. The one exception is `device/`, where
+  `build_engine.sh` leaves what it makes on the car (engine, timing cache, trtexec log):
+  outputs of the gated files, not inputs to the gate.
 """
 
 from __future__ import annotations
 
 import ctypes
+import errno
 import hashlib
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -29,6 +33,8 @@ from stack.errors import StackError
 from stack.failpoints import fail_point
 
 GATE_FILE = "gate.json"
+DEVICE_FOLDER = "device"
+"""Where the on-device build writes; not covered by the checksums."""
 _AT_FDCWD = -100
 _RENAME_EXCHANGE = 2
 
@@ -46,9 +52,13 @@ def sha256_file(path: str | Path) -> str:
 
 
 def bundle_files(folder: Path) -> dict[str, str]:
-    """{relative path: sha256} of every file in `folder` except gate.json itself."""
-    return {path.relative_to(folder).as_posix(): sha256_file(path)
-            for path in sorted(folder.rglob("*")) if path.is_file() and path.name != GATE_FILE}
+    """{relative path: sha256} of every file in `folder` except gate.json itself and the device/ outputs."""
+    files = {}
+    for path in sorted(folder.rglob("*")):
+        relative = path.relative_to(folder)
+        if path.is_file() and relative.as_posix() != GATE_FILE and relative.parts[0] != DEVICE_FOLDER:
+            files[relative.as_posix()] = sha256_file(path)
+    return files
 
 
 def check_replaceable(folder: Path) -> None:
@@ -97,17 +107,21 @@ def vouch(staging: Path, result: dict, checkpoint: str = "") -> dict:
 def swap_in(staging: Path, folder: Path) -> None:
     """Make `staging` the bundle at `folder` in one step; the old bundle, if any, is removed afterwards."""
     fail_point("deploy-before-swap")
-    if not folder.exists():
+    try:
+        if not folder.exists():
+            os.rename(staging, folder)
+            return
+        if _exchange(staging, folder):
+            fail_point("deploy-after-swap")
+            shutil.rmtree(staging, ignore_errors=True)  # now holds the old bundle
+            return
+        old = folder.parent / f".{folder.name}.staging-old-{os.getpid()}"
+        os.rename(folder, old)
         os.rename(staging, folder)
-        return
-    if _exchange(staging, folder):
-        fail_point("deploy-after-swap")
-        shutil.rmtree(staging, ignore_errors=True)  # now holds the old bundle
-        return
-    old = folder.parent / f".{folder.name}.staging-old-{os.getpid()}"
-    os.rename(folder, old)
-    os.rename(staging, folder)
-    shutil.rmtree(old, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
+    except OSError as exc:  # e.g. another deploy wrote the same bundle at the same moment
+        raise StackError(f"could not put the new bundle in place at {folder} ({exc.strerror}); the complete new "
+                         f"bundle is in {staging}. Is another `stack deploy` writing the same target? Run it again.")
 
 
 def _exchange(a: Path, b: Path) -> bool:
@@ -117,7 +131,12 @@ def _exchange(a: Path, b: Path) -> bool:
     except (AttributeError, OSError):
         return False
     renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-    return renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    error = ctypes.get_errno()
+    if error in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):  # not supported here: fall back to two renames
+        return False
+    raise OSError(error, os.strerror(error), str(b))
 
 
 def read_gate(folder: str | Path) -> dict:
@@ -136,6 +155,12 @@ def read_gate(folder: str | Path) -> dict:
     if not isinstance(gate, dict) or not isinstance(gate.get("files"), dict):
         raise BundleMismatch(f"{path} lists no file checksums (expected a 'files' object of sha256 sums): it was "
                              f"written by an older stack or edited. Deploy again to get a bundle that can be verified.")
+    malformed = [name for name, digest in gate["files"].items()
+                 if not (isinstance(digest, str) and re.fullmatch(r"[0-9a-f]{64}", digest))]
+    if malformed or not isinstance(gate.get("passed"), bool):
+        what = f"checksums that are not sha256 hex digests ({malformed[:3]})" if malformed else \
+            f"a verdict 'passed' that is not true or false ({gate.get('passed')!r})"
+        raise BundleMismatch(f"{path} has {what}: it was edited. Deploy again.")
     return gate
 
 

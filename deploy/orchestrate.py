@@ -3,10 +3,11 @@
 Steps, each recorded in the bundle (`report.md`, `gate.json`, `latency.png`):
 
 1. export the fp32 ONNX, full checker, ONNX Runtime vs PyTorch parity per output;
-2. for INT8 targets, quantize in the target's QDQ flavour on validation samples and run
-   the per-head accuracy gate (with its fp32 fallback for sensitive layers);
+2. for INT8 targets, quantize in the target's QDQ flavour, calibrated on training frames, and
+   run the per-head accuracy gate on validation frames (with its fp32 fallback for sensitive
+   layers, ranked on other training frames);
 3. the FPS gate: measured with ONNX Runtime on `onnxruntime` targets, measured with
-   TensorRT where it is importable, otherwise predicted by the latency model, with
+   TensorRT on the target's own GPU, otherwise predicted by the latency model, with
    `build_engine.sh` holding the exact trtexec line to build and time it on the device;
 4. TensorRT targets also need every operator to import natively (no plugins).
 
@@ -92,9 +93,8 @@ def run_deploy(spec: DeploySpec, name: str, target, export_cfg, folder: Path, lo
         result["export"]["tensorrt_problems"] = problems
         result["failures"] += [f"TensorRT import: {p}" for p in problems]
     result["passed"] = not result["failures"]
-    result["files"] = sorted({p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()}
-                             | {"report.md", "gate.json"})
-    (folder / "report.md").write_text(markdown(result))
+    listed = sorted({p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()} | {"report.md", "gate.json"})
+    (folder / "report.md").write_text(markdown(result, listed))
     write_gate_json(folder, vouch(folder, result, spec.checkpoint))
     swap_in(folder, final)
     log(f"{name}: {'PASS' if result['passed'] else 'FAIL'} -> {final / 'report.md'}")
@@ -287,7 +287,7 @@ def _predict(folder, engine_onnx, target, cfg, result, log):
             f"{target_validation(result['target'])}" + ("; the DLA is not modelled: this is the GPU-only latency"
                                                        if target.dla_core >= 0 else ""))
     gate = predicted_gate(target, prediction, note, GATE_MARGIN)
-    log(f"predicted {prediction.total_ms:.2f} ms on {target.description} (TensorRT not importable here)")
+    log(f"predicted {prediction.total_ms:.2f} ms on {target.description} (no TensorRT timing on the target here)")
     result["fps"] = gate.to_dict()
     rows = [(l.name, "+".join(l.ops), l.time_ms, f"{l.precision}/{l.bound}") for l in prediction.layers]
     result["speed"] = {"prediction": prediction.to_dict(), "breakdown": sorted(rows, key=lambda r: -r[2])[:40]}

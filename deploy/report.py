@@ -67,8 +67,8 @@ def _short(name: str) -> str:
     return name if len(name) <= 48 else "..." + name[-45:]
 
 
-def markdown(result: dict) -> str:
-    """report.md from the gate result dict that gate.json also holds."""
+def markdown(result: dict, files: list = ()) -> str:
+    """report.md from the gate result dict that gate.json also holds, listing the bundle's `files`."""
     lines = [f"# Deploy report: {result['target']} — {'PASS' if result['passed'] else 'FAIL'}", "",
              f"- Target: {result['target_description']} (runtime {result['runtime']}, precision {result['precision']}, "
              f"QDQ flavour {result['qdq_flavour']})",
@@ -84,7 +84,7 @@ def markdown(result: dict) -> str:
         shipped = result["shipped"]
         lines += [f"**Shipped: `{shipped['file']}` ({shipped['precision']})** — {shipped['why']}.", ""]
     lines += _accuracy_section(result.get("accuracy")) + _speed_section(result["fps"], result.get("speed", {}))
-    lines += _export_section(result["export"]) + _files_section(result.get("files", []))
+    lines += _export_section(result["export"]) + _files_section(files)
     return "\n".join(lines) + "\n"
 
 

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
+from stack.deploy.bundle import DEVICE_FOLDER
 from stack.deploy.runtime import LatencyStats, summarize
 
 TRTEXEC_WARMUP_MS = 500
@@ -94,7 +95,7 @@ def fp32_layers(model, keep_fp32) -> list[str]:
 
 
 def trtexec_command(onnx_name: str, engine_name: str, target, timing_cache: str = "timing.cache",
-                    fp32: list[str] = ()) -> str:
+                    fp32: list[str] = (), profile: str = "profile.json") -> str:
     """The exact trtexec line that builds and times the engine for `target` on the device."""
     args = ["trtexec", f"--onnx={onnx_name}", f"--saveEngine={engine_name}", f"--timingCacheFile={timing_cache}"]
     if target.precision in ("fp16", "best", "int8"):
@@ -107,7 +108,7 @@ def trtexec_command(onnx_name: str, engine_name: str, target, timing_cache: str 
     if target.dla_core >= 0:
         args += [f"--useDLACore={target.dla_core}", "--allowGPUFallback"]
     args += [f"--warmUp={TRTEXEC_WARMUP_MS}", f"--iterations={TRTEXEC_ITERATIONS}", "--useCudaGraph",
-             "--percentile=50,99", "--separateProfileRun", "--dumpProfile", "--exportProfile=profile.json"]
+             "--percentile=50,99", "--separateProfileRun", "--dumpProfile", f"--exportProfile={profile}"]
     return " ".join(shlex.quote(a) for a in args)
 
 
@@ -118,16 +119,20 @@ def _comment(text: str) -> str:
 
 def build_engine_script(onnx_name: str, target, target_name: str, fp32: list[str] = ()) -> str:
     """`build_engine.sh`: build + time on the device, with the gate's bar printed next to the result."""
-    command = trtexec_command(onnx_name, f"{target_name}.engine", target, fp32=fp32)
+    out = DEVICE_FOLDER
+    command = trtexec_command(onnx_name, f"{out}/{target_name}.engine", target, f"{out}/timing.cache", fp32,
+                              f"{out}/profile.json")
     return f"""#!/usr/bin/env bash
 # Build and time the {_comment(target_name)} engine on the device ({_comment(target.description)}).
 # Run from this bundle folder on the target; needs trtexec (JetPack: /usr/src/tensorrt/bin/trtexec).
+# Everything it writes goes to {out}/, which the bundle's checksums leave out (stack.deploy.bundle).
 # The gate: median >= {target.min_fps:g} FPS and p99 <= {target.max_p99_latency_ms:g} ms (see report.md).
 set -euo pipefail
 cd "$(dirname "$0")"
+mkdir -p {out}
 export PATH="$PATH:/usr/src/tensorrt/bin"
-{command} | tee trtexec.log
-grep -E "GPU Compute Time|Throughput" trtexec.log
+{command} | tee {out}/trtexec.log
+grep -E "GPU Compute Time|Throughput" {out}/trtexec.log
 """
 
 

@@ -63,9 +63,9 @@ def verify(bundle: str) -> int:
     except BundleMismatch as exc:
         print(f"stack deploy --verify: {exc}")
         return 1
-    verdict = "PASS" if gate.get("passed") else "FAIL"
+    verdict = "PASS" if gate["passed"] else "FAIL"
     print(f"{bundle}: {len(gate['files'])} files match gate.json; the gate verdict for target "
           f"{gate.get('target', '?')} is {verdict} (checkpoint {gate.get('checkpoint', '?')})")
     for reason in gate.get("failures", []):
         print(f"  {reason}")
-    return 0 if gate.get("passed") else 1
+    return 0 if gate["passed"] else 1

@@ -114,6 +114,27 @@ def test_verify_refuses_a_bundle_whose_files_are_not_the_gated_ones(gated, tmp_p
     assert expected in str(caught.value)
 
 
+@pytest.mark.parametrize("edit", ["checksum", "verdict"])
+def test_verify_refuses_an_edited_gate_json(gated, tmp_path, edit):
+    bundle = _copy(gated, tmp_path)
+    gate = json.loads((bundle / "gate.json").read_text())
+    if edit == "checksum":
+        gate["files"]["model.onnx"] = 5
+    else:
+        gate["passed"] = "yes"
+    (bundle / "gate.json").write_text(json.dumps(gate))
+    with pytest.raises(BundleMismatch, match="edited"):
+        verify_bundle(bundle)
+
+
+def test_what_build_engine_sh_writes_on_the_device_does_not_break_verification(gated, tmp_path):
+    bundle = _copy(gated, tmp_path)
+    (bundle / "device").mkdir()
+    (bundle / "device" / "orin.engine").write_bytes(b"built on the car")
+    (bundle / "device" / "trtexec.log").write_text("GPU Compute Time: ...")
+    verify_bundle(bundle)
+
+
 def test_stack_deploy_verify_exit_codes(gated, tmp_path, capsys):
     from stack.cli import main
 

@@ -56,6 +56,7 @@ def test_build_script_keeps_a_hostile_description_in_its_comment(orin, tmp_path)
     assert not marker.exists()
     args = (tmp_path / "args.txt").read_text().splitlines()
     assert "--layerPrecisions=/a b/Conv:fp32,x;y:fp32" in args and "--precisionConstraints=obey" in args
+    assert "--saveEngine=device/orin.engine" in args and (tmp_path / "device" / "trtexec.log").is_file()
 
 
 def test_fp32_layers_are_what_the_accuracy_gate_scored_in_fp32(fixture_onnx, tmp_path, orin):
