@@ -104,16 +104,8 @@ def dataset_files(root: Path) -> list[str]:
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return []
     return [str(Path(path).with_suffix(suffix)) for path in shards for suffix in (".tar", *SIDECARS)
-            if isinstance(path, str) and Path(path).suffix == ".tar" and ".." not in Path(path).parts]
-
-
-def remove_dataset(root: Path) -> None:
-    """Delete the dataset under `root`: the manifest first (so a half-deleted dataset never looks
-    complete), then the shards and sidecars it lists — and nothing else (a user's own files stay)."""
-    listed = dataset_files(root)
-    (Path(root) / MANIFEST).unlink(missing_ok=True)
-    for path in listed:
-        (Path(root) / path).unlink(missing_ok=True)
+            if isinstance(path, str) and Path(path).suffix == ".tar" and ".." not in Path(path).parts
+            and not Path(path).is_absolute()]
 
 
 class ShardWriter:

@@ -94,12 +94,12 @@ def test_ctrl_c_while_rendering_exits_130_and_keeps_the_dataset(previous, tmp_pa
 
     root = copy_of(previous, tmp_path)
     process = subprocess.Popen([sys.executable, "-m", "stack", "data", "make", *SMALL, f"data.root={root}",
-                                "data.world.scenes=6"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                "data.world.scenes=24"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                text=True, env={**os.environ, "PYTHONWARNINGS": "ignore"})
     lines = []
     for line in process.stdout:
         lines.append(line)
-        if "scene 1/6 written" in line:
+        if "scene 1/24 written" in line:  # 23 scenes still to render: the signal lands mid-render
             process.send_signal(signal.SIGINT)
             break
     output = "".join(lines) + process.stdout.read()
@@ -119,3 +119,16 @@ def test_a_user_file_where_a_new_shard_goes_stops_the_run_before_anything_change
         make_dataset(pipeline, log=lambda *_: None)
     assert (tmp_path / "train" / "frames-000000.tar").read_bytes() == b"not ours"
     assert json.loads(json.dumps(sorted(p.name for p in tmp_path.rglob("*")))) == ["frames-000000.tar", "train"]
+
+
+def test_a_manifest_naming_files_outside_the_dataset_never_gets_them_deleted(previous, tmp_path):
+    root = copy_of(previous, tmp_path / "data")
+    victim = tmp_path / "elsewhere" / "keep.tar"
+    victim.parent.mkdir()
+    victim.write_bytes(b"not part of any dataset")
+    manifest = json.loads((root / "manifest.json").read_text())
+    manifest["splits"]["train"].append({**manifest["splits"]["train"][0], "path": str(victim)})
+    (root / "manifest.json").write_text(json.dumps(manifest))
+    rc, output = make(root, "data.world.scenes=3")
+    assert rc == 0, output
+    assert victim.read_bytes() == b"not part of any dataset"
