@@ -147,7 +147,11 @@ class Calibration:
         if not path.is_file():
             raise StackError(missing_file_message("calibration file", path,
                                                   "Write one with `stack data calibration DATA_ROOT --out FILE`."))
-        text = path.read_text()
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise StackError(f"calibration file {path} cannot be read as UTF-8 text ({exc}); expected the YAML or JSON "
+                             f"that `stack data calibration --out FILE` writes.") from None
         try:
             data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
         except (json.JSONDecodeError, yaml.YAMLError) as exc:

@@ -133,6 +133,17 @@ def test_malformed_files_are_refused(tmp_path, edit, needle):
         Calibration.load(path)
 
 
+@pytest.mark.parametrize("content", [b"\xff\xfe\x00binary", None], ids=["not-utf8", "a-folder"])
+def test_unreadable_calibration_files_are_refused(tmp_path, content):
+    path = tmp_path / "vehicle.yaml"
+    if content is None:
+        path.mkdir()
+    else:
+        path.write_bytes(content)
+    with pytest.raises(StackError, match="calibration file"):
+        Calibration.load(path)
+
+
 def test_wrong_camera_count_or_size_does_not_fit_the_network():
     pipeline = micro_pipeline()
     nominal = Calibration.from_rig(pipeline.data.rig)
