@@ -93,7 +93,8 @@ def deploy_samples(pipeline: Pipeline) -> DeploySamples:
     cfg = pipeline.export
     train_total = split_size(pipeline, "train")
     picked = spread(train_total, cfg.calibration_samples + cfg.sensitivity_samples)
-    chosen = set(spread(len(picked), cfg.sensitivity_samples)) if len(picked) > cfg.calibration_samples else set()
+    spare = min(cfg.sensitivity_samples, len(picked) - cfg.calibration_samples)  # never at calibration's expense
+    chosen = set(spread(len(picked), spare)) if spare > 0 else set()
     sensitivity_ids = [picked[i] for i in sorted(chosen)]
     calibration_ids = [index for i, index in enumerate(picked) if i not in chosen]
     train = dict(read_split(pipeline, "train", picked))

@@ -147,3 +147,16 @@ def test_screen_ranks_the_outlier_first_in_one_pass(tmp_path):
     ranked = screen(fp32, quantize_with([]), candidates, few)
     assert sorted(ranked) == sorted(candidates)
     assert {"/net/outlier/conv/Conv", "/net/outlier/mix/Conv"} <= set(ranked[:3]), ranked[:5]
+
+
+@pytest.mark.parametrize("train_frames, sensitivity", [(64, 0), (66, 2), (68, 4), (500, 4)])
+def test_sensitivity_frames_never_shrink_the_calibration_set(monkeypatch, train_frames, sensitivity):
+    from stack.config import load_pipeline
+    from stack.deploy import validation
+
+    monkeypatch.setattr(validation, "split_size", lambda pipeline, split: train_frames if split == "train" else 10)
+    monkeypatch.setattr(validation, "read_split", lambda pipeline, split, ids: [(i, f"{split}/{i}") for i in ids])
+    pipeline = load_pipeline(["configs/pipeline.yaml"], ["export.calibration_samples=64", "export.sensitivity_samples=4"])
+    samples = validation.deploy_samples(pipeline)
+    assert len(samples.calibration) == 64 and len(samples.sensitivity) == sensitivity
+    assert not set(samples.calibration) & set(samples.sensitivity)
