@@ -168,8 +168,13 @@ def prepare_out_dir(pipeline, rank_zero: bool) -> None:
     out = Path(train.out_dir)
     found = [name for name in ("model.pt", "checkpoints") if (out / name).exists()
              and (name != "checkpoints" or any((out / name).iterdir()))]
-    if not found or train.resume:
-        return
+    if not found or (train.resume and _inside(Path(train.resume), out)):
+        return  # continuing the run that is there
+    if train.resume and not train.overwrite:
+        raise StackError(
+            f"train.resume={train.resume!r} continues another run, but train.out_dir={str(out)!r} already holds one "
+            f"({' and '.join(found)}) that it would overwrite. Resume into an empty train.out_dir, or into the run's "
+            f"own folder, or pass train.overwrite=true to replace what is in {out}")
     if not train.overwrite:
         raise StackError(
             f"train.out_dir={str(out)!r} already holds a run ({' and '.join(found)}); a fresh run would overwrite it. "
@@ -178,6 +183,12 @@ def prepare_out_dir(pipeline, rank_zero: bool) -> None:
     if rank_zero:
         for name in RUN_OUTPUTS:
             _remove(out / name)
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    """True when `path` is `folder` or lies under it (symlinks and `..` resolved)."""
+    path, folder = path.resolve(), folder.resolve()
+    return path == folder or folder in path.parents
 
 
 def read_resume_checkpoint(path: Path) -> dict:

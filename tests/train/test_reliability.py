@@ -51,6 +51,15 @@ def test_a_fresh_run_over_an_earlier_one_is_refused_and_changes_nothing(finished
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
 
 
+def test_resuming_another_run_into_a_used_out_dir_is_refused_and_changes_nothing(finished, tmp_path):
+    out = tmp_path / "other"
+    shutil.copytree(finished, out)
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    with pytest.raises(StackError, match="continues another run"):
+        run(out, f"train.resume={finished}")
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+
+
 def test_overwrite_starts_fresh_and_leaves_no_rows_of_the_earlier_run(finished, tmp_path):
     out = tmp_path / "run"
     shutil.copytree(finished, out)
