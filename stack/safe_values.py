@@ -19,7 +19,7 @@ CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 """C0 and C1 control characters and DEL: a newline ends a script line, an escape rewrites a terminal."""
 IDENTIFIER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 """A name that is safe as one path component: no `/`, no `..` escape, no leading dot (hidden or relative)."""
-SLURM_TIME = re.compile(r"(\d+-\d+(:\d+){0,2}|\d+(:\d+){0,2}|UNLIMITED|INFINITE)")
+SLURM_TIME = re.compile(r"([0-9]+-[0-9]+(:[0-9]+){0,2}|[0-9]+(:[0-9]+){0,2}|UNLIMITED|INFINITE)")
 """sbatch --time forms (sbatch(1)): minutes, minutes:seconds, hours:minutes:seconds, days-hours,
 days-hours:minutes, days-hours:minutes:seconds; UNLIMITED/INFINITE ask for the partition's limit."""
 SLURM_PARTITION = re.compile(r"[A-Za-z0-9_.-]+(,[A-Za-z0-9_.-]+)*")

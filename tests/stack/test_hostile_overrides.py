@@ -24,6 +24,9 @@ from stack.cli import main
 from stack.config import apply_overrides, base_config
 from stack.errors import StackError
 
+MARKER = f"/tmp/stack-hostile-marker-{os.getpid()}"
+"""A file the hostile values would create if anything ran them as a command (per test run, so nothing stale)."""
+
 REPO = Path(__file__).resolve().parents[2]
 KEYS = [
     "name", "train.max_epochs", "train.lr", "train.compile", "train.resume", "train.out_dir", "train.slurm_time",
@@ -39,7 +42,7 @@ SPECIALS = [
     "[", "]", "{a:", "{}", "[]", "[[]]", "{a: {b: [1, {c: d}]}}", "!!python/object:os.system", "!!python/name:os.system",
     "!!binary aGVsbG8=", "!!set {a, b}", "!!str 5", "!!int x", "&a [*a]", "*undefined", "yes", "no", "on", "off",
     "'", '"', "'unterminated", "a: b", "- a", "? a", "%YAML 1.2", "---", "...", "#comment", "|", ">", "@x", "`x`",
-    "$(touch /tmp/stack-pwned)", "`touch /tmp/stack-pwned`", "a;b", "a\nb", "a\x00b", "\x1b[31m", "é", "🚗", "\u202e",
+    f"$(touch {MARKER})", f"`touch {MARKER}`", "a;b", "a\nb", "a\x00b", "\x1b[31m", "é", "🚗", "\u202e",
     "a" * 5000, "-" * 300, "9" * 400, "--account=x", "../../etc", "/", ".", "[" * 300 + "]" * 300,
     "{a: " * 60 + "1" + "}" * 60,
 ]
@@ -98,7 +101,7 @@ def test_the_cli_in_process_exits_0_or_2(key, value):
 
 
 @pytest.mark.parametrize("override", ["train.slurm_time=12:00:00", "train.lr=1e999", "name=a\nb",
-                                      "train.slurm_extra=[$(touch /tmp/stack-pwned)]",
+                                      f"train.slurm_extra=[$(touch {MARKER})]",
                                       "targets.orin=!!python/object:os.system",
                                       "data.augment.resize_scale=[", "train.max_epochs=0x10", "name=" + "🚗" * 2000])
 def test_through_the_real_executable(override):
@@ -106,7 +109,7 @@ def test_through_the_real_executable(override):
     result = subprocess.run([str(stack) if stack.exists() else "stack", "config", override], cwd=REPO,
                             capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONWARNINGS": "ignore"})
     assert_accepted_or_bad_input(result.returncode, result.stderr, override)
-    assert not Path("/tmp/stack-pwned").exists()
+    assert not Path(MARKER).exists()
 
 
 SCRIPT_KEYS = ["train.slurm_time", "train.slurm_partition", "train.slurm_extra", "train.slurm_extra.0", "name",
