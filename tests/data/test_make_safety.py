@@ -132,3 +132,18 @@ def test_a_manifest_naming_files_outside_the_dataset_never_gets_them_deleted(pre
     rc, output = make(root, "data.world.scenes=3")
     assert rc == 0, output
     assert victim.read_bytes() == b"not part of any dataset"
+
+
+def test_a_second_writer_on_the_same_data_root_is_refused(previous, tmp_path):
+    import fcntl
+
+    root = copy_of(previous, tmp_path)
+    before = snapshot(root)
+    held = os.open(root, os.O_RDONLY)  # the lock a `stack data make` still running would hold
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        rc, output = make(root, "data.world.scenes=3")
+    finally:
+        os.close(held)
+    assert rc == 2 and "another `stack data make`" in output and "Traceback" not in output, output
+    assert snapshot(root) == before
