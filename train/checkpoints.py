@@ -232,9 +232,8 @@ def check_resume(path: Path, pipeline, model: torch.nn.Module) -> dict:
 
 
 def _differing_model_keys(pipeline_yaml, pipeline, source: str) -> list[str]:
-    """'key: checkpoint value vs current value' for every model.* and data.rig.* key that differs."""
-    from dataclasses import asdict
-
+    """'key: checkpoint value vs current value' for every key that shapes the network (`stack.checkpoint.MODEL_SECTIONS`)."""
+    from stack.checkpoint import model_differences
     from stack.config import pipeline_from_yaml
 
     if not isinstance(pipeline_yaml, str):
@@ -243,19 +242,4 @@ def _differing_model_keys(pipeline_yaml, pipeline, source: str) -> list[str]:
         stored = pipeline_from_yaml(pipeline_yaml, source)
     except StackError:
         return []
-    differ = []
-    for section, old, new in (("model", stored.model, pipeline.model), ("data.rig", stored.data.rig, pipeline.data.rig)):
-        before, after = _flat(asdict(old), section), _flat(asdict(new), section)
-        differ += [f"{k}: {before.get(k)!r} vs {after.get(k)!r}" for k in sorted(set(before) | set(after))
-                   if before.get(k) != after.get(k)]
-    return differ
-
-
-def _flat(tree: dict, prefix: str) -> dict:
-    out = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            out.update(_flat(value, f"{prefix}.{key}"))
-        else:
-            out[f"{prefix}.{key}"] = value
-    return out
+    return [f"{key}: {before!r} vs {after!r}" for key, before, after in model_differences(stored, pipeline)]
