@@ -99,9 +99,17 @@ def dataset_files(root: Path) -> list[str]:
     """Paths (relative to `root`) of every shard and sidecar its manifest lists; [] when there is no
     readable manifest. These are the only files `stack data make` ever replaces or deletes."""
     try:
-        manifest = json.loads((Path(root) / MANIFEST).read_text())
+        return manifest_files(json.loads((Path(root) / MANIFEST).read_text()))
+    except (OSError, ValueError):
+        return []
+
+
+def manifest_files(manifest: dict) -> list[str]:
+    """Shards and sidecars a manifest lists, relative to its dataset; paths that would leave the dataset
+    (absolute, or through `..`) and entries of another shape are left out; [] for a malformed manifest."""
+    try:
         shards = [entry["path"] for split in manifest["splits"].values() for entry in split]
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    except (KeyError, TypeError, AttributeError):
         return []
     return [str(Path(path).with_suffix(suffix)) for path in shards for suffix in (".tar", *SIDECARS)
             if isinstance(path, str) and Path(path).suffix == ".tar" and ".." not in Path(path).parts

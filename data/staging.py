@@ -20,7 +20,7 @@ import shutil
 from pathlib import Path
 from typing import Callable
 
-from stack.data.format import MANIFEST, dataset_files
+from stack.data.format import MANIFEST, dataset_files, manifest_files
 from stack.errors import StackError
 from stack.failpoints import fail_point
 
@@ -89,7 +89,7 @@ def commit(root: Path, log: Callable[[str], None]) -> dict:
     """Swap the complete dataset in the staging folder into `root`; returns its manifest."""
     staging = staging_folder(root)
     manifest = json.loads((staging / MANIFEST).read_text())
-    new = _listed_in(manifest)
+    new = manifest_files(manifest)
     plan = staging / PLAN
     if plan.is_file():
         old = json.loads(plan.read_text())["delete"]
@@ -111,13 +111,6 @@ def commit(root: Path, log: Callable[[str], None]) -> dict:
     os.replace(staging / MANIFEST, Path(root) / MANIFEST)
     shutil.rmtree(staging)
     return manifest
-
-
-def _listed_in(manifest: dict) -> list[str]:
-    from stack.data.format import SIDECARS
-
-    shards = [entry["path"] for split in manifest["splits"].values() for entry in split]
-    return [str(Path(p).with_suffix(suffix)) for p in shards for suffix in (".tar", *SIDECARS)]
 
 
 def _write_atomically(path: Path, text: str) -> None:
