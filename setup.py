@@ -5,7 +5,7 @@ top-level module named `data` or `models` lands in anyone's site-packages. Metad
 dependencies live in pyproject.toml.
 
 It also compiles csrc/ into `stack._C` (the custom ops): a CUDAExtension (CPU + CUDA
-kernels, sm_87 for Orin and sm_90 unless TORCH_CUDA_ARCH_LIST says otherwise) when
+kernels for the GPUs users train and deploy on, `CUDA_ARCHS`, unless TORCH_CUDA_ARCH_LIST says otherwise) when
 nvcc is found, a CppExtension (CPU kernels) when only a C++ compiler is, and nothing
 when there is no compiler -- `stack.ops` then runs its pure-PyTorch reference and warns
 once. A compile error fails the install. Build without isolation, after torch:
@@ -18,6 +18,10 @@ import shutil
 import sys
 
 from setuptools import find_packages, setup
+
+CUDA_ARCHS = "8.0;8.6;8.7;8.9;9.0+PTX"
+"""A100 (8.0), RTX 30xx / A10 / A40 (8.6), Jetson Orin (8.7), L4 / L40 / RTX 40xx (8.9), H100 / H200 (9.0), and
+PTX of 9.0 that the driver compiles for newer GPUs (Blackwell) at first load."""
 
 # import name -> folder in the repository
 PACKAGE_ROOTS = {
@@ -117,8 +121,8 @@ def extension_args() -> dict:
     headers = sorted(glob.glob("csrc/*.h"))  # rebuild when they change; shipped in sdists
     cuda_sources = sorted(glob.glob("csrc/*.cu"))
     if cuda_home and torch.version.cuda and cuda_sources and _toolkit_matches(cuda_home, torch.version.cuda):
-        os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "8.7;9.0")
-        compile_args["nvcc"] = ["-O3", "-lineinfo"]
+        os.environ.setdefault("TORCH_CUDA_ARCH_LIST", CUDA_ARCHS)
+        compile_args["nvcc"] = ["-O3", "-lineinfo", "--threads=2"]  # the architectures compile in parallel
         extension = cpp_extension.CUDAExtension("stack._C", sources + cuda_sources, extra_compile_args=compile_args,
                                                 extra_link_args=openmp, include_dirs=_cuda_include_dirs(torch),
                                                 depends=headers)
