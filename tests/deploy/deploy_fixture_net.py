@@ -113,3 +113,17 @@ def example_inputs() -> dict:
     return {name: torch.from_numpy(value) for name, value in make_samples(1, seed=99)[0].items()}
 
 
+
+
+def segmentation_error(net: nn.Module, feeds: list):
+    """An accuracy-gate evaluator: mean relative error of the segmentation logits against the PyTorch `net`."""
+
+    def evaluate(run) -> dict:
+        errors = []
+        for sample in feeds:
+            with torch.no_grad():
+                expected = net(**{k: torch.from_numpy(v) for k, v in sample.items()})["segmentation"].numpy()
+            errors.append(float(np.linalg.norm(run(sample)["segmentation"] - expected) / np.linalg.norm(expected)))
+        return {"seg_rel_error": float(np.mean(errors))}
+
+    return evaluate

@@ -6,7 +6,6 @@ bundle behind; and `verify_bundle` / `stack deploy --verify` must refuse any bun
 files are not the ones its gate ran on.
 """
 
-import dataclasses
 import json
 import os
 import signal
@@ -14,7 +13,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from stack.deploy.bundle import BundleMismatch, bundle_files, stage, verify_bundle
@@ -27,24 +25,15 @@ REPO = HERE.parents[1]
 # in a subprocess so that a fail point can SIGKILL it; the other tests call the same function in-process.
 DEPLOY_SCRIPT = """
 import dataclasses, sys
-import numpy as np
 from stack.config import load_pipeline, load_target
 from stack.deploy.accuracy import HeadBudget
 from stack.deploy.orchestrate import DeploySpec, run_deploy
-from deploy_fixture_net import example_inputs, make_net, make_samples
+from deploy_fixture_net import example_inputs, make_net, make_samples, segmentation_error
 
 def deploy(folder, seed):
-    import torch
     net = make_net(seed=seed)
     feeds = make_samples(12, seed=3)
-
-    def evaluate(run):
-        errors = []
-        for sample in feeds[8:]:
-            with torch.no_grad():
-                expected = net(**{k: torch.from_numpy(v) for k, v in sample.items()})["segmentation"].numpy()
-            errors.append(float(np.linalg.norm(run(sample)["segmentation"] - expected) / np.linalg.norm(expected)))
-        return {"seg_rel_error": float(np.mean(errors))}
+    evaluate = segmentation_error(net, feeds[8:])
 
     pipeline = load_pipeline(["configs/pipeline.yaml"], ["export.calibration_samples=8", "export.timing_runs=20",
                                                          "export.timing_warmup=1", "export.keep_fp32=[bev_pool]"])

@@ -4,31 +4,19 @@ import dataclasses
 import json
 import sys
 
-import numpy as np
 import pytest
 
 from stack.config import load_pipeline, load_target
 from stack.deploy.accuracy import HeadBudget, session_runner
 from stack.deploy.orchestrate import DeploySpec, run_deploy
 
-from deploy_fixture_net import example_inputs, make_net, make_samples
+from deploy_fixture_net import example_inputs, make_net, make_samples, segmentation_error
 
 
 def _spec(net):
     feeds = make_samples(12, seed=3)
-
-    def evaluate(run):  # relative error of the segmentation logits against the PyTorch network
-        import torch
-
-        errors = []
-        for sample in feeds[8:]:
-            with torch.no_grad():
-                expected = net(**{k: torch.from_numpy(v) for k, v in sample.items()})["segmentation"].numpy()
-            errors.append(float(np.linalg.norm(run(sample)["segmentation"] - expected) / np.linalg.norm(expected)))
-        return {"seg_rel_error": float(np.mean(errors))}
-
     return DeploySpec(net, example_inputs(), ["segmentation", "speed"], {"pipeline_hash": "test"}, feeds[:8],
-                      feeds[8:], evaluate, [HeadBudget("segmentation", "seg_rel_error", 0.05, False)],
+                      feeds[8:], segmentation_error(net, feeds[8:]), [HeadBudget("segmentation", "seg_rel_error", 0.05, False)],
                       "fixture samples", "fixture.pt", "fixture", "test")
 
 
