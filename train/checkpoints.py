@@ -64,7 +64,9 @@ class RollingCheckpoints(pl.Callback):
             self.directory.mkdir(parents=True, exist_ok=True)
             _remove(temp)
         trainer.strategy.barrier("checkpoint-start")
-        trainer.save_checkpoint(temp)  # collective: every rank writes its part
+        # weights_only=False: the full training state (optimizer, schedule, loops) that resume needs; said explicitly
+        # so Lightning does not log its "defaulting to False" line at every checkpoint
+        trainer.save_checkpoint(temp, weights_only=False)  # collective: every rank writes its part
         fail_point("checkpoint-write")
         trainer.strategy.barrier("checkpoint-written")
         if trainer.is_global_zero:
