@@ -1,7 +1,8 @@
 """stack.data: the rendered driving world, WebDataset shards, and the torch/DALI loaders.
 
-- `stack data make` renders the procedural world (`make.py`: `roads`, `traffic`, `scene`,
-  `render`, `frame`) into versioned WebDataset shards (`format.py` documents the schema).
+- `stack data make` (`make.py`) renders the procedural world (`world/`: town, traffic,
+  renderer; `stack drive` steps the same world in closed loop) into versioned WebDataset
+  shards (`format.py` documents the schema).
 - `build_loader(pipeline, split, rank=None, world_size=None, shuffle=None, augment=None)`
   returns an iterable of `stack.batch.Batch` with `len()` (the same on every rank), from the
   `torch` backend (`loader.py`) or the `dali` backend (`dali_loader.py`) per `data.backend`.

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from stack.data.roads import (JUNCTION_RADIUS, LANE_WIDTH, POINT_SPACING, ROAD_HALF_WIDTH, SIDEWALK_OUTER,
+from stack.data.world.roads import (JUNCTION_RADIUS, LANE_WIDTH, POINT_SPACING, ROAD_HALF_WIDTH, SIDEWALK_OUTER,
                               Town, arm_frames)
 
 CLASSES = ("car", "truck", "pedestrian", "cyclist")

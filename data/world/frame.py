@@ -1,6 +1,6 @@
 """Render every camera of one key frame: images, depth, semantics, instances, visibility, 2D boxes.
 
-This is where the ray caster (`stack.data.render`) meets the rig (`stack.rig`)
+This is where the ray caster (`stack.data.world.render`) meets the rig (`stack.rig`)
 and the look of a scene: sky gradient, sun and shadows, ground textures, façade
 windows, haze, exposure, white balance and sensor noise.
 """
@@ -12,9 +12,9 @@ import math
 import numpy as np
 import torch
 
-from stack.data import render
-from stack.data.roads import SEG, GroundRaster
-from stack.data.scene import Scene, agent_boxes, ego_pose
+from stack.data.world import render
+from stack.data.world.roads import SEG, GroundRaster
+from stack.data.world.scene import Scene, agent_boxes, ego_pose
 from stack.pipeline import RigConfig
 from stack.rig import rig_matrices
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from stack.data.roads import LANE_WIDTH, POINT_SPACING, ROAD_HALF_WIDTH, Town, make_town
-from stack.data.traffic import (CLASSES, FUTURE_SECONDS, PAST_SECONDS, SIM_DT, SIZES, Agent, Route,
+from stack.data.world.roads import LANE_WIDTH, POINT_SPACING, ROAD_HALF_WIDTH, Town, make_town
+from stack.data.world.traffic import (CLASSES, FUTURE_SECONDS, PAST_SECONDS, SIM_DT, SIZES, Agent, Route,
                                 pedestrian_route, step, vehicle_route)
 from stack.kinematics import WAYPOINT_STEP_S
 from stack.pipeline import AGENT_CLASS_MIX

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from stack.data.roads import SEG, Town
+from stack.data.world.roads import SEG, Town
 
 MAX_RANGE = 250.0
 """Rays that hit nothing closer are sky (above the horizon) or distant ground."""
