@@ -549,6 +549,26 @@ class AccuracyBudget:
 
 
 @dataclass
+class ClosedLoopBudget:
+    """The closed-loop gate of `stack deploy`: the INT8 model drives the same held-out episodes as the fp32
+    model (`stack.deploy.closedloop.gate`) and may not drive worse by more than this."""
+
+    episodes: int = 0
+    """Episodes both models drive (spread over `drive.scenarios` and `drive.seeds`); 0 turns the gate off."""
+    driving_score_drop: float = 0.10
+    """Largest drop in mean driving score (CARLA's route completion x infraction penalties, 0-1)."""
+    collision_rise: float = 0.10
+    """Largest rise in at-fault collisions per episode."""
+
+    def problems(self) -> Problems:
+        found: Problems = []
+        for name in ("episodes", "driving_score_drop", "collision_rise"):
+            if getattr(self, name) < 0:
+                found.append((name, f"got {getattr(self, name)}; must be >= 0"))
+        return found
+
+
+@dataclass
 class Target:
     """A deploy target: the computer, its runtime, and the real-time bar it must clear."""
 
@@ -606,6 +626,8 @@ class Target:
     so a busier or slower machine does not flip the gate; 0 compares raw latency."""
     accuracy_budget: AccuracyBudget = field(default_factory=AccuracyBudget)
     """Largest accuracy drop allowed per head."""
+    closed_loop: ClosedLoopBudget = field(default_factory=ClosedLoopBudget)
+    """How much worse the INT8 model may drive than fp32 in closed loop (off when episodes is 0)."""
 
     def __post_init__(self):
         """Derive the bars left at 0 from the camera rate and the network's share of the frame period."""
@@ -651,6 +673,68 @@ class Target:
         return found
 
 
+# -------------------------------------------------------------------------- drive
+
+DRIVE_SCENARIOS = ("route", "lead_brake", "stopped_vehicle", "zebra_crossing", "jaywalker", "unprotected_turn", "cut_in")
+"""Scenario families of the closed loop (`stack.deploy.closedloop.scenarios` builds them)."""
+DRIVE_BASELINES = ("expert", "constant_velocity", "ego_rollout")
+"""Policies that need no network: the privileged expert (upper bound) and two blind ones."""
+
+
+@dataclass
+class DriveConfig:
+    """Closed-loop evaluation (`stack drive`): a policy drives the ego in the rendered world."""
+
+    out_dir: str = "runs/drive"
+    """Folder for drive.md / drive.json / drive.png and the clips."""
+    scenarios: List[str] = field(default_factory=lambda: list(DRIVE_SCENARIOS))
+    """Scenario families to drive, from DRIVE_SCENARIOS."""
+    episodes: int = 56
+    """Episodes per policy, spread round-robin over the families and then the seeds."""
+    seeds: List[int] = field(default_factory=lambda: [0, 1, 2])
+    """Evaluation seeds: each gives other instances of every family (held out: training scenes never use
+    them); results are mean +/- std over seeds."""
+    episode_seconds: float = 8.0
+    """Simulated length of an episode."""
+    sim_hz: float = 10.0
+    """Simulation rate: the ego's vehicle model, the controller and the other road users step at it."""
+    replan_hz: float = 2.0
+    """Camera and replanning rate; sim_hz / replan_hz must be a whole number."""
+    latency_ms: float = -1.0
+    """Delay before a network's plan reaches the controller; -1: measured on this host for ONNX Runtime
+    bundles and checkpoints, the latency model's prediction for TensorRT targets."""
+    baselines: List[str] = field(default_factory=lambda: list(DRIVE_BASELINES))
+    """Baseline policies driven beside the network, from DRIVE_BASELINES."""
+    workers: int = 2
+    """Worker processes that run episodes in parallel (one torch / ONNX Runtime thread each)."""
+    clips: int = 2
+    """MP4 clips written per policy, of its worst episodes (lowest driving score)."""
+
+    def problems(self) -> Problems:
+        found: Problems = []
+        unknown = [s for s in self.scenarios if s not in DRIVE_SCENARIOS]
+        if unknown or not self.scenarios:
+            found.append(("scenarios", f"got {list(self.scenarios)!r}; choose from {', '.join(DRIVE_SCENARIOS)}"))
+        unknown = [b for b in self.baselines if b not in DRIVE_BASELINES]
+        if unknown:
+            found.append(("baselines", f"got {list(self.baselines)!r}; choose from {', '.join(DRIVE_BASELINES)}"))
+        if not self.seeds:
+            found.append(("seeds", "got an empty list; give at least one evaluation seed"))
+        for name in ("episodes", "episode_seconds", "sim_hz", "replan_hz"):
+            _positive(found, name, getattr(self, name))
+        if self.sim_hz > 0 and self.replan_hz > 0:
+            ratio = self.sim_hz / self.replan_hz
+            if abs(ratio - round(ratio)) > 1e-6 or round(ratio) < 1:
+                found.append(("replan_hz", f"got {self.replan_hz} with sim_hz {self.sim_hz}; sim_hz / replan_hz must "
+                                           f"be a whole number >= 1 (e.g. 2, 5 or 10 Hz at 10 Hz)"))
+        if self.latency_ms < 0 and self.latency_ms != -1:
+            found.append(("latency_ms", f"got {self.latency_ms}; use -1 (measure / predict) or a delay >= 0 ms"))
+        _in_range(found, "workers", self.workers, 0, 64)
+        if self.clips < 0:
+            found.append(("clips", f"got {self.clips}; must be >= 0"))
+        return found
+
+
 # ----------------------------------------------------------------------- pipeline
 
 
@@ -670,6 +754,8 @@ class Pipeline:
     """Training."""
     export: ExportConfig = field(default_factory=ExportConfig)
     """ONNX export and quantization."""
+    drive: DriveConfig = field(default_factory=DriveConfig)
+    """Closed-loop evaluation."""
     targets: Dict[str, Target] = field(default_factory=dict)
     """Deploy targets by name; `configs/targets/*.yaml` are loaded here under their file names."""
 
