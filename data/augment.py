@@ -4,18 +4,31 @@
   size: images resample bilinearly, depth and semantics nearest, padding is
   depth 0 / IGNORE_INDEX, and the intrinsics follow (`stack.rig.scale_intrinsics`),
   so projecting a 3D point gives the same image content before and after.
-- BEV rotation by a random yaw: boxes (centre, yaw, velocity) and every
-  `cam_to_ego` rotate together, so the scene is exactly what the same rig would
-  see in a rotated ego frame; images do not change. The ego's own past and future
-  trajectories stay in its body frame: they follow its status (speed, acceleration,
-  yaw rate), which a rotation does not change, and the planning head rolls that
-  status out along +x (`stack.kinematics`). Rotating them would ask the planner for
-  a heading offset that nothing in its input tells it (as in UniAD, which keeps
-  BEV augmentation away from planning).
+- BEV rotation by a random yaw θ: the whole ego-frame scene rotates about the ego,
+  boxes (centre, yaw, velocity), every `cam_to_ego`, and the ego's own past and
+  future trajectories, and θ is recorded in the row (`Batch.bev_rotation`); images
+  do not change. This is BEVDet's BEV data augmentation (BDA; Huang et al.,
+  arXiv:2112.11790): one rotation applied to the BEV features (here through the
+  camera poses the view transform uses) and to every BEV target alike.
 - Colour jitter (brightness, contrast, saturation) on the images only.
 
+Why rotate the trajectories too, and what the planner sees. Rotating boxes but not
+the ego's plan leaves two frames in one sample: the collision loss would score a
+plan in the body frame against boxes in the rotated frame, and the planner would
+learn "drive along +x" from a scene whose road now runs along θ. UniAD avoids the
+clash by keeping BEV augmentation away from planning (Hu et al., arXiv:2212.10156);
+that gives up the augmentation's regularisation for the head that most needs the
+scene. Here everything rotates, and the
+rotation is given to the planner: `PlanningHead` still plans in the ego's body
+frame (its ego status, a rotation-invariant speed / acceleration / yaw rate, rolled
+out along +x, plus a learned residual), then turns its trajectories by θ into the
+rotated BEV frame, so plan, targets and boxes share one frame; cos θ and sin θ also
+enter its ego query, so it can relate the rotated BEV tokens to its body frame. At
+evaluation and in export θ is 0 (`BevNet.forward(..., bev_rotation=None)`), and the
+head is exactly the unrotated planner.
+
 Both loader backends call `augment_row` on the rows they decode, so they
-augment identically.
+augment identically (same rows, same random stream, same `bev_rotation`).
 """
 
 from __future__ import annotations
@@ -60,9 +73,8 @@ def resize_crop(row: dict, scale: float, rng: np.random.Generator) -> None:
 
 
 def rotate_bev(row: dict, angle: float) -> None:
-    """Rotate the scene about the ego by `angle` (radians, about z): boxes, velocities, camera poses.
-
-    The ego trajectories are left in the body frame (see the module docstring)."""
+    """Rotate the scene about the ego by `angle` (radians, about z): boxes, velocities, camera poses and the ego's
+    past and future trajectories; `bev_rotation` accumulates the angle (see the module docstring)."""
     c, s = math.cos(angle), math.sin(angle)
     rotation = torch.tensor([[c, -s], [s, c]], dtype=torch.float32)
     boxes = row["boxes"].clone()
@@ -74,6 +86,9 @@ def rotate_bev(row: dict, angle: float) -> None:
     transform = torch.eye(4)
     transform[:2, :2] = rotation
     row["cam_to_ego"] = transform @ row["cam_to_ego"]
+    row["past_trajectory"] = row["past_trajectory"] @ rotation.T
+    row["future_trajectory"] = row["future_trajectory"] @ rotation.T  # invalid waypoints are 0 and stay 0
+    row["bev_rotation"] = torch.as_tensor(row.get("bev_rotation", 0.0), dtype=torch.float32) + angle
 
 
 def jitter_colour(row: dict, strength: float, rng: np.random.Generator) -> None:

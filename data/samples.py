@@ -120,6 +120,7 @@ def label_fields(arrays: dict, maps: ClassMaps, pipeline: Pipeline) -> dict:
         "command": torch.tensor(int(arrays["command"][0]), dtype=torch.int64),
         "past_trajectory": torch.from_numpy(arrays["past"].astype(np.float32)),
         "future_trajectory": torch.from_numpy(future), "future_valid": torch.from_numpy(valid),
+        "bev_rotation": torch.tensor(0.0, dtype=torch.float32),  # augment.rotate_bev sets it
     }
 
 

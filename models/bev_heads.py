@@ -15,6 +15,15 @@ acceleration and turn rate (`kinematic_rollout`). Ego status alone explains most
 an open-loop plan (AD-MLP, arXiv:2305.10430); starting from its rollout leaves the
 network the part that needs the scene (leaders, stop lines, turns), instead of
 first having to learn to integrate speed through attention and LayerNorm.
+
+BEV-rotation augmentation (`stack.data.augment`) turns the scene, the boxes and the
+target trajectories by an angle θ about the ego. The head still plans in the body
+frame (prior along +x plus residual) and then rotates its trajectories by θ
+(`rotate_trajectories`), so plan, targets and boxes share the rotated frame and the
+collision loss compares like with like; cos θ and sin θ enter the ego query through
+a zero-initialised embedding, so the planner can relate the rotated BEV tokens to
+its body frame. θ = None (evaluation, export) is θ = 0: the same outputs, and no
+rotation op in the graph.
 """
 
 from __future__ import annotations
@@ -102,6 +111,9 @@ class PlanningHead(nn.Module):
         self.token_pos = nn.Parameter(torch.randn(1, tokens, channels) * 0.02)
         self.ego = nn.Sequential(nn.Linear(3, channels), nn.ReLU(inplace=True), nn.Linear(channels, channels))
         self.command = nn.Embedding(commands, channels)
+        self.rotation = nn.Linear(2, channels)
+        nn.init.zeros_(self.rotation.weight)  # starts as the unaugmented planner; learns what θ says about the BEV
+        nn.init.zeros_(self.rotation.bias)
         self.mode = nn.Parameter(torch.randn(1, modes, channels) * 0.02)
         self.layers = nn.ModuleList(CrossAttentionLayer(channels, PLAN_HEADS) for _ in range(layers))
         self.norm = nn.LayerNorm(channels)
@@ -110,10 +122,12 @@ class PlanningHead(nn.Module):
         nn.init.zeros_(self.waypoints.bias)
         self.score = nn.Linear(channels, 1)
 
-    def forward(self, bev: torch.Tensor, ego_status: torch.Tensor, command: torch.Tensor):
+    def forward(self, bev: torch.Tensor, ego_status: torch.Tensor, command: torch.Tensor,
+                bev_rotation: torch.Tensor | None = None):
+        """`bev_rotation` (B,) radians: the BEV augmentation's yaw; None means 0 (see the module docstring)."""
         pooled = F.avg_pool2d(bev, self.pool, self.pool, ceil_mode=True) if self.pool > 1 else bev
         tokens = pooled.flatten(2).transpose(1, 2) + self.token_pos
-        ego = self.ego(ego_status.float()) + self.command(command)
+        ego = self.ego(ego_status.float()) + self.command(command) + self._rotation_embedding(ego_status, bev_rotation)
         queries = ego[:, None, :] + self.mode
         for layer in self.layers:
             queries = layer(queries, tokens)
@@ -125,4 +139,24 @@ class PlanningHead(nn.Module):
             queries = queries.float()
             steps = self.waypoints(queries).view(-1, self.modes, self.steps, 2)
             prior = kinematic_rollout(ego_status, self.steps)
-            return prior[:, None] + steps.cumsum(dim=2), self.score(queries).squeeze(-1)
+            body_frame = prior[:, None] + steps.cumsum(dim=2)
+            trajectories = body_frame if bev_rotation is None else rotate_trajectories(body_frame, bev_rotation)
+            return trajectories, self.score(queries).squeeze(-1)
+
+    def _rotation_embedding(self, ego_status: torch.Tensor, bev_rotation: torch.Tensor | None) -> torch.Tensor:
+        """The (B, channels) embedding of (cos θ, sin θ); with θ None, that of θ = 0 (a constant)."""
+        if bev_rotation is None:
+            angle = ego_status.new_tensor([1.0, 0.0], dtype=self.rotation.weight.dtype)
+            return self.rotation(angle)[None]
+        angle = bev_rotation.to(self.rotation.weight.dtype)
+        return self.rotation(torch.stack([torch.cos(angle), torch.sin(angle)], dim=-1))
+
+
+def rotate_trajectories(points: torch.Tensor, angle: torch.Tensor) -> torch.Tensor:
+    """(B, ..., 2) xy turned by `angle` (B,) radians about the origin (counter-clockwise, about +z).
+
+    Exact at angle 0 (cos 0 = 1, sin 0 = 0), so θ = 0 and θ = None plan the same waypoints."""
+    shape = (-1, *([1] * (points.dim() - 2)))  # broadcast over every axis of x and y but the batch
+    c, s = torch.cos(angle.float()).view(shape), torch.sin(angle.float()).view(shape)
+    x, y = points.unbind(-1)
+    return torch.stack([c * x - s * y, s * x + c * y], dim=-1)

@@ -7,6 +7,7 @@ Data flow (per frame, N cameras):
     softmax(depth) x context ─► bev_pool (lift-splat, stack.ops) ─► BEV encoder
     BEV ─┬─► CenterPoint heatmap + box regression
          └─► planning head (ego query attends BEV tokens) ─► K trajectories + scores
+             (planned in the body frame, turned by the batch's BEV-augmentation yaw, if any)
 
 Geometry enters as data, outside the traced graph: training computes a
 `BevPoolGeometry` per batch from its intrinsics/cam_to_ego (`BevNet.geometry`),
@@ -74,7 +75,9 @@ class BevNet(nn.Module):
                                           model.planning_steps, len(COMMANDS))
 
     def forward(self, images: torch.Tensor, ego_status: torch.Tensor, command: torch.Tensor,
-                geometry: BevPoolGeometry | None = None) -> dict[str, torch.Tensor]:
+                geometry: BevPoolGeometry | None = None, bev_rotation: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        """`bev_rotation` (B,) radians is the BEV augmentation's yaw (`Batch.bev_rotation`); None means 0 and is
+        what export passes, so the exported graph keeps its inputs and, at 0, its outputs."""
         batch, cameras = images.shape[:2]
         fine, lift = self.image_encoder(images.flatten(0, 1))
         depth_logits, context = self.depth_head(lift)
@@ -84,7 +87,7 @@ class BevNet(nn.Module):
         bev = self.view_transform(depth_logits.softmax(dim=2), context, geometry)
         bev = self.bev_encoder(bev)
         heatmap, box_regression = self.detection_head(bev)
-        trajectories, scores = self.planning_head(bev, ego_status, command)
+        trajectories, scores = self.planning_head(bev, ego_status, command, bev_rotation)
         return {
             "depth_logits": depth_logits, "seg_logits": seg_logits.unflatten(0, (batch, cameras)),
             "heatmap": heatmap, "box_regression": box_regression,
@@ -114,7 +117,7 @@ class BevNet(nn.Module):
     def forward_batch(self, batch: Batch) -> dict[str, torch.Tensor]:
         """`forward` on a Batch, with its geometry computed from the batch's cameras."""
         geometry = None if self.view_transform.fixed is not None else self.geometry(batch.intrinsics, batch.cam_to_ego)
-        return self(batch.images, batch.ego_status, batch.command, geometry)
+        return self(batch.images, batch.ego_status, batch.command, geometry, batch.bev_rotation)
 
     def loss(self, outputs: dict[str, torch.Tensor], batch: Batch) -> dict[str, torch.Tensor]:
         """Per-term losses, per-task sums, and `total` weighted by `model.loss_weights`."""

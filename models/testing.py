@@ -97,5 +97,5 @@ def random_batch(pipeline: Pipeline, batch_size: int = 2, seed: int = 0) -> Batc
         boxes=torch.as_tensor(boxes), box_labels=torch.as_tensor(labels),
         ego_status=torch.as_tensor(status), command=torch.as_tensor(command),
         past_trajectory=torch.as_tensor(past), future_trajectory=torch.as_tensor(future),
-        future_valid=torch.as_tensor(valid),
+        future_valid=torch.as_tensor(valid), bev_rotation=torch.zeros(batch_size, dtype=torch.float32),
     )

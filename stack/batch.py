@@ -53,11 +53,21 @@ class Batch:
     command: "torch.Tensor"
     """int64 (B,) index into COMMANDS."""
     past_trajectory: "torch.Tensor"
-    """float32 (B, PAST_STEPS, 2) past ego xy in the current ego frame, oldest first."""
+    """float32 (B, PAST_STEPS, 2) past ego xy in the current (BEV-augmented) ego frame, oldest first."""
     future_trajectory: "torch.Tensor"
-    """float32 (B, T, 2) future ego xy in the current ego frame at 0.5 s steps (the planning target)."""
+    """float32 (B, T, 2) future ego xy in the current (BEV-augmented) ego frame at 0.5 s steps (the planning target)."""
     future_valid: "torch.Tensor"
     """bool (B, T) False where the scene ends before that waypoint."""
+    bev_rotation: "torch.Tensor | None" = None
+    """float32 (B,) radians: the yaw by which BEV augmentation rotated this frame's scene, boxes, cameras and
+    trajectories about the ego (`stack.data.augment.rotate_bev`); 0 without augmentation, at evaluation and in
+    export. None (a Batch built by hand) means zeros."""
+
+    def __post_init__(self):
+        if self.bev_rotation is None:
+            import torch
+
+            self.bev_rotation = torch.zeros(self.images.shape[0], dtype=torch.float32, device=self.images.device)
 
     def to(self, device, non_blocking: bool = False) -> "Batch":
         """The same batch with every tensor on `device`."""
@@ -75,6 +85,7 @@ class Batch:
             "box_labels": ((b, m), "int64"), "ego_status": ((b, len(EGO_STATUS_FIELDS)), "float32"),
             "command": ((b,), "int64"), "past_trajectory": ((b, PAST_STEPS, 2), "float32"),
             "future_trajectory": ((b, t, 2), "float32"), "future_valid": ((b, t), "bool"),
+            "bev_rotation": ((b,), "float32"),
         }
 
     def mismatches(self, pipeline: "Pipeline") -> list[str]:

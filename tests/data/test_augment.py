@@ -3,6 +3,7 @@
 import math
 
 import numpy as np
+import pytest
 import torch
 
 from stack.data import build_loader
@@ -47,25 +48,55 @@ def test_box_centre_hits_the_same_marked_pixel_after_resize_crop_and_rotation(da
         assert row["semantic"][camera, int(v2), int(u2)] == 7, (seed, (u, v), (u2, v2))
 
 
-def test_rotation_moves_boxes_velocities_and_cameras_together_and_leaves_the_ego_plan(dataset):
+def test_rotation_moves_boxes_velocities_cameras_and_the_ego_trajectories_together(dataset):
     pipeline, _ = dataset
     row = _row(pipeline)
+    real = row["box_labels"] >= 0
+    box = int(torch.nonzero(real)[0])
+    row["boxes"][box, :2] = row["future_trajectory"][3]  # a box that sits on the plan's 2 s waypoint
+    row["past_trajectory"][0] = torch.tensor([-6.0, 1.0])
     before = {k: v.clone() for k, v in row.items()}
     rotate_bev(row, math.radians(20))
-    real = row["box_labels"] >= 0
     np.testing.assert_allclose(row["boxes"][real, :2].norm(dim=1), before["boxes"][real, :2].norm(dim=1), rtol=1e-5)
     np.testing.assert_allclose(row["boxes"][real, 7:9].norm(dim=1), before["boxes"][real, 7:9].norm(dim=1), atol=1e-5)
     yaw_change = torch.remainder(row["boxes"][real, 6] - before["boxes"][real, 6], 2 * math.pi)
     np.testing.assert_allclose(yaw_change, math.radians(20), atol=1e-5)
-    # the ego's own trajectories stay in its body frame, consistent with its (unchanged) ego status
-    assert torch.equal(row["future_trajectory"], before["future_trajectory"])
-    assert torch.equal(row["past_trajectory"], before["past_trajectory"])
+    # the ego's trajectories turn with the scene: the waypoint still sits on the box centre
+    np.testing.assert_allclose(row["future_trajectory"][3], row["boxes"][box, :2], atol=1e-5)
+    turned = torch.atan2(row["past_trajectory"][0, 1], row["past_trajectory"][0, 0]) - math.atan2(1.0, -6.0)
+    np.testing.assert_allclose(torch.remainder(turned, 2 * math.pi), math.radians(20), atol=1e-5)
+    np.testing.assert_allclose(row["future_trajectory"].norm(dim=-1), before["future_trajectory"].norm(dim=-1), atol=1e-5)
+    assert row["bev_rotation"].dtype == torch.float32 and float(row["bev_rotation"]) == pytest.approx(math.radians(20))
     # a camera sees exactly the same ego-frame point after rotating both
     for camera in range(len(row["intrinsics"])):
-        index = int(torch.nonzero(real)[0])
-        a, _ = _project(before, camera, before["boxes"][index, :3])
-        b, _ = _project(row, camera, row["boxes"][index, :3])
+        a, _ = _project(before, camera, before["boxes"][box, :3])
+        b, _ = _project(row, camera, row["boxes"][box, :3])
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-3)
+
+
+def test_padding_waypoints_stay_zero_and_rotations_accumulate(dataset):
+    pipeline, _ = dataset
+    row = _row(pipeline)
+    row["future_valid"][-2:] = False
+    row["future_trajectory"][-2:] = 0.0
+    rotate_bev(row, 0.3)
+    rotate_bev(row, -0.1)
+    assert (row["future_trajectory"][-2:] == 0).all()
+    assert float(row["bev_rotation"]) == pytest.approx(0.2)
+
+
+def test_loaders_record_the_rotation_zero_without_augmentation_and_the_drawn_one_with_it(dataset, small_pipeline):
+    pipeline, _ = dataset
+    plain = next(iter(build_loader(pipeline, "train", 0, 1, shuffle=False, augment=False)))
+    assert plain.bev_rotation.dtype == torch.float32 and (plain.bev_rotation == 0).all()
+    rotating = small_pipeline(pipeline.data.root, "data.augment.bev_rotate_deg=30")
+    turned = next(iter(build_loader(rotating, "train", 0, 1, shuffle=False, augment=True)))
+    assert turned.mismatches(rotating) == []
+    assert (turned.bev_rotation != 0).all() and (turned.bev_rotation.abs() <= math.radians(30)).all()
+    for i, angle in enumerate(turned.bev_rotation.tolist()):  # each row's plan turned by its own angle
+        c, s = math.cos(angle), math.sin(angle)
+        expected = plain.future_trajectory[i] @ torch.tensor([[c, -s], [s, c]]).T
+        np.testing.assert_allclose(turned.future_trajectory[i], expected, atol=1e-4)
 
 
 def test_augmented_batches_keep_the_contract_and_padding(dataset):

@@ -20,7 +20,7 @@ def _compare(torch_batches, dali_batches, pipeline, tolerance):
         assert b.mismatches(pipeline) == []
         assert (a.images.int() - b.images.cpu().int()).abs().max() <= tolerance
         for name in ("intrinsics", "cam_to_ego", "depth", "semantic", "boxes", "box_labels", "ego_status", "command",
-                     "past_trajectory", "future_trajectory", "future_valid"):
+                     "past_trajectory", "future_trajectory", "future_valid", "bev_rotation"):
             assert torch.equal(getattr(a, name), getattr(b, name).cpu()), name
 
 
@@ -88,3 +88,18 @@ def test_dali_names_the_shards_it_cannot_open(dataset, small_pipeline, tmp_path,
     dali = small_pipeline(root, "data.backend=dali")
     with pytest.raises(BadSample, match="frames-000000"):
         list(build_loader(dali, "train", 0, 1, shuffle=False, augment=False))
+
+
+def test_both_backends_draw_the_same_bev_rotation_for_the_same_seed(dataset, small_pipeline):
+    pipeline, _ = dataset
+    rotating = ("data.augment.bev_rotate_deg=30", "train.seed=11")
+    plain = small_pipeline(pipeline.data.root, *rotating)
+    dali = small_pipeline(pipeline.data.root, "data.backend=dali", *rotating)
+    torch_batches = list(build_loader(plain, "train", 0, 1, shuffle=False, augment=True))
+    dali_batches = list(build_loader(dali, "train", 0, 1, shuffle=False, augment=True))
+    assert len(torch_batches) == len(dali_batches) > 0
+    for a, b in zip(torch_batches, dali_batches):
+        assert (a.bev_rotation != 0).all()
+        assert torch.equal(a.bev_rotation, b.bev_rotation)
+        torch.testing.assert_close(a.future_trajectory, b.future_trajectory)
+        torch.testing.assert_close(a.boxes, b.boxes)
