@@ -57,6 +57,15 @@ def export_checkpoint(pipeline, state_dict: dict, checkpoint: str, log=print, ca
             "parity": parity, "samples": f"{source}, against PyTorch pooling with bev_pool (geometry per call)"}
 
 
+def _closed_loop_gate(pipeline):
+    """The closed-loop gate bound to this pipeline's world, rig and drive settings."""
+    from functools import partial
+
+    from stack.deploy.closedloop.gate import closed_loop_gate
+
+    return partial(closed_loop_gate, pipeline)
+
+
 def deploy_checkpoint(pipeline, state_dict: dict, checkpoint: str, target_name: str, log=print,
                       calibration_file: str | None = None) -> dict:
     """Build and gate the bundle `{export.out_dir}/{target_name}/` for one camera calibration; returns gate.json."""
@@ -83,6 +92,6 @@ def deploy_checkpoint(pipeline, state_dict: dict, checkpoint: str, target_name: 
         sensitivity_feeds=[f for b in samples.sensitivity for f in batch_feeds(b)], sample_ids=samples.ids,
         reference=training_path_network(pipeline, state_dict, cameras),
         samples_source=source, checkpoint=str(checkpoint), pipeline_name=pipeline.name,
-        pipeline_hash=pipeline_hash(pipeline),
+        pipeline_hash=pipeline_hash(pipeline), closed_loop=_closed_loop_gate(pipeline),
         extra_files={"pipeline.yaml": pipeline_to_yaml(pipeline), CALIBRATION_FILE: cameras.to_yaml()})
     return run_deploy(spec, target_name, target, pipeline.export, folder, log)

@@ -6,10 +6,12 @@ Steps, each recorded in the bundle (`report.md`, `gate.json`, `latency.png`):
 2. for INT8 targets, quantize in the target's QDQ flavour, calibrated on training frames, and
    run the per-head accuracy gate on validation frames (with its fp32 fallback for sensitive
    layers, ranked on other training frames);
-3. the FPS gate: measured with ONNX Runtime on `onnxruntime` targets, measured with
+3. for INT8 targets with a closed-loop budget, INT8 and fp32 drive the same held-out episodes
+   (`stack.deploy.closedloop.gate`): INT8 may not drive worse than the budget;
+4. the FPS gate: measured with ONNX Runtime on `onnxruntime` targets, measured with
    TensorRT on the target's own GPU, otherwise predicted by the latency model, with
    `build_engine.sh` holding the exact trtexec line to build and time it on the device;
-4. TensorRT targets also need every operator to import natively (no plugins).
+5. TensorRT targets also need every operator to import natively (no plugins).
 
 The result is PASS only when every gate passes; `stack deploy` exits 0 on pass and 1 on
 a failed gate (2 is reserved for bad input, raised as StackError before any gate runs).
@@ -62,6 +64,9 @@ class DeploySpec:
     (empty: the calibration feeds, never the accuracy ones)."""
     sample_ids: dict = field(default_factory=dict)
     """{"calibration" | "sensitivity" | "accuracy": [sample id, ...]}, recorded in gate.json."""
+    closed_loop: Callable | None = None
+    """closed_loop(int8_path, fp32_path, budget, latency_ms, log) -> result dict
+    (`stack.deploy.closedloop.gate.closed_loop_gate` bound to the pipeline); None: no closed-loop gate."""
     reference: object = None
     """Parity's reference (same call as `net`): the network pooling with `bev_pool` and the bundle
     calibration's geometry per call, as in training (None: `net` itself, baked against baked)."""
@@ -86,6 +91,7 @@ def run_deploy(spec: DeploySpec, name: str, target, export_cfg, folder: Path, lo
         (folder / file_name).write_text(content)
     fp32_path = _export_step(spec, folder, export_cfg, result, log)
     engine_onnx = _quantize_step(spec, folder, fp32_path, target, export_cfg, result, log)
+    _closed_loop_step(spec, engine_onnx, fp32_path, target, result, log)
     fail_point("deploy-after-quantize")
     _speed_step(spec, folder, engine_onnx, fp32_path, name, target, export_cfg, result, log)
     if target.runtime == "tensorrt":
@@ -160,6 +166,30 @@ def _quantize_step(spec: DeploySpec, folder: Path, fp32_path: Path, target, cfg,
         else:
             result["failures"] += reasons
     return final
+
+
+def _closed_loop_step(spec: DeploySpec, engine_onnx: Path, fp32_path: Path, target, result: dict, log) -> None:
+    """INT8 and fp32 drive the same held-out episodes; INT8 may not drive worse than the target's budget.
+
+    Runs when the target has a closed-loop budget and INT8 passed the accuracy gate (otherwise INT8 does
+    not ship or the deploy already failed). A failure fails the deploy, or on `best` targets ships fp32."""
+    budget = target.closed_loop
+    accuracy = result.get("accuracy") or {}
+    if spec.closed_loop is None or budget.episodes <= 0 or engine_onnx == fp32_path:
+        result["closed_loop"] = None
+        return
+    if not accuracy.get("passed", False):
+        result["closed_loop"] = {"skipped": "INT8 fails the accuracy gate, so it is not driven"}
+        return
+    log(f"closed-loop gate: INT8 and fp32 drive {budget.episodes} held-out episodes ...")
+    gate = spec.closed_loop(engine_onnx, fp32_path, budget, target.latency_budget_ms(), log)
+    result["closed_loop"] = gate
+    if gate["passed"]:
+        return
+    if _may_ship_fp32(target):
+        log("INT8 fails the closed-loop gate: fp32 will ship (" + "; ".join(gate["reasons"]) + ")")
+    else:
+        result["failures"] += gate["reasons"]
 
 
 def _may_ship_fp32(target) -> bool:
@@ -241,6 +271,9 @@ def _choose_shipped(target, int8_path: Path, fp32_path: Path, result: dict, time
     if not accuracy.get("passed", False):
         return {"file": fp32_path.name, "precision": "fp32",
                 "why": f"INT8 fails the accuracy gate (see Accuracy), fp32 passes by definition ({timing})"}
+    if (result.get("closed_loop") or {}).get("passed") is False:
+        return {"file": fp32_path.name, "precision": "fp32",
+                "why": f"INT8 drives worse than fp32 beyond the budget (see Closed loop) ({timing})"}
     if int8_ms < fp32_ms:
         return {"file": int8_path.name, "precision": "int8",
                 "why": f"INT8 passes the accuracy gate and is {fp32_ms / int8_ms:.2f}x faster ({timing})"}

@@ -83,9 +83,20 @@ def markdown(result: dict, files: list = ()) -> str:
     if result.get("shipped"):
         shipped = result["shipped"]
         lines += [f"**Shipped: `{shipped['file']}` ({shipped['precision']})** — {shipped['why']}.", ""]
-    lines += _accuracy_section(result.get("accuracy")) + _speed_section(result["fps"], result.get("speed", {}))
+    lines += _accuracy_section(result.get("accuracy")) + _closed_loop_section(result.get("closed_loop"))
+    lines += _speed_section(result["fps"], result.get("speed", {}))
     lines += _export_section(result["export"]) + _files_section(files)
     return "\n".join(lines) + "\n"
+
+
+def _closed_loop_section(closed_loop: dict | None) -> list:
+    if not closed_loop:
+        return []
+    if "skipped" in closed_loop:
+        return ["## Closed loop", "", f"Not driven: {closed_loop['skipped']}.", ""]
+    from stack.deploy.closedloop.gate import markdown as closed_loop_markdown
+
+    return closed_loop_markdown(closed_loop)
 
 
 def _accuracy_section(accuracy: dict | None) -> list:

@@ -56,6 +56,22 @@ class DeployedNetwork:
                 f"Deploy again.")
         return cls(ort_session(path, threads), path, metadata, calibration)
 
+    @classmethod
+    def from_model(cls, model_path: str | Path, threads: int = 0) -> "DeployedNetwork":
+        """A model file on its own, before it is sealed into a bundle (the deploy gates drive models they are
+        still judging); its calibration comes from the ONNX metadata it was exported with."""
+        from stack.deploy.export import read_metadata
+        from stack.deploy.runtime import ort_session
+
+        path = Path(model_path)
+        metadata = read_metadata(path)
+        if "calibration" not in metadata:
+            raise StackError(f"{path} carries no camera calibration in its metadata: export it again with this stack")
+        calibration = Calibration.from_dict(metadata["calibration"], source=f"{path.name} metadata")
+        if calibration.hash != metadata.get("calibration_hash"):
+            raise CalibrationMismatch(f"{path.name}: its metadata's calibration does not match its calibration_hash")
+        return cls(ort_session(path, threads), path, metadata, calibration)
+
     def infer(self, images: np.ndarray, ego_status: np.ndarray, command: np.ndarray,
               calibration: Calibration) -> dict[str, np.ndarray]:
         """Run one frame: uint8 (1, N, 3, H, W) images in the bundle's camera order, float32 (1, 3) ego status

@@ -26,6 +26,7 @@ COMMANDS = {
     "eval": "evaluate a trained checkpoint: every head against its trivial baseline on the validation split",
     "export": "export a checkpoint to ONNX (standard ops, metadata) and check it against PyTorch",
     "deploy": "quantize, gate (accuracy per head, FPS measured or predicted) and bundle for a target",
+    "drive": "closed loop: a checkpoint or deployed bundle drives held-out scenarios beside the baselines",
 }
 """Command name -> one-line help. Add a command here only when it works end to end."""
 

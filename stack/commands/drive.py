@@ -1,0 +1,144 @@
+"""`stack drive CHECKPOINT|BUNDLE ...`: the trained or the deployed network drives the rendered world in closed loop.
+
+Each source is a checkpoint (`stack train`'s model.pt, driven in PyTorch) or a deploy bundle folder
+(driven on ONNX Runtime: the model it ships, or `--policy int8` / `fp32`); several may be given and
+drive side by side, with the baselines of `drive.baselines` (the privileged expert, constant velocity,
+the ego-status rollout). Every policy drives the same `drive.episodes` held-out episodes of the
+`drive.scenarios` families over `drive.seeds`; the report (drive.md, drive.json, drive.png) and MP4
+clips of each policy's worst episodes go to `drive.out_dir`.
+
+`--scenarios a,b` and `--episodes N` are shorthands for drive.scenarios=[a,b] and drive.episodes=N.
+Exit 0 when the episodes ran; 2 for bad input (an unknown scenario, a checkpoint without a planner,
+a bundle built for another network or camera rig).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from stack.errors import StackError
+
+POLICY_CHOICES = ("network", "int8", "fp32", "expert", "constant_velocity", "ego_rollout")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--policy", metavar="LIST",
+                        help="comma-separated policies to drive: network (each source as built: a checkpoint in "
+                             "PyTorch, a bundle's shipped model), int8 / fp32 (a bundle's model of that precision), "
+                             "and baselines expert, constant_velocity, ego_rollout. Default: network + drive.baselines")
+    parser.add_argument("--scenarios", metavar="LIST", help="shorthand for drive.scenarios=[...] (comma-separated)")
+    parser.add_argument("--episodes", metavar="N", help="shorthand for drive.episodes=N")
+    parser.usage = "stack drive CHECKPOINT|BUNDLE [CHECKPOINT|BUNDLE ...] [--policy LIST] [options] [key=value ...]"
+
+
+def run(args: argparse.Namespace) -> int:
+    from stack.deploy.closedloop.evaluate import drive
+
+    sources = [word for word in args.overrides if "=" not in word]
+    args.overrides = [word for word in args.overrides if "=" in word] + _shorthands(args)
+    if not sources:
+        raise StackError("stack drive needs a CHECKPOINT (stack train's model.pt) or a deploy BUNDLE folder "
+                         "(e.g. runs/tiny/export/cpu); several may be given to drive side by side.")
+    pipeline = _pipeline(sources, args)
+    policies = _policies(sources, _choices(args.policy, pipeline))
+    result = drive(pipeline, policies, sources={p.name: p.source for p in policies if p.source})
+    print((Path(pipeline.drive.out_dir) / "drive.md").read_text())
+    return 0 if result["rows"] else 1
+
+
+def _shorthands(args) -> list[str]:
+    out = []
+    if args.scenarios:
+        names = [s.strip() for s in args.scenarios.split(",") if s.strip()]
+        out.append(f"drive.scenarios=[{','.join(names)}]")
+    if args.episodes:
+        out.append(f"drive.episodes={args.episodes}")
+    return out
+
+
+def _choices(text: str | None, pipeline) -> list[str]:
+    if not text:
+        return ["network"] + list(pipeline.drive.baselines)
+    chosen = [c.strip() for c in text.split(",") if c.strip()]
+    unknown = [c for c in chosen if c not in POLICY_CHOICES]
+    if unknown or not chosen:
+        raise StackError(f"--policy {text!r}: unknown {', '.join(map(repr, unknown)) or 'empty list'}; "
+                         f"choose from {', '.join(POLICY_CHOICES)}")
+    return chosen
+
+
+def _kind(source: str) -> str:
+    path = Path(source)
+    if path.is_dir():
+        if not (path / "gate.json").is_file():
+            raise StackError(f"{source} is a folder without gate.json: not a deploy bundle. Give a bundle folder "
+                             f"(`stack deploy` writes {{export.out_dir}}/TARGET/) or a checkpoint file.")
+        return "bundle"
+    if path.is_file():
+        return "checkpoint"
+    raise StackError(f"{source}: no such checkpoint file or bundle folder")
+
+
+def _pipeline(sources: list[str], args):
+    """The pipeline to drive under: -c files + overrides, or the first source's own pipeline + overrides;
+    refused when any source holds another network or was built for another camera rig."""
+    from stack.checkpoint import load_model_checkpoint, pipeline_for_checkpoint
+    from stack.config import pipeline_from_yaml, pipeline_to_yaml
+
+    stored = []
+    for source in sources:
+        if _kind(source) == "checkpoint":
+            pipeline, state_dict, _ = load_model_checkpoint(source)
+            from stack.deploy.closedloop.policies import check_has_planner
+
+            check_has_planner(state_dict, source)
+        else:
+            file = Path(source) / "pipeline.yaml"
+            if not file.is_file():
+                raise StackError(f"bundle {source} has no pipeline.yaml; deploy it again with this stack")
+            pipeline = pipeline_from_yaml(file.read_text(), source=f"the pipeline of bundle {source}")
+        stored.append((source, pipeline))
+    first_source, first = stored[0]
+    pipeline = pipeline_for_checkpoint(first, first_source, args.config, args.overrides)
+    for source, other in stored:
+        _check_same(source, other, pipeline)
+    if args.print_config:
+        print(pipeline_to_yaml(pipeline), end="", flush=True)
+    return pipeline
+
+
+def _check_same(source: str, stored, pipeline) -> None:
+    """A source drives only the world its network was built for: same network, same cameras."""
+    from stack.checkpoint import check_same_network
+    from stack.deploy.calibration import Calibration
+
+    try:
+        check_same_network(stored, pipeline, source)
+    except StackError as exc:
+        raise StackError(f"{source} was built by another pipeline than the one driving: {exc}") from exc
+    differences = Calibration.from_rig(stored.data.rig).compare(Calibration.from_rig(pipeline.data.rig))
+    if differences:
+        raise StackError(f"{source} was built for another camera rig than the one the world renders with "
+                         f"(data.rig): " + "; ".join(differences) + ". Drive it with its own pipeline (no -c).")
+
+
+def _policies(sources: list[str], chosen: list[str]):
+    from stack.deploy.closedloop.policies import PolicySpec
+
+    specs = []
+    for source in sources:
+        kind = _kind(source)
+        label = Path(source).name if kind == "bundle" else "checkpoint"
+        wanted = [c for c in chosen if c in ("network", "int8", "fp32")]
+        if kind == "checkpoint" and [c for c in wanted if c != "network"]:
+            raise StackError(f"--policy int8/fp32 choose a bundle's model; {source} is a checkpoint (use network)")
+        for choice in wanted:
+            if kind == "checkpoint":
+                specs.append(PolicySpec("checkpoint" if len(sources) == 1 else f"checkpoint {source}", "checkpoint",
+                                        source))
+            else:
+                model = None if choice == "network" else choice
+                specs.append(PolicySpec(f"bundle {label}" + (f" {choice}" if model else ""), "bundle", source, model))
+    specs += [PolicySpec(c, c) for c in chosen if c in ("expert", "constant_velocity", "ego_rollout")]
+    return specs
