@@ -47,3 +47,37 @@ def test_fixed_rig_model_exports_to_onnx_with_parity(tmp_path):
                              "command": batch.command.numpy()})
     for name, ours, theirs in zip(OUTPUTS, expected, got):
         np.testing.assert_allclose(theirs, ours.numpy(), atol=pipeline.export.parity_atol, rtol=1e-3, err_msg=name)
+
+
+@pytest.mark.slow
+def test_deploy_export_keeps_its_three_inputs_and_the_unrotated_plan(tmp_path):
+    """The BEV-augmentation angle is a training input only: the deployed graph must not gain it, and its plan
+    is the planner's plan at rotation 0."""
+    import onnx
+    import onnxruntime
+
+    from stack.deploy.export import export_onnx
+    from stack.deploy.network import export_network
+
+    warnings.filterwarnings("ignore")
+    pipeline = load_pipeline(["configs/pipeline.yaml", "configs/presets/tiny.yaml"], ["export.batch_size=1"])
+    torch.manual_seed(3)
+    model = build_model(pipeline).eval()
+    with torch.no_grad():
+        model.planning_head.rotation.weight.normal_()  # a trained head: the angle matters to its ego query
+        model.planning_head.waypoints.weight.normal_(std=0.05)
+    exportable = export_network(pipeline, model.state_dict())
+    path = tmp_path / "tiny.onnx"
+    export_onnx(exportable.net, exportable.example, exportable.output_names, path, pipeline.export.opset,
+                exportable.metadata)
+    assert [i.name for i in onnx.load(str(path)).graph.input] == ["images", "ego_status", "command"]
+    batch = random_batch(pipeline, batch_size=1, seed=2)
+    with torch.no_grad():
+        expected = model.forward_batch(batch)  # bev_rotation zeros, geometry of the nominal rig
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    got = dict(zip(exportable.output_names, session.run(None, {"images": batch.images.numpy(),
+                                                               "ego_status": batch.ego_status.numpy(),
+                                                               "command": batch.command.numpy()})))
+    for name in ("plan_trajectories", "plan_scores"):
+        np.testing.assert_allclose(got[name], expected[name].numpy(), atol=pipeline.export.parity_atol, rtol=1e-3,
+                                   err_msg=name)
