@@ -61,7 +61,7 @@ def write_report(out_dir, summary: dict, rows: list, meta: dict) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     return [_write_atomic(out / "drive.md", markdown(summary, rows, meta).encode()),
             _write_atomic(out / "drive.json", drive_json(summary, rows, meta).encode()),
-            plot_scores(out / "drive.png", summary)]
+            plot_scores(out / "drive.png", summary, meta)]
 
 
 def drive_json(summary: dict, rows: list, meta: dict) -> str:
@@ -315,15 +315,17 @@ def _clip_of(clips: list, policy: str, index) -> str | None:
 # ---------------------------------------------------------------------------------------------- chart
 
 
-def plot_scores(path: Path, summary: dict) -> Path:
-    """Grouped bars: driving score and PDMS per family (and overall), policies side by side, std over seeds."""
+def plot_scores(path: Path, summary: dict, meta: dict | None = None) -> Path:
+    """Grouped bars: driving score and PDMS per family (and overall), policies side by side (best first, blind
+    ones hatched), error bars the std over seeds."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     policies = policy_order(summary)
-    families = family_order(summary, {}) + [OVERALL]
+    meta = meta or {}
+    families = family_order(summary, meta) + [OVERALL]
     width = 0.8 / max(len(policies), 1)
     figure, axes = plt.subplots(2, 1, figsize=(max(7.0, 1.1 * len(families) * max(1, len(policies)) ** 0.5 + 3), 7),
                                 sharex=True)
@@ -334,7 +336,8 @@ def plot_scores(path: Path, summary: dict) -> Path:
             means = [m if m is not None else 0.0 for m, _ in stats]
             errors = [s if s is not None else 0.0 for _, s in stats]
             ax.bar([i - 0.4 + (k + 0.5) * width for i in range(len(families))], means, width, yerr=errors,
-                   capsize=2, label=policy, color=plt.cm.tab10(k % 10))
+                   capsize=2, label=policy_label(meta, policy).replace("`", ""), color=plt.cm.tab10(k % 10),
+                   hatch="//" if is_blind(meta, policy) else None, edgecolor="white", linewidth=0)
             top = max([top] + [m + e for m, e in zip(means, errors)])
         ax.set_ylabel(title)
         ax.set_ylim(0, 1.05 * top)
