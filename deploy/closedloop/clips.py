@@ -64,7 +64,9 @@ def write_clip(path, frames: list, ground: GroundRaster, fps: float) -> Path:
     if not fps > 0:
         raise ValueError(f"write_clip({path}): fps must be positive, got {fps!r}")
     camera_width = _camera_panel_width(frames)
-    video = np.stack([compose_frame(frame, ground, camera_width) for frame in frames])
+    speeds = ego_speeds(frames)
+    video = np.stack([compose_frame({"speed": speed, **frame}, ground, camera_width)
+                      for frame, speed in zip(frames, speeds)])
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -84,8 +86,23 @@ def compose_frame(frame: dict, ground: GroundRaster, camera_width: int | None = 
         camera_width = _camera_panel_width([frame])
     camera = camera_panel(frame.get("front"), camera_width)
     bev = bev_panel(frame, ground)
-    title = _title_strip(f"{frame.get('title', '')}   t = {float(frame['time_s']):5.1f} s", camera_width + BEV_PIXELS)
+    text = f"{frame.get('title', '')}   t = {float(frame['time_s']):5.1f} s"
+    if frame.get("speed") is not None:
+        text += f"   v = {float(frame['speed']):4.1f} m/s"
+    title = _title_strip(text, camera_width + BEV_PIXELS)
     return np.concatenate([title, np.concatenate([camera, bev], axis=1)], axis=0)
+
+
+def ego_speeds(frames: list) -> list:
+    """The ego's speed per frame (m/s) from its box centre between frames (a frame's own "speed" wins)."""
+    xy = np.array([frame["ego"][:2] for frame in frames], float)
+    times = np.array([frame["time_s"] for frame in frames], float)
+    if len(frames) < 2:
+        speeds = [None] * len(frames)
+    else:
+        step = np.hypot(*np.diff(xy, axis=0).T) / np.maximum(np.diff(times), 1e-9)
+        speeds = list(np.r_[step[:1], step])  # the first frame takes the first interval's speed
+    return [frame.get("speed", speed) for frame, speed in zip(frames, speeds)]
 
 
 def _camera_panel_width(frames: list) -> int:

@@ -234,3 +234,9 @@ def test_clip_refuses_no_frames(tmp_path):
     with pytest.raises(ValueError, match="no frames"):
         clips.write_clip(tmp_path / "x.mp4", [], _ground(), fps=10)
     assert not list(tmp_path.iterdir())
+
+
+def test_ego_speed_from_the_ego_track():
+    speeds = clips.ego_speeds(_frames(4))  # 0.5 m per 0.1 s
+    assert np.allclose(speeds, 5.0)
+    assert clips.ego_speeds([{**_frames(1)[0], "speed": 3.0}]) == [3.0]
