@@ -281,7 +281,8 @@ def worst_lines(rows: list, meta: dict, policies: list) -> list:
     for policy in policies:
         own = [row for row in rows if row.get("policy") == policy and _finite(row["metrics"].get("driving_score"))]
         order = lambda r: (r["metrics"]["driving_score"], _sortable(r["metrics"].get("pdms")), r.get("index", 0))
-        for row in sorted(own, key=order)[:WORST_PER_POLICY]:
+        shown = max(WORST_PER_POLICY, sum(owner == policy for owner, _ in clips))  # every clip gets its row
+        for row in sorted(own, key=order)[:shown]:
             metrics = row["metrics"]
             clip = _clip_of(clips, policy, row.get("index"))
             lines.append(f"| {policy_label(meta, policy)} | {row.get('index')} | {row.get('family')} | {row.get('seed')} "

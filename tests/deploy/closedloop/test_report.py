@@ -240,3 +240,14 @@ def test_ego_speed_from_the_ego_track():
     speeds = clips.ego_speeds(_frames(4))  # 0.5 m per 0.1 s
     assert np.allclose(speeds, 5.0)
     assert clips.ego_speeds([{**_frames(1)[0], "speed": 3.0}]) == [3.0]
+
+
+def test_every_clip_listed_with_its_episode(tmp_path):
+    """Clips given as a list with indices (the documented alternative): each lands on its episode's row."""
+    meta = {**_meta(), "clips": [{"policy": "expert", "index": i, "file": f"clips/e{i}.mp4"} for i in range(4)]}
+    write_report(tmp_path, _summary(), _rows(), meta)
+    worst = (tmp_path / "drive.md").read_text().split("## Worst episodes")[1]
+    expert_rows = [line for line in worst.splitlines() if line.startswith("| `expert`")]
+    assert len(expert_rows) == 4
+    assert all(f"| {line.split(' | ')[1]} |" in line and f"`clips/e{line.split(' | ')[1]}.mp4`" in line
+               for line in expert_rows)
