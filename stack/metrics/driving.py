@@ -82,32 +82,49 @@ class EpisodeTrace:
     progress: np.ndarray       # (S,) arc length along the route (m) minus its value at step 0
     route_length: float        # progress that counts as 100 % route completion (m)
     on_drivable: np.ndarray    # (S,) bool: every corner of the ego footprint on drivable ground
+    agent_valid: np.ndarray | None = None
+    """Optional (S, A) bool: the agent exists at that step (not yet spawned / gone: False, its values
+    may be NaN and are ignored). None: every agent exists at every step."""
 
     def __post_init__(self):
         self.dt = _positive_scalar("dt", self.dt)
         self.route_length = _positive_scalar("route_length", self.route_length)
-        self.ego = _finite_array("ego", self.ego, (None, 5), "(S, 5): x, y, yaw, speed, accel per step")
+        self._check_ego()
         steps = self.ego.shape[0]
-        if steps < 1:
+        self._check_agents(steps)
+        self.progress = _finite_array("progress", self.progress, (steps,), f"(S={steps},) metres along the route")
+        self.on_drivable = _bool_array("on_drivable", self.on_drivable, (steps,))
+
+    def _check_ego(self) -> None:
+        self.ego = _finite_array("ego", self.ego, (None, 5), "(S, 5): x, y, yaw, speed, accel per step")
+        if self.ego.shape[0] < 1:
             raise _trace_error("ego", "(S, 5) with S >= 1 steps", f"shape {self.ego.shape}")
         if (self.ego[:, 3] < 0).any():
             raise _trace_error("ego", "speed (column 3) >= 0", f"min speed {self.ego[:, 3].min():g}")
         self.ego_size = tuple(_finite_array("ego_size", self.ego_size, (2,), "(length, width) > 0"))
         if min(self.ego_size) <= 0:
             raise _trace_error("ego_size", "(length, width) > 0", f"{self.ego_size}")
-        self.agents = _finite_array("agents", self.agents, (steps, None, 4), f"(S={steps}, A, 4): x, y, yaw, speed")
-        count = self.agents.shape[1]
+
+    def _check_agents(self, steps: int) -> None:
+        expected = f"(S={steps}, A, 4): x, y, yaw, speed"
+        agents = _finite_array("agents", self.agents, (steps, None, 4), expected, check_finite=False)
+        count = agents.shape[1]
+        if self.agent_valid is None:
+            self.agent_valid = np.ones((steps, count), dtype=bool)
+        self.agent_valid = _bool_array("agent_valid", self.agent_valid, (steps, count))
+        absent = ~self.agent_valid[..., None]          # absent agents may hold NaN: zeros, then masked out
+        self.agents = _finite_array("agents", np.where(absent, 0.0, agents), (steps, None, 4), expected)
+        if (self.agents[..., 3] < 0).any():
+            raise _trace_error("agents", "speed (column 3) >= 0", f"min speed {self.agents[..., 3].min():g}")
         self.agent_sizes = _finite_array("agent_sizes", self.agent_sizes, (count, 2), f"(A={count}, 2): length, width")
         if (self.agent_sizes <= 0).any():
             raise _trace_error("agent_sizes", "lengths and widths > 0", f"min {self.agent_sizes.min():g}")
         self.agent_classes = list(self.agent_classes)
-        bad = [c for c in self.agent_classes if c not in AGENT_CLASSES]
-        if len(self.agent_classes) != count or bad:
-            raise _trace_error("agent_classes", f"{count} names from {AGENT_CLASSES}",
-                               f"{len(self.agent_classes)} names" + (f", unknown {sorted(set(map(str, bad)))}" if bad else ""))
-        self.agent_static = _bool_array("agent_static", self.agent_static, count)
-        self.progress = _finite_array("progress", self.progress, (steps,), f"(S={steps},) metres along the route")
-        self.on_drivable = _bool_array("on_drivable", self.on_drivable, steps)
+        unknown = sorted({str(name) for name in self.agent_classes if name not in AGENT_CLASSES})
+        if len(self.agent_classes) != count or unknown:
+            found = f"{len(self.agent_classes)} names" + (f", unknown {unknown}" if unknown else "")
+            raise _trace_error("agent_classes", f"{count} names from {AGENT_CLASSES}", found)
+        self.agent_static = _bool_array("agent_static", self.agent_static, (count,))
 
     @property
     def steps(self) -> int:
@@ -129,7 +146,7 @@ def _positive_scalar(field: str, value) -> float:
     return number
 
 
-def _finite_array(field: str, value, shape: tuple, expected: str) -> np.ndarray:
+def _finite_array(field: str, value, shape: tuple, expected: str, check_finite: bool = True) -> np.ndarray:
     try:
         array = np.asarray(value, dtype=np.float64)
     except (TypeError, ValueError):
@@ -137,16 +154,16 @@ def _finite_array(field: str, value, shape: tuple, expected: str) -> np.ndarray:
     fits = array.ndim == len(shape) and all(want is None or want == got for want, got in zip(shape, array.shape))
     if not fits:
         raise _trace_error(field, expected, f"shape {array.shape}")
-    if not np.isfinite(array).all():
+    if check_finite and not np.isfinite(array).all():
         where = np.argwhere(~np.isfinite(array))[0]
         raise _trace_error(field, "finite values", f"{array[tuple(where)]} at index {tuple(int(i) for i in where)}")
     return array
 
 
-def _bool_array(field: str, value, length: int) -> np.ndarray:
+def _bool_array(field: str, value, shape: tuple) -> np.ndarray:
     array = np.asarray(value)
-    if array.shape != (length,) or array.dtype.kind not in "bui":
-        raise _trace_error(field, f"({length},) booleans", f"shape {array.shape}, dtype {array.dtype}")
+    if array.shape != shape or array.dtype.kind not in "bui":
+        raise _trace_error(field, f"{shape} booleans", f"shape {array.shape}, dtype {array.dtype}")
     return array.astype(bool)
 
 
@@ -194,12 +211,16 @@ def _agent_boxes(trace: EpisodeTrace) -> np.ndarray:
     return np.concatenate([trace.agents[..., :3], sizes], -1)
 
 
+BUMPER_DEPTH_M = 1e-6
+"""The bumper segment's thickness: touching a box counts as hitting it (shapely's `intersects`, as nuPlan tests)."""
+
+
 def _bumper(ego: np.ndarray, side: float) -> np.ndarray:
-    """(S, 5) the front (side=+1) or rear (side=-1) bumper of ego boxes, as zero-length boxes."""
+    """(S, 5) the front (side=+1) or rear (side=-1) bumper of ego boxes, as (nearly) zero-length boxes."""
     heading = _box_axes(ego[:, 2])[0]
     bumper = ego.copy()
     bumper[:, :2] += side * ego[:, 3:4] / 2 * heading
-    bumper[:, 3] = 0.0
+    bumper[:, 3] = BUMPER_DEPTH_M
     return bumper
 
 
@@ -224,7 +245,7 @@ def collision_events(trace: EpisodeTrace) -> list[dict]:
     if trace.agents.shape[1] == 0:
         return []
     ego, agents = _ego_boxes(trace), _agent_boxes(trace)
-    touching = boxes_overlap(ego[:, None], agents)                      # (S, A)
+    touching = boxes_overlap(ego[:, None], agents) & trace.agent_valid  # (S, A)
     events = []
     for agent in np.flatnonzero(touching.any(axis=0)):
         step = int(np.argmax(touching[:, agent]))
@@ -279,7 +300,7 @@ def ttc_violations(trace: EpisodeTrace, bound_s: float = TTC_BOUND_S, step_s: fl
     ego_future = _project(ego, trace.ego[:, 3], times)                      # (S, K, 5)
     agent_future = _project(agents, trace.agents[..., 3], times)           # (S, A, K, 5)
     hits = boxes_overlap(ego_future[:, None], agent_future).any(axis=-1)   # (S, A)
-    relevant = ~boxes_overlap(ego[:, None], agents) & ~_behind(trace)
+    relevant = ~boxes_overlap(ego[:, None], agents) & ~_behind(trace) & trace.agent_valid
     moving = trace.ego[:, 3] >= STOPPED_SPEED_MPS
     return (hits & relevant).any(axis=1) & moving
 
@@ -367,7 +388,7 @@ def ego_progress(trace: EpisodeTrace, expert_progress: float | None) -> float:
         raise StackError(f"expert_progress: expected a finite number of metres or None, found {expert_progress!r}.")
     if reference < EP_MIN_EXPERT_PROGRESS_M:
         return 1.0
-    return float(np.clip(trace.progress[-1] / reference, 0.0, 1.0))
+    return float(np.clip((trace.progress[-1] - trace.progress[0]) / reference, 0.0, 1.0))
 
 
 def no_collision_term(events: list[dict]) -> float:
@@ -429,7 +450,7 @@ def score_episode(trace: EpisodeTrace, expert_progress: float | None) -> dict[st
         "ego_progress": progress,
         "pdms": pdm_score(no_collision, drivable, ttc, comfort, progress),
         "driving_score": completion * carla_penalty(events),
-        "progress_m": float(trace.progress[-1]),
+        "progress_m": float(trace.progress[-1] - trace.progress[0]),
         "max_abs_accel": float(np.abs(signals["lon_accel"]).max()),
         "max_abs_jerk": float(np.abs(signals["lon_jerk"]).max()),
         "max_abs_lat_accel": float(np.abs(signals["lat_accel"]).max()),
@@ -462,9 +483,12 @@ def aggregate(rows: list[dict]) -> dict:
     return summary
 
 
+ROW_KEYS = ("policy", "family", "seed", "metrics")
+
+
 def _check_rows(rows) -> None:
     for number, row in enumerate(rows):
-        missing = [key for key in ("policy", "family", "seed", "metrics") if not isinstance(row, dict) or key not in row]
+        missing = [key for key in ROW_KEYS if not isinstance(row, dict) or key not in row]
         if missing:
             raise StackError(f"aggregate: row {number} lacks {missing}; expected dicts with policy, family, seed "
                              "and metrics (score_episode's output).")

@@ -1,6 +1,8 @@
 """Closed-loop driving metrics against hand-computed episodes (nuPlan, NAVSIM PDMS, CARLA driving score)."""
 
 import math
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -35,7 +37,7 @@ def mover(steps, x0, y0, yaw, speed):
 
 
 def make_trace(ego, agents=(), sizes=None, classes=None, static=None, route_length=100.0, on_drivable=None,
-               progress=None):
+               progress=None, agent_valid=None):
     steps = len(ego)
     agents = np.stack(agents, 1) if len(agents) else np.zeros((steps, 0, 4))
     count = agents.shape[1]
@@ -46,7 +48,7 @@ def make_trace(ego, agents=(), sizes=None, classes=None, static=None, route_leng
         agent_static=np.array(static if static is not None else [False] * count, dtype=bool),
         progress=ego[:, 0] - ego[0, 0] if progress is None else progress,
         route_length=route_length,
-        on_drivable=np.ones(steps, bool) if on_drivable is None else on_drivable)
+        on_drivable=np.ones(steps, bool) if on_drivable is None else on_drivable, agent_valid=agent_valid)
 
 
 # ---------------------------------------------------------------------------------------------- geometry
@@ -102,7 +104,8 @@ def test_parked_car_collision_is_static():
     steps = 31
     parked = mover(steps, 25.0, 0.0, 0.0, 0.0)
     metrics = score_episode(make_trace(ego_path(steps), [parked], static=[True]), expert_progress=60.0)
-    assert [e["kind"] for e in collision_events(make_trace(ego_path(steps), [parked], static=[True]))] == ["stopped_track"]
+    events = collision_events(make_trace(ego_path(steps), [parked], static=[True]))
+    assert [e["kind"] for e in events] == ["stopped_track"]
     assert metrics["collisions_static"] == 1 and metrics["collisions_vehicle"] == 0
     assert metrics["no_collision"] == 0.5
     assert metrics["driving_score"] == pytest.approx(0.65 * 0.30)
@@ -120,6 +123,19 @@ def test_pedestrian_and_cyclist_collisions():
     metrics = score_episode(make_trace(ego_path(steps), [rider], sizes=[(1.8, 0.6)], classes=["cyclist"]), None)
     assert metrics["collisions_cyclist"] == 1 and metrics["no_collision"] == 0
     assert metrics["driving_score"] == pytest.approx(0.6 * 0.30)      # CARLA counts bicycles as vehicles
+
+
+def test_absent_agents_do_not_collide():
+    steps = 41
+    oncoming = mover(steps, 60.0, 0.0, math.pi, 10.0)                # overlaps the ego from step 28 to about 33
+    valid = np.ones((steps, 1), bool)
+    valid[20:35] = False                                             # despawned through the overlap
+    oncoming[20:35] = np.nan
+    trace = make_trace(ego_path(steps), [oncoming], agent_valid=valid)
+    assert collision_events(trace) == [] and not ttc_violations(trace)[20:35].any()
+    valid[30:35], oncoming[30:35] = True, mover(steps, 60.0, 0.0, math.pi, 10.0)[30:35]
+    events = collision_events(make_trace(ego_path(steps), [oncoming], agent_valid=valid))
+    assert [(e["step"], e["kind"]) for e in events] == [(30, "active_front")]
 
 
 def test_penalties_multiply_over_tracks():
@@ -228,7 +244,8 @@ def test_aggregate_mean_and_std_over_seeds_of_per_seed_means():
     assert (b["mean"], b["std"], b["episodes"]) == pytest.approx((0.625, 0.75 / math.sqrt(2), 3))
     # all: seed 0 (0.2 + 0.4 + 1.0) / 3, seed 1 (0.6 + 0.0 + 0.5) / 3
     seed0, seed1 = 1.6 / 3, 1.1 / 3
-    assert (whole["mean"], whole["std"], whole["episodes"]) == pytest.approx(((seed0 + seed1) / 2, abs(seed0 - seed1) / math.sqrt(2), 6))
+    expected = ((seed0 + seed1) / 2, abs(seed0 - seed1) / math.sqrt(2), 6)
+    assert (whole["mean"], whole["std"], whole["episodes"]) == pytest.approx(expected)
     # NaN (no collision) stays out of a seed's mean: seed 0 -> 1.0, seed 1 -> 2.5
     assert summary["net"]["all"]["first_collision_s"]["mean"] == pytest.approx(1.75)
     expert = summary["expert"]["a"]["pdms"]
@@ -255,5 +272,17 @@ def test_bad_traces_name_the_field():
     negative[0, 3] = -1.0
     with pytest.raises(StackError, match=r"EpisodeTrace\.ego: expected speed"):
         EpisodeTrace(**{**fields, "ego": negative})
+    with pytest.raises(StackError, match=r"EpisodeTrace\.agents: expected speed"):
+        EpisodeTrace(**{**fields, "agents": good.agents - [0.0, 0.0, 0.0, 1.0]})
+    with pytest.raises(StackError, match=r"EpisodeTrace\.agents: expected finite"):   # NaN where the agent exists
+        EpisodeTrace(**{**fields, "agents": np.where(np.arange(10)[:, None, None] == 4, np.nan, good.agents)})
+    with pytest.raises(StackError, match=r"EpisodeTrace\.agent_valid: expected"):
+        EpisodeTrace(**{**fields, "agent_valid": np.ones((10, 2), bool)})
     with pytest.raises(StackError, match="lacks"):
         aggregate([{"policy": "net", "family": "a", "metrics": {}}])
+
+
+def test_scoring_imports_no_torch():
+    probe = "import sys, stack.metrics.driving; print('torch' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and result.stdout.strip() == "False", result.stderr
