@@ -124,6 +124,10 @@ class Agent:
     parked: bool = False
     history: list = field(default_factory=list)
     """(x, y, yaw, speed, accel) per simulation step."""
+    controlled: bool = False
+    """Driven from outside (the closed-loop ego): `step` reads its state and never moves it."""
+    forced_accel: float | None = None
+    """Acceleration a scripted event imposes for the next step instead of the rules (None: follow the rules)."""
 
 
 def _idm(speed: float, desired: float, gap: float, leader_speed: float) -> float:
@@ -189,26 +193,33 @@ def _junction_gap(agent: Agent, vehicles: list) -> float:
     return math.inf
 
 
-def _pedestrian_accel(agent: Agent, vehicles: list) -> float:
+def _pedestrian_accel(agent: Agent, vehicles: list, dt: float = SIM_DT) -> float:
     """Walk at the desired pace; stop (within a step) for a vehicle standing in the way."""
     others = [v for v in vehicles if v is not agent]
     positions = np.array([v.history[-1][:2] for v in others]).reshape(-1, 2)
     gap, _ = _leader(agent, others, positions)
     target = 0.0 if gap < 1.0 else agent.desired_speed
-    return (target - agent.speed) / SIM_DT
+    return (target - agent.speed) / dt
 
 
-def step(agents: list) -> None:
-    """Advance every agent by SIM_DT and append its new state to its history."""
+def step(agents: list, dt: float = SIM_DT) -> None:
+    """Advance every agent by `dt` and append its new state to its history.
+
+    A `controlled` agent (the closed-loop ego) is seen by the others where its last history entry puts it,
+    but neither moved nor appended to: whoever drives it does that. An agent with `forced_accel` set
+    follows its script instead of the rules for this step."""
     positions = np.array([a.history[-1][:2] for a in agents])
     vehicles = [a for a in agents if a.kind != "pedestrian"]
     accelerations = []
     for index, agent in enumerate(agents):
-        if agent.parked:
+        if agent.parked or agent.controlled:
             accelerations.append(0.0)
             continue
+        if agent.forced_accel is not None:
+            accelerations.append(float(agent.forced_accel))
+            continue
         if agent.kind == "pedestrian":
-            accelerations.append(_pedestrian_accel(agent, vehicles))
+            accelerations.append(_pedestrian_accel(agent, vehicles, dt))
             continue
         others = [o for k, o in enumerate(agents) if k != index]
         gap, leader_speed = _leader(agent, others, np.delete(positions, index, axis=0))
@@ -217,9 +228,11 @@ def step(agents: list) -> None:
             gap, leader_speed = junction, 0.0
         accelerations.append(float(np.clip(_idm(agent.speed, _curve_speed(agent), gap, leader_speed), -7.0, 2.5)))
     for agent, accel in zip(agents, accelerations):
-        speed = max(agent.speed + accel * SIM_DT, 0.0)
-        accel = (speed - agent.speed) / SIM_DT
-        agent.s = min(agent.s + (agent.speed + speed) / 2 * SIM_DT, agent.route.length)
+        if agent.controlled:
+            continue
+        speed = max(agent.speed + accel * dt, 0.0)
+        accel = (speed - agent.speed) / dt
+        agent.s = min(agent.s + (agent.speed + speed) / 2 * dt, agent.route.length)
         agent.speed = speed if agent.s < agent.route.length else 0.0
         xy, heading = agent.route.at(agent.s)
         agent.history.append((xy[0], xy[1], heading, agent.speed, accel))
