@@ -174,29 +174,27 @@ def boxes_overlap(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Whether oriented boxes overlap (separating axis theorem); a, b (..., 5) x, y, yaw, length, width.
 
     Two convex polygons are disjoint iff some edge normal separates their projections; for
-    rectangles the four candidate axes are the boxes' own. A zero width or length is a segment
-    (the bumper test uses that). Touching boxes do not overlap. Broadcasts over leading axes.
+    rectangles the four candidate axes are the boxes' own. On each axis the boxes are separated
+    when the centre distance projected on it reaches the sum of their projected half extents,
+    which for rectangles depend only on |cos| and |sin| of the yaw difference. A zero width or
+    length is a segment (the bumper test uses that). Touching boxes do not overlap. Broadcasts.
     """
-    a, b = np.broadcast_arrays(np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64))
-    delta = b[..., :2] - a[..., :2]
-    axes_a, axes_b = _box_axes(a[..., 2]), _box_axes(b[..., 2])
-    separated = np.zeros(delta.shape[:-1], dtype=bool)
-    for axis in (axes_a[0], axes_a[1], axes_b[0], axes_b[1]):
-        distance = np.abs((delta * axis).sum(-1))
-        separated |= distance >= _half_extent(a, axes_a, axis) + _half_extent(b, axes_b, axis)
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    dx, dy = b[..., 0] - a[..., 0], b[..., 1] - a[..., 1]
+    cos_a, sin_a, cos_b, sin_b = np.cos(a[..., 2]), np.sin(a[..., 2]), np.cos(b[..., 2]), np.sin(b[..., 2])
+    cos_d = np.abs(cos_a * cos_b + sin_a * sin_b)                     # |cos(yaw_b - yaw_a)|
+    sin_d = np.abs(sin_b * cos_a - cos_b * sin_a)
+    half_la, half_wa, half_lb, half_wb = a[..., 3] / 2, a[..., 4] / 2, b[..., 3] / 2, b[..., 4] / 2
+    separated = np.abs(dx * cos_a + dy * sin_a) >= half_la + half_lb * cos_d + half_wb * sin_d   # a's length axis
+    separated |= np.abs(-dx * sin_a + dy * cos_a) >= half_wa + half_lb * sin_d + half_wb * cos_d  # a's width axis
+    separated |= np.abs(dx * cos_b + dy * sin_b) >= half_lb + half_la * cos_d + half_wa * sin_d   # b's length axis
+    separated |= np.abs(-dx * sin_b + dy * cos_b) >= half_wb + half_la * sin_d + half_wa * cos_d  # b's width axis
     return ~separated
 
 
-def _box_axes(yaw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Unit vectors along the box's length (heading) and width."""
-    cos, sin = np.cos(yaw), np.sin(yaw)
-    return np.stack([cos, sin], -1), np.stack([-sin, cos], -1)
-
-
-def _half_extent(box: np.ndarray, axes: tuple[np.ndarray, np.ndarray], axis: np.ndarray) -> np.ndarray:
-    """Half the length of the box's projection on `axis`."""
-    return (box[..., 3] / 2 * np.abs((axes[0] * axis).sum(-1))
-            + box[..., 4] / 2 * np.abs((axes[1] * axis).sum(-1)))
+def _heading(yaw: np.ndarray) -> np.ndarray:
+    """(..., 2) unit vectors along the yaw."""
+    return np.stack([np.cos(yaw), np.sin(yaw)], -1)
 
 
 def _ego_boxes(trace: EpisodeTrace) -> np.ndarray:
@@ -217,7 +215,7 @@ BUMPER_DEPTH_M = 1e-6
 
 def _bumper(ego: np.ndarray, side: float) -> np.ndarray:
     """(S, 5) the front (side=+1) or rear (side=-1) bumper of ego boxes, as (nearly) zero-length boxes."""
-    heading = _box_axes(ego[:, 2])[0]
+    heading = _heading(ego[:, 2])
     bumper = ego.copy()
     bumper[:, :2] += side * ego[:, 3:4] / 2 * heading
     bumper[:, 3] = BUMPER_DEPTH_M
@@ -307,7 +305,7 @@ def ttc_violations(trace: EpisodeTrace, bound_s: float = TTC_BOUND_S, step_s: fl
 
 def _project(boxes: np.ndarray, speed: np.ndarray, times: np.ndarray) -> np.ndarray:
     """(..., K, 5) boxes moved at constant velocity to each of `times`."""
-    heading = _box_axes(boxes[..., 2])[0]
+    heading = _heading(boxes[..., 2])
     moved = np.repeat(boxes[..., None, :], len(times), axis=-2)
     moved[..., :2] += (speed[..., None, None] * heading[..., None, :]) * times[:, None]
     return moved

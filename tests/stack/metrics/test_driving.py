@@ -9,7 +9,7 @@ import pytest
 
 from stack.errors import StackError
 from stack.metrics.driving import (
-    EpisodeTrace, aggregate, boxes_overlap, collision_events, comfort_signals, pdm_score, score_episode,
+    EpisodeTrace, _derivative, aggregate, boxes_overlap, collision_events, comfort_signals, pdm_score, score_episode,
     ttc_violations,
 )
 
@@ -61,6 +61,45 @@ def test_oriented_overlap_is_not_the_axis_aligned_one():
     assert boxes_overlap(diamond, [2.3, 0.0, 0.0, 2.0, 2.0])        # the diamond's corner (1.414, 0) is inside
     assert not boxes_overlap([0, 0, 0, 2, 2], [2, 0, 0, 2, 2])      # touching is not overlapping
     assert boxes_overlap([0.5, -1.0, 0.0, 0.0, 3.0], [0, 0, 0, 2, 2])  # a segment (zero length) through the box
+
+
+def corners(box):
+    x, y, yaw, length, width = box
+    c, s = math.cos(yaw), math.sin(yaw)
+    half = [(length / 2, width / 2), (-length / 2, width / 2), (-length / 2, -width / 2), (length / 2, -width / 2)]
+    return [(x + c * u - s * v, y + s * u + c * v) for u, v in half]
+
+
+def polygons_intersect(p, q):
+    """Oracle without projections: an edge of one crosses an edge of the other, or one holds a corner of the other."""
+    def orient(a, b, c):
+        return (b[0] - a[0]) * (c[1] - a[1]) - (b[1] - a[1]) * (c[0] - a[0])
+
+    def crosses(a, b, c, d):
+        return orient(a, b, c) * orient(a, b, d) < 0 and orient(c, d, a) * orient(c, d, b) < 0
+
+    def inside(point, poly):
+        signs = [orient(poly[i], poly[(i + 1) % 4], point) for i in range(4)]
+        return all(sign > 0 for sign in signs) or all(sign < 0 for sign in signs)
+
+    edges = lambda poly: [(poly[i], poly[(i + 1) % 4]) for i in range(4)]  # noqa: E731
+    return (any(crosses(*e, *f) for e in edges(p) for f in edges(q))
+            or any(inside(c, q) for c in p) or any(inside(c, p) for c in q))
+
+
+def test_box_overlap_matches_a_polygon_oracle():
+    rng = np.random.default_rng(7)
+    a, b = (np.column_stack([rng.uniform(-4, 4, (2000, 2)), rng.uniform(-np.pi, np.pi, 2000),
+                             rng.uniform(0.3, 6, (2000, 2))]) for _ in range(2))
+    ours = boxes_overlap(a, b)
+    oracle = np.array([polygons_intersect(corners(x), corners(y)) for x, y in zip(a, b)])
+    assert 0.2 < ours.mean() < 0.8 and (ours == oracle).all()
+
+
+def test_derivative_is_scipys_savitzky_golay():
+    signal = pytest.importorskip("scipy.signal")
+    values = np.random.default_rng(3).normal(size=37).cumsum()
+    assert np.allclose(_derivative(values, DT), signal.savgol_filter(values, 5, 2, deriv=1, delta=DT))
 
 
 # ---------------------------------------------------------------------------------------------- collisions
