@@ -180,6 +180,8 @@ class TrackerGains:
     """A car behind its plan drives at most this much faster than the plan's fastest speed, m/s."""
     stop_radius: float = 0.5
     """A plan whose remaining waypoints all lie within this distance of the car asks it to stand still, metres."""
+    rest_speed: float = 0.5
+    """A plan whose last interval is slower than this, m/s, ends at rest: the car stops at its end."""
     stop_decel: float = 3.0
     """Deceleration a plan that ends at rest is allowed to ask for in reaching its end (a firm stop), m/s^2."""
     hold_speed: float = 0.01
@@ -245,16 +247,21 @@ class PlanTracker:
         return plan_xy, plan_t
 
     def _asks_to_stop(self, path, plan_xy, plan_t, now, position, s_car) -> bool:
-        """True when every waypoint still ahead in time lies within stop_radius of the car, or the car has
-        reached (or passed) the end of a plan that ends at rest: stand still rather than chase centimetres."""
-        remaining = plan_xy[plan_t > now] if np.any(plan_t > now) else plan_xy[-1:]
+        """True when the plan stays within stop_radius of the car from now on (its waypoints still ahead in
+        time, and where it wants the car position_horizon_s from now), or the car has reached (or passed)
+        the end of a plan that ends at rest: stand still rather than chase centimetres. The horizon point
+        keeps a moving stale plan, whose last waypoint the car is just passing, from reading as a stop."""
+        later = path.at(self._plan_s_at(path, plan_t, now + self.gains.position_horizon_s))
+        remaining = np.concatenate([plan_xy[plan_t > now], later[None]])
         if np.max(np.hypot(*(remaining - position).T)) <= self.gains.stop_radius:
             return True
         return self._ends_at_rest(path, plan_t) and path.waypoint_s[-1] - s_car <= self.gains.stop_radius
 
     def _ends_at_rest(self, path, plan_t) -> bool:
-        """The plan's last interval moves under stop_radius: it comes to rest (a stop line, a stopped leader)."""
-        return len(plan_t) > 1 and path.waypoint_s[-1] - path.waypoint_s[-2] < self.gains.stop_radius
+        """The plan's last interval is slower than rest_speed: it comes to rest (a stop line, a stopped leader)."""
+        if len(plan_t) < 2:
+            return True
+        return path.waypoint_s[-1] - path.waypoint_s[-2] < self.gains.rest_speed * (plan_t[-1] - plan_t[-2])
 
     def _stop(self, state: VehicleState) -> float:
         """Brake as hard as the car can, easing off so the deceleration reaches zero as the speed does, then hold.

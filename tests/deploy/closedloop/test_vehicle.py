@@ -253,6 +253,28 @@ def test_a_plan_one_second_stale_gives_the_fresh_plans_command(plan_fn):
     assert abs(long_past[0]) < 0.5
 
 
+def test_passing_the_last_waypoint_of_a_moving_stale_plan_is_no_stop():
+    state = VehicleState(30.0, 0.0, 0.0, 10.0)
+    xy, t = straight_plan(10.0)(VehicleState(0.3, 0.0, 0.0, 10.0), 0.0)  # made 3 s ago, 30.3 m back
+    assert abs(xy[-1, 0] - 30.3) < 1e-9  # only its last waypoint is still ahead in time, 0.3 m ahead of the car
+    accel, steer = PlanTracker().command(state, xy, t, now=2.97)
+    assert abs(accel) < 0.5 and abs(steer) < 1e-6  # it keeps going along the plan's extension (measured 0.0)
+
+
+def test_a_standing_car_starts_and_follows_an_accelerating_plan():
+    def accelerating(state, made_at, accel=2.0, top=10.0):
+        t = STEP_S * np.arange(1, WAYPOINTS + 1)
+        ramp = min((top - state.speed) / accel, t[-1])
+        covered = state.speed * t + 0.5 * accel * np.minimum(t, ramp) ** 2 + accel * ramp * np.maximum(t - ramp, 0.0)
+        return np.stack([state.x + covered, np.zeros(WAYPOINTS)], axis=1), _plan_times(made_at)
+
+    table, _ = drive(accelerating, VehicleState(0.0, 0.0, 0.0, 0.0), 10.0)
+    assert np.all(np.diff(table[:, 0]) >= 0.0)
+    assert table[int(1.0 / DT), 3] > 1.0  # it got going (measured 1.3 m/s after 1 s)
+    assert abs(table[int(6.0 / DT), 3] - 10.0) < 0.5 and abs(table[-1, 3] - 10.0) < 0.1  # the plan: 10 m/s at 5 s
+    assert table[:, 4].max() <= 2.0 + 0.3  # the plan's 2 m/s^2, not the car's 3
+
+
 def test_plans_are_checked():
     tracker, state = PlanTracker(), VehicleState(0.0, 0.0, 0.0, 5.0)
     xy = np.zeros((6, 2))
