@@ -16,14 +16,13 @@ yuv420p, so every panel size is even).
 from __future__ import annotations
 
 import math
-import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
 from stack.data.world.roads import SEG, GroundRaster
+from stack.deploy.closedloop.report import write_atomic
 
 BEV_PIXELS = 384
 """Edge of the square BEV panel, pixels (even: yuv420p halves both axes)."""
@@ -69,15 +68,7 @@ def write_clip(path, frames: list, ground: GroundRaster, fps: float) -> Path:
                       for frame, speed in zip(frames, speeds)])
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(handle, "wb") as out:
-            out.write(encode_h264(video, fps))
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-    return path
+    return write_atomic(path, encode_h264(video, fps))
 
 
 def compose_frame(frame: dict, ground: GroundRaster, camera_width: int | None = None) -> np.ndarray:

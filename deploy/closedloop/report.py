@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from pathlib import Path
 
 COLUMNS = (
@@ -59,8 +58,8 @@ def write_report(out_dir, summary: dict, rows: list, meta: dict) -> list[Path]:
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    return [_write_atomic(out / "drive.md", markdown(summary, rows, meta).encode()),
-            _write_atomic(out / "drive.json", drive_json(summary, rows, meta).encode()),
+    return [write_atomic(out / "drive.md", markdown(summary, rows, meta).encode()),
+            write_atomic(out / "drive.json", drive_json(summary, rows, meta).encode()),
             plot_scores(out / "drive.png", summary, meta)]
 
 
@@ -86,14 +85,19 @@ def plain(value):
     raise TypeError(f"drive.json: cannot write a {type(value).__name__} ({value!r}) as JSON")
 
 
-def _write_atomic(path: Path, data: bytes) -> Path:
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+def write_atomic(path: Path, data: bytes | None = None, writer=None) -> Path:
+    """Write `path` whole or not at all: into a temp file beside it (umask permissions, unlike mkstemp's 0600),
+    then os.replace. `writer(temp_path)` writes the temp file when `data` is None (matplotlib's savefig)."""
+    path = Path(path)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with os.fdopen(handle, "wb") as out:
-            out.write(data)
+        if data is not None:
+            temporary.write_bytes(data)
+        else:
+            writer(temporary)
         os.replace(temporary, path)
     except BaseException:
-        Path(temporary).unlink(missing_ok=True)
+        temporary.unlink(missing_ok=True)
         raise
     return path
 
@@ -347,14 +351,7 @@ def plot_scores(path: Path, summary: dict, meta: dict | None = None) -> Path:
     axes[0].legend(fontsize=7, ncol=min(len(policies), 4))
     axes[1].set_xticks(range(len(families)), families, rotation=20, fontsize=8)
     figure.tight_layout()
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
-    os.close(handle)
     try:
-        figure.savefig(temporary, dpi=100)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+        return write_atomic(path, writer=lambda temporary: figure.savefig(temporary, dpi=100, format="png"))
     finally:
         plt.close(figure)
-    return path

@@ -2,6 +2,8 @@
 
 import json
 import math
+import os
+import stat
 
 import numpy as np
 import pytest
@@ -9,7 +11,7 @@ from PIL import Image
 
 from stack.data.world.roads import SEG, GroundRaster
 from stack.deploy.closedloop import clips
-from stack.deploy.closedloop.report import COLUMNS, fmt, write_report
+from stack.deploy.closedloop.report import COLUMNS, fmt, write_atomic, write_report
 
 FAMILIES = ("lead_brake", "jaywalker")
 POLICIES = ("expert", "checkpoint", "constant_velocity")
@@ -90,6 +92,24 @@ def test_report_files_and_markdown_numbers(report):
     assert "`clips/checkpoint-lead_brake-seed100-ep000.mp4`" in worst
     first_checkpoint = next(line for line in worst.splitlines() if line.startswith("| `checkpoint`"))
     assert first_checkpoint.startswith("| `checkpoint` | 0 | lead_brake | 100 | 0.000 |")
+
+
+def test_files_readable_by_others_and_replaced_whole(report, tmp_path):
+    """Reports are shared (umask permissions, not mkstemp's 0600); a failed write keeps the previous file."""
+    folder, files = report
+    mask = os.umask(0)
+    os.umask(mask)
+    assert all(stat.S_IMODE(f.stat().st_mode) == 0o666 & ~mask for f in files)
+    before = (folder / "drive.md").read_bytes()
+
+    def broken(temporary):
+        temporary.write_bytes(b"half a rep")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        write_atomic(folder / "drive.md", writer=broken)
+    assert (folder / "drive.md").read_bytes() == before
+    assert sorted(p.name for p in folder.iterdir()) == ["drive.json", "drive.md", "drive.png"]
 
 
 def test_policies_ordered_best_first(report):
