@@ -60,8 +60,10 @@ NC_STATIC = 0.5
 """NAVSIM's NC for an at-fault collision with a static object (0 for a vehicle, pedestrian or cyclist)."""
 
 CARLA_PENALTIES = {"pedestrian": 0.50, "vehicle": 0.60, "static": 0.65}
-"""The CARLA leaderboard's penalty coefficients per collision (leaderboard.carla.org/#driving-score).
-Bicycles are `vehicle.*` actors in CARLA, so its collision test counts a cyclist as a vehicle (0.60)."""
+"""The CARLA leaderboard's penalty coefficients per collision (leaderboard.carla.org/#driving-score; the
+leaderboard's statistics_manager PENALTY_VALUE_DICT). Cyclists count as vehicles there: scenario_runner's
+CollisionTest classes the other actor by its blueprint id ('static' / 'vehicle' / 'walker'), and CARLA's
+bicycles are `vehicle.*` blueprints (vehicle.bh.crossbike, ...), so hitting one costs 0.60."""
 
 
 @dataclass(eq=False)
@@ -369,7 +371,10 @@ def route_completion(trace: EpisodeTrace) -> float:
 
     The leaderboard: "if the agent drives off-road, that percentage of the route will not be
     considered towards the computation of the route completion score". Each step's progress
-    increment counts by the share of its two ends on drivable ground (trapezoid rule).
+    increment counts by the share of its two ends on drivable ground (trapezoid rule). (The
+    leaderboard's code applies it as a factor 1 - off-route share on the score instead; the two
+    agree when the route is completed. CARLA also counts driving in the oncoming lane as off
+    route; our world has no lane map, so only leaving the drivable ground counts.)
     """
     if trace.steps < 2:
         return 0.0
