@@ -110,7 +110,12 @@ def markdown(summary: dict, rows: list, meta: dict) -> str:
     policies = policy_order(summary)
     families = family_order(summary, meta)
     seeds = meta.get("seeds")
-    over = f"mean ± std over {len(seeds)} seeds" if seeds else "mean ± std over seeds"
+    if seeds is None:
+        over = "mean ± std over seeds"
+    elif len(seeds) == 1:
+        over = "one seed: means, no spread to show"
+    else:
+        over = f"mean ± std over {len(seeds)} seeds"
     lines = ["# Closed-loop driving report", ""] + header_lines(rows, meta, policies) + [""]
     lines += comparison_lines(summary, meta, policies, families)
     lines += [f"## Overall ({over}; every family)", ""] + table_lines(summary, policies, OVERALL, meta) + [""]
@@ -218,8 +223,8 @@ def comparison_lines(summary: dict, meta: dict, policies: list, families: list) 
         if best_seeing is None or best_blind is None:
             continue
         (name_s, mean_s, std_s), (name_b, mean_b, std_b) = best_seeing, best_blind
-        lines.append(f"| {family} | `{name_s}` {fmt(mean_s)} ± {fmt(std_s)} | `{name_b}` {fmt(mean_b)} ± "
-                     f"{fmt(std_b)} | {mean_s - mean_b:+.3f} |")
+        lines.append(f"| {family} | `{name_s}` {_cell(mean_s, std_s, False)} | `{name_b}` {_cell(mean_b, std_b, False)} "
+                     f"| {mean_s - mean_b:+.3f} |")
     return lines + [""]
 
 
@@ -239,15 +244,23 @@ def table_lines(summary: dict, policies: list, family: str, meta: dict) -> list:
         cells = []
         for key, _, _ in COLUMNS:
             mean, std = _stat(summary, policy, family, key)
-            cell = "n/a" if mean is None else f"{fmt(mean)} ± {fmt(std)}"
-            cells.append(f"**{cell}**" if mean is not None and mean == best[key] and len(present) > 1 else cell)
+            cells.append(_cell(mean, std, bold=mean is not None and mean == best[key]))
         lines.append(f"| {policy_label(meta, policy)} | " + " | ".join(cells) + f" | {_episodes(summary[policy][family])} |")
     return lines
 
 
 def _best_mean(summary: dict, policies: list, family: str, key: str, higher: bool):
+    """The best mean of a column; None (nothing bold) when fewer than two policies differ in it."""
     means = [m for m in (_stat(summary, p, family, key)[0] for p in policies) if m is not None]
-    return (max(means) if higher else min(means)) if means else None
+    if len(set(means)) < 2:
+        return None
+    return max(means) if higher else min(means)
+
+
+def _cell(mean, std, bold: bool) -> str:
+    """'mean ± std'; the mean alone where there is no std (one seed); n/a where there is no mean."""
+    text = "n/a" if mean is None else fmt(mean) if std is None else f"{fmt(mean)} ± {fmt(std)}"
+    return f"**{text}**" if bold else text
 
 
 def _stat(summary: dict, policy: str, family: str, key: str) -> tuple:

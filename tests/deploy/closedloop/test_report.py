@@ -271,3 +271,16 @@ def test_every_clip_listed_with_its_episode(tmp_path):
     assert len(expert_rows) == 4
     assert all(f"| {line.split(' | ')[1]} |" in line and f"`clips/e{line.split(' | ')[1]}.mp4`" in line
                for line in expert_rows)
+
+
+def test_one_seed_shows_means_and_ties_are_not_bold(tmp_path):
+    summary = {policy: {family: {key: _stats(0.25 if key == "ttc" else 0.5 + 0.1 * k, float("nan"), 1)
+                                 for key, _, _ in COLUMNS} for family in ("route", "all")}
+               for k, policy in enumerate(POLICIES)}
+    write_report(tmp_path, summary, _rows(), {**_meta(), "seeds": [7]})
+    text = (tmp_path / "drive.md").read_text()
+    assert "one seed" in text and "± n/a" not in text
+    row = next(line for line in text.split("## route")[1].splitlines() if line.startswith("| `constant_velocity`"))
+    cells = row.split(" | ")
+    assert cells[1] == "**0.700**"  # best driving score
+    assert cells[[h for _, h, _ in COLUMNS].index("TTC") + 1] == "0.250"  # everyone ties: nothing to bold
