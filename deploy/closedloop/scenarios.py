@@ -76,7 +76,8 @@ def build_world(spec: EpisodeSpec, world_config: WorldConfig) -> InteractiveWorl
     routes = Routes(town)
     stage = _BUILDERS[spec.family](town, routes, rng)
     ego = Agent("car", stage.route, stage.ego_s, stage.ego_speed, stage.ego_desired, EGO_SIZE, 0, 0)
-    keep_clear = None if spec.family == "route" else _clear_ahead(stage.route, stage.ego_s)
+    keep_clear = None if spec.family == "route" else _clear_ahead(stage.route, stage.ego_s,
+                                                                    spec.family == "unprotected_turn")
     background = place_background(routes, ego, world_config.agents_per_scene, rng, world_config.spawn_radius_m,
                                   dict(world_config.class_mix or AGENT_CLASS_MIX), stage.actors,
                                   len(stage.actors) + 1, keep_clear)
@@ -266,14 +267,17 @@ def _turn_stage(route: Route, oncoming: Route, rng: np.random.Generator) -> _Sta
     return _Stage(route, ego_s, speed, desired, actors)
 
 
-def _clear_ahead(route: Route, ego_s: float):
-    """Spawn filter: no moving vehicle in the ego's corridor for 70 m ahead (the scenario's actor is the event)."""
+def _clear_ahead(route: Route, ego_s: float, junction: bool = False):
+    """Spawn filter: no moving vehicle in the ego's corridor for 70 m ahead (the scenario's actor is the event),
+    and with `junction`, none in the junction or less than 40 m before it (the oncoming cars are the event)."""
     step = route.length / (len(route.points) - 1)
     corridor = route.points[int(max(ego_s - 5.0, 0) / step):int(min(ego_s + 70.0, route.length) / step)]
 
     def keep(agent: Agent) -> bool:
         if agent.parked or agent.kind == "pedestrian":
             return True
+        if junction and agent.s > agent.route.junction[0] - 40.0:
+            return False
         xy, _ = agent.route.at(agent.s)
         return bool(np.min(np.linalg.norm(corridor - xy, axis=1)) > 3.0)
 
