@@ -1,7 +1,7 @@
 """Closed-loop driving metrics: one episode's trace in, nuPlan / NAVSIM / CARLA scores out.
 
-Open-loop L2 rewards copying the ego's own status (AD-MLP, "Is ego status all you need?",
-arXiv:2312.03031); closed-loop scores judge what the driving did. Three published
+Open-loop L2 rewards copying the ego's own status (AD-MLP, arXiv:2305.10430; "Is ego status
+all you need?", arXiv:2312.03031); closed-loop scores judge what the driving did. Three published
 definitions are computed from the same `EpisodeTrace` (numpy only, so the simulator's
 worker processes need no torch to score):
 
@@ -429,7 +429,8 @@ def score_episode(trace: EpisodeTrace, expert_progress: float | None) -> dict[st
 
     collisions* count at-fault collisions (one per agent track, `collision_events`);
     collisions_total counts every track touched. drivable_area_compliance is NAVSIM's DAC:
-    1 when every step keeps all ego corners on drivable ground, else 0.
+    1 when every step keeps all ego corners on drivable ground, else 0. max_abs_accel and
+    max_abs_jerk are longitudinal (m/s^2, m/s^3), the comfort term's two most frequent failures.
     """
     events = collision_events(trace)
     at_fault = [event for event in events if event["at_fault"]]
