@@ -191,6 +191,9 @@ class TrackerGains:
     comfort_jerk: float = 4.0
     """The command changes by at most this, m/s^3, while it stays within normal driving (NAVSIM's comfort
     bound is 4.13 m/s^3): the comfort metric then scores the plan, not the tracker's step responses."""
+    comfort_accel: float = 2.0
+    """The speed loop's own correction accelerates at most this, m/s^2, unless the plan itself asks for more
+    (nuPlan's comfortable bound is 2.40 m/s^2)."""
     comfort_brake: float = 3.0
     """Braking harder than this, m/s^2, is an emergency: the command goes at once, only the car's jerk limit applies."""
 
@@ -334,7 +337,7 @@ class PlanTracker:
             if wanted > reachable:
                 wanted = reachable
                 feed_forward = min(feed_forward, -state.speed ** 2 / (2.0 * max(to_go, 0.1)))
-        accel = feed_forward + g.speed_gain * (wanted - state.speed)
+        accel = min(feed_forward + g.speed_gain * (wanted - state.speed), max(g.comfort_accel, feed_forward))
         return _clip(accel, -self.limits.max_brake, self.limits.max_accel)
 
     def lookahead(self, speed: float) -> float:
