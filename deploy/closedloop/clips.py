@@ -154,20 +154,21 @@ def bev_panel(frame: dict, ground: GroundRaster) -> np.ndarray:
     panel = Image.fromarray(_ground_pixels(ground, ego_x, ego_y, ego_yaw))
     draw = ImageDraw.Draw(panel)
     route = np.asarray(frame.get("route", np.zeros((0, 2))), float).reshape(-1, 2)
-    route = route[np.hypot(route[:, 0] - ego_x, route[:, 1] - ego_y) < BEV_METRES]
+    route = route[np.hypot(route[:, 0] - ego_x, route[:, 1] - ego_y) < BEV_METRES]  # NaN rows drop out too
     if len(route) > 1:
         draw.line([tuple(p) for p in to_pixels(route)], fill=ROUTE_RGB, width=3)
     agents = np.asarray(frame.get("agents", np.zeros((0, 5))), float).reshape(-1, 5)
     classes = list(frame.get("classes", []))
-    for box, name in zip(agents, classes):
-        if math.hypot(box[0] - ego_x, box[1] - ego_y) < BEV_METRES:
+    for box, name in zip(agents, classes):  # absent agents (NaN boxes) fail the distance test
+        if np.isfinite(box).all() and math.hypot(box[0] - ego_x, box[1] - ego_y) < BEV_METRES:
             _draw_agent(draw, to_pixels, box, AGENT_RGB.get(name, OTHER_AGENT_RGB))
     length, width = (float(v) for v in frame["ego_size"])
     draw.polygon([tuple(p) for p in to_pixels(box_corners(ego_x, ego_y, ego_yaw, length, width))], fill=EGO_RGB,
                  outline=(0, 0, 0))
     plan = frame.get("plan")
     if plan is not None:
-        for u, v in to_pixels(np.asarray(plan, float).reshape(-1, 2)):
+        plan = np.asarray(plan, float).reshape(-1, 2)
+        for u, v in to_pixels(plan[np.isfinite(plan).all(axis=1)]):
             draw.ellipse((u - 3, v - 3, u + 3, v + 3), fill=PLAN_RGB, outline=(0, 0, 0))
     return np.asarray(panel)
 

@@ -284,3 +284,13 @@ def test_one_seed_shows_means_and_ties_are_not_bold(tmp_path):
     cells = row.split(" | ")
     assert cells[1] == "**0.700**"  # best driving score
     assert cells[[h for _, h, _ in COLUMNS].index("TTC") + 1] == "0.250"  # everyone ties: nothing to bold
+
+
+def test_bev_skips_absent_agents_and_missing_plan_points():
+    """Agents that have not spawned yet (NaN boxes) and NaN waypoints are left out, not a crash."""
+    frame = _frames(1)[0]
+    frame = {**frame, "agents": np.vstack([frame["agents"], np.full((1, 5), np.nan)]), "classes": ["car", "car"],
+             "plan": np.vstack([frame["plan"], [np.nan, np.nan]]), "route": np.vstack([frame["route"], [np.nan, 0.0]])}
+    bev = clips.bev_panel(frame, _ground())
+    centre = clips.BEV_PIXELS // 2
+    assert tuple(bev[centre - int(12.0 * clips.BEV_PIXELS / clips.BEV_METRES), centre]) == clips.AGENT_RGB["car"]
