@@ -239,7 +239,7 @@ def test_limits_hold_every_step_of_a_step_change_plan():
 
 
 @pytest.mark.parametrize("plan_fn, start", [
-    (straight_plan(10.0), VehicleState(0.0, 1.0, 0.1, 8.0)), (arc_plan(6.0, 15.0), VehicleState(0.0, 0.0, 0.0, 6.0)),
+    (straight_plan(10.0), VehicleState(0.0, 1.0, 0.1, 6.0)), (arc_plan(6.0, 15.0), VehicleState(0.0, 0.0, 0.0, 6.0)),
     (stop_plan(30.0, 2.5), VehicleState(0.0, 0.0, 0.0, 10.0)), (accelerating_plan(2.0, 10.0), VehicleState(0.0, 0.0, 0.0, 0.0))],
     ids=["straight", "arc", "stop", "accelerate"])
 def test_comfortable_plans_are_driven_within_nuplans_comfort_bounds(plan_fn, start):
