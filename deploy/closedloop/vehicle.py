@@ -171,8 +171,8 @@ class TrackerGains:
     """Lookahead cap, metres."""
     speed_gain: float = 1.5
     """Acceleration per m/s of speed error, 1/s (time constant ~0.7 s, above the jerk limit's ramp)."""
-    preview_s: float = 0.3
-    """The speed loop tracks the plan's speed this far ahead, covering the acceleration's jerk-limited ramp."""
+    accel_fit_s: tuple = (0.5, 1.0, 1.5, 2.0, 2.5)
+    """Times ahead (s) at which the plan's positions are fitted for its acceleration (the feed-forward)."""
     position_horizon_s: float = 1.0
     """The speed asked for brings the car to where the plan wants it this far ahead: a fixed horizon, so
     the along-path position error maps to speed with one gain (1/horizon) however stale the plan."""
@@ -299,21 +299,22 @@ class PlanTracker:
             return float(s[0] - (plan_t[0] - t) * (s[1] - s[0]) / (plan_t[1] - plan_t[0]))
         return float(np.interp(t, plan_t, s))
 
-    @staticmethod
-    def _plan_accel_at(path, plan_t, t: float) -> float:
-        """The plan's acceleration at time t: slope of its interval speeds (each at the interval's middle);
-        the first slope before them (a fresh plan is braking already), 0 after them (it has reached its speed)."""
-        if len(plan_t) < 3:
+    def _plan_accel(self, path, plan_t, now: float) -> float:
+        """The plan's acceleration over the next seconds: twice the quadratic term of a least-squares fit
+        of where it wants the car at now + 0.5, 1.0, ... 2.5 s.
+
+        A second difference of consecutive waypoints amplifies their noise ~10x (a network's
+        waypoints scatter by decimetres: +-0.3 m reads as +-3 m/s^2); the fit over 2 s
+        amplifies it ~2x, and still follows a plan that brakes to a stop within its horizon.
+        """
+        if len(plan_t) < 2:
             return 0.0
-        speeds = np.diff(path.waypoint_s) / np.diff(plan_t)
-        middles = 0.5 * (plan_t[1:] + plan_t[:-1])
-        slopes = np.diff(speeds) / np.diff(middles)
-        if t >= middles[-1]:
-            return 0.0
-        return float(slopes[max(int(np.searchsorted(middles, t, side="right")) - 1, 0)])
+        ahead = self.gains.accel_fit_s
+        s = np.array([self._plan_s_at(path, plan_t, now + t) for t in ahead])
+        return float(2.0 * np.polyfit(ahead, s, 2)[0])
 
     def _longitudinal(self, state, path, plan_t, now, s_car) -> float:
-        """Feed-forward of the plan's acceleration plus a proportional loop on the speed the plan asks for.
+        """Feed-forward of the plan's acceleration (fitted) plus a proportional loop on the speed the plan asks for.
 
         The speed asked for is the one that takes the car from where it is to where the plan
         wants it position_horizon_s from now (the segment from the current position: behind
@@ -325,10 +326,11 @@ class PlanTracker:
         A plan that ends at rest caps the speed at what stops the car at its end with stop_decel.
         """
         g = self.gains
-        feed_forward = _clip(self._plan_accel_at(path, plan_t, now + g.preview_s), -self.limits.max_brake, self.limits.max_accel)
+        plan_accel = self._plan_accel(path, plan_t, now)
+        feed_forward = _clip(plan_accel, -self.limits.max_brake, self.limits.max_accel)
         horizon = g.position_horizon_s
         mean_speed = (self._plan_s_at(path, plan_t, now + horizon) - s_car) / horizon
-        wanted = max(mean_speed - 0.5 * horizon * self._plan_accel_at(path, plan_t, now + 0.5 * horizon), 0.0)
+        wanted = max(mean_speed - 0.5 * horizon * plan_accel, 0.0)
         if len(plan_t) > 1:
             wanted = min(wanted, float(np.max(np.diff(path.waypoint_s) / np.diff(plan_t))) + g.catch_up)
         if self._ends_at_rest(path, plan_t):

@@ -249,6 +249,21 @@ def test_comfortable_plans_are_driven_within_nuplans_comfort_bounds(plan_fn, sta
     assert np.abs(_jerk(table)).max() <= 4.13  # nuPlan lon_jerk bound, here on the raw 10 Hz steps (measured 4.0)
 
 
+def test_noisy_plans_are_smoothed_not_amplified():
+    # a network's waypoints scatter: +-0.3 m (1 sigma) on every waypoint of every plan, 2 Hz, 0.2 s latency
+    rng = np.random.default_rng(1)
+
+    def noisy(state, made_at):
+        xy, t = straight_plan(10.0)(state, made_at)
+        return xy + rng.normal(0.0, 0.3, xy.shape), t
+
+    table, _ = drive(noisy, VehicleState(0.0, 0.0, 0.0, 10.0), 30.0, latency_s=0.2)
+    assert np.abs(table[:, 1]).max() < 0.5  # measured 0.35 m
+    assert np.abs(table[:, 3] - 10.0).max() < 0.6  # measured 0.35 m/s
+    assert np.abs(table[:, 4]).max() < 1.5  # measured 0.96 m/s^2 (a second difference of the waypoints: 3.2)
+    assert np.abs(_jerk(table)).max() <= 4.13  # within nuPlan's comfort bound (the second difference: 10)
+
+
 def _steady(plan_fn, state, seconds=6.0):
     """The car after `seconds` of tracking fresh plans: a steady state to compare commands in."""
     table, _ = drive(plan_fn, state, seconds)
