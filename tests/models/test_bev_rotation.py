@@ -108,3 +108,14 @@ def test_planning_loss_of_a_perfect_body_frame_plan_does_not_change_under_rotati
                 assert unturned["plan_l2"] > reference["plan_l2"] + 0.5, degrees
     finally:
         head.load_state_dict(original)
+
+
+def test_a_batch_built_by_hand_without_the_angle_is_unrotated(tiny):
+    pipeline, _ = tiny
+    batch = random_batch(pipeline, batch_size=3, seed=7)
+    names = [name for name in batch.__dataclass_fields__ if name != "bev_rotation"]
+    by_hand = Batch(**{name: getattr(batch, name) for name in names})
+    assert by_hand.bev_rotation.dtype == torch.float32 and by_hand.bev_rotation.tolist() == [0.0, 0.0, 0.0]
+    assert by_hand.mismatches(pipeline) == [] and by_hand.to("cpu").bev_rotation.shape == (3,)
+    by_hand.bev_rotation = torch.zeros(3, dtype=torch.float64)  # a loader that forgot the dtype is caught
+    assert by_hand.mismatches(pipeline) == ["bev_rotation: expected float32 (3,), found float64 (3,)"]
