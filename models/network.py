@@ -75,7 +75,8 @@ class BevNet(nn.Module):
                                           model.planning_steps, len(COMMANDS))
 
     def forward(self, images: torch.Tensor, ego_status: torch.Tensor, command: torch.Tensor,
-                geometry: BevPoolGeometry | None = None, bev_rotation: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+                geometry: BevPoolGeometry | None = None,
+                bev_rotation: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         """`bev_rotation` (B,) radians is the BEV augmentation's yaw (`Batch.bev_rotation`); None means 0 and is
         what export passes, so the exported graph keeps its inputs and, at 0, its outputs."""
         batch, cameras = images.shape[:2]

@@ -65,7 +65,8 @@ def test_rotation_moves_boxes_velocities_cameras_and_the_ego_trajectories_togeth
     np.testing.assert_allclose(row["future_trajectory"][3], row["boxes"][box, :2], atol=1e-5)
     turned = torch.atan2(row["past_trajectory"][0, 1], row["past_trajectory"][0, 0]) - math.atan2(1.0, -6.0)
     np.testing.assert_allclose(torch.remainder(turned, 2 * math.pi), math.radians(20), atol=1e-5)
-    np.testing.assert_allclose(row["future_trajectory"].norm(dim=-1), before["future_trajectory"].norm(dim=-1), atol=1e-5)
+    np.testing.assert_allclose(row["future_trajectory"].norm(dim=-1), before["future_trajectory"].norm(dim=-1),
+                               atol=1e-5)
     assert row["bev_rotation"].dtype == torch.float32 and float(row["bev_rotation"]) == pytest.approx(math.radians(20))
     # a camera sees exactly the same ego-frame point after rotating both
     for camera in range(len(row["intrinsics"])):
