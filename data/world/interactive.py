@@ -208,8 +208,9 @@ class InteractiveWorld:
         shadow = replace(self.ego, history=[], controlled=False)
         others = self.agents
         positions = np.array([a.history[-1][:2] for a in others]).reshape(-1, 2)
-        velocity = np.array([[a.history[-1][3] * math.cos(a.history[-1][2]), a.history[-1][3] * math.sin(a.history[-1][2])]
-                             for a in others]).reshape(-1, 2)
+        headings = np.array([a.history[-1][2] for a in others])
+        speeds = np.array([a.history[-1][3] for a in others])
+        velocity = (speeds[:, None] * np.stack([np.cos(headings), np.sin(headings)], axis=-1)).reshape(-1, 2)
         shadow.s = s
         stop = _junction_gap(shadow, [a for a in others if a.kind != "pedestrian"])
         stop_s = s + stop if math.isfinite(stop) else math.inf
@@ -231,7 +232,8 @@ class InteractiveWorld:
 
         Run on a copy: the ego as an ordinary ruled agent, the same scripts. Where it stops (a braked lead
         car, a pedestrian), that is what the route asks of any policy."""
-        autopilot = copy.deepcopy(self)
+        shared = {id(self.town): self.town, **{id(a.route): a.route for a in [self.ego] + self.agents}}
+        autopilot = copy.deepcopy(self, shared)  # town and routes are never mutated: shared, not copied
         autopilot.ego.controlled = False
         for _ in range(int(round(duration_s / self.dt))):
             autopilot.step()

@@ -150,7 +150,8 @@ def _lead_brake(town, routes, rng) -> _Stage:
     gap = rng.uniform(15.0, 25.0)
     size = _size("car", rng)
     lead = Agent("car", route, s + gap + (EGO_SIZE[0] + size[0]) / 2, speed, speed, size, int(rng.integers(12)), 1)
-    script = Script(1, before="rules", after="brake", after_s=float(rng.uniform(1.0, 3.0)), decel=float(rng.uniform(5.5, 6.5)))
+    script = Script(1, before="rules", after="brake", after_s=float(rng.uniform(1.0, 3.0)),
+                    decel=float(rng.uniform(5.5, 6.5)))
     return _Stage(route, s, speed, desired, [lead], (script,))
 
 
@@ -160,7 +161,8 @@ def _stopped_vehicle(town, routes, rng) -> _Stage:
     size = _size(kind, rng)
     ahead = rng.uniform(20.0, 35.0) + (EGO_SIZE[0] + size[0]) / 2
     stopped = Agent(kind, route, s + ahead, 0.0, rng.uniform(7.0, 10.0), size, int(rng.integers(12)), 1)
-    return _Stage(route, s, speed, desired, [stopped], (Script(1, before="hold", after="rules", after_s=float(rng.uniform(4.0, 6.0))),))
+    script = Script(1, before="hold", after="rules", after_s=float(rng.uniform(4.0, 6.0)))
+    return _Stage(route, s, speed, desired, [stopped], (script,))
 
 
 def _zebra_crossing(town, routes, rng) -> _Stage:
@@ -205,7 +207,8 @@ def _jaywalker(town, routes, rng) -> _Stage:
         actors.append(Agent("car", strip, 30.0 - size[0] / 2 - rng.uniform(0.8, 2.0), 0.0, 0.0, size,
                             int(rng.integers(12)), 2, parked=True))
     trigger = _crossing_trigger(speed, start, walk, rng, start)
-    return _Stage(route, s, speed, desired, actors, (Script(1, before="hold", after="walk", ego_within_m=trigger, speed=walk),))
+    script = Script(1, before="hold", after="walk", ego_within_m=trigger, speed=walk)
+    return _Stage(route, s, speed, desired, actors, (script,))
 
 
 def _cut_in(town, routes, rng) -> _Stage:
