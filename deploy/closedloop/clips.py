@@ -45,6 +45,8 @@ EGO_RGB = (0, 230, 120)
 PLAN_RGB = (255, 255, 0)
 ROUTE_RGB = (150, 235, 235)
 NO_CAMERA_RGB = (110, 110, 110)
+CONTACT_RGB = (255, 0, 0)
+"""Outline of the ego and of every box it touches, for the frames of a collision."""
 LEGEND = (("car", AGENT_RGB["car"]), ("truck", AGENT_RGB["truck"]), ("pedestrian", AGENT_RGB["pedestrian"]),
           ("cyclist", AGENT_RGB["cyclist"]), ("ego", EGO_RGB), ("plan", PLAN_RGB), ("route", ROUTE_RGB))
 
@@ -80,6 +82,8 @@ def compose_frame(frame: dict, ground: GroundRaster, camera_width: int | None = 
     text = f"{frame.get('title', '')}   t = {float(frame['time_s']):5.1f} s"
     if frame.get("speed") is not None:
         text += f"   v = {float(frame['speed']):4.1f} m/s"
+    if contacts(_ego_box(frame), _agents(frame)).any():
+        text += "   CONTACT"
     title = _title_strip(text, camera_width + BEV_PIXELS)
     return np.concatenate([title, np.concatenate([camera, bev], axis=1)], axis=0)
 
@@ -157,14 +161,13 @@ def bev_panel(frame: dict, ground: GroundRaster) -> np.ndarray:
     route = route[np.hypot(route[:, 0] - ego_x, route[:, 1] - ego_y) < BEV_METRES]  # NaN rows drop out too
     if len(route) > 1:
         draw.line([tuple(p) for p in to_pixels(route)], fill=ROUTE_RGB, width=3)
-    agents = np.asarray(frame.get("agents", np.zeros((0, 5))), float).reshape(-1, 5)
-    classes = list(frame.get("classes", []))
-    for box, name in zip(agents, classes):  # absent agents (NaN boxes) fail the distance test
+    agents, classes, ego_box = _agents(frame), list(frame.get("classes", [])), _ego_box(frame)
+    touching = contacts(ego_box, agents)
+    for box, name, touches in zip(agents, classes, touching):  # absent agents (NaN boxes) fail the distance test
         if np.isfinite(box).all() and math.hypot(box[0] - ego_x, box[1] - ego_y) < BEV_METRES:
-            _draw_agent(draw, to_pixels, box, AGENT_RGB.get(name, OTHER_AGENT_RGB))
-    length, width = (float(v) for v in frame["ego_size"])
-    draw.polygon([tuple(p) for p in to_pixels(box_corners(ego_x, ego_y, ego_yaw, length, width))], fill=EGO_RGB,
-                 outline=(0, 0, 0))
+            _draw_agent(draw, to_pixels, box, AGENT_RGB.get(name, OTHER_AGENT_RGB), touches)
+    draw.polygon([tuple(p) for p in to_pixels(box_corners(*ego_box))], fill=EGO_RGB,
+                 outline=CONTACT_RGB if touching.any() else (0, 0, 0), width=3 if touching.any() else 1)
     plan = frame.get("plan")
     if plan is not None:
         plan = np.asarray(plan, float).reshape(-1, 2)
@@ -173,13 +176,31 @@ def bev_panel(frame: dict, ground: GroundRaster) -> np.ndarray:
     return np.asarray(panel)
 
 
-def _draw_agent(draw: ImageDraw.ImageDraw, to_pixels, box: np.ndarray, colour: tuple) -> None:
-    """An agent's box; a person (under a metre) also gets a MIN_MARK_PIXELS disc so it shows at 6 px/m."""
-    draw.polygon([tuple(p) for p in to_pixels(box_corners(*box))], fill=colour, outline=(0, 0, 0))
+def _ego_box(frame: dict) -> np.ndarray:
+    return np.array([*(float(v) for v in frame["ego"][:3]), *(float(v) for v in frame["ego_size"][:2])])
+
+
+def _agents(frame: dict) -> np.ndarray:
+    return np.asarray(frame.get("agents", np.zeros((0, 5))), float).reshape(-1, 5)
+
+
+def contacts(ego_box: np.ndarray, agents: np.ndarray) -> np.ndarray:
+    """(A,) bool: which agent boxes overlap the ego's now (the metrics' own test; at fault or not)."""
+    from stack.metrics.driving import boxes_overlap
+
+    finite = np.isfinite(agents).all(axis=1)
+    return finite & boxes_overlap(ego_box, np.where(finite[:, None], agents, 0.0)) if len(agents) else finite
+
+
+def _draw_agent(draw: ImageDraw.ImageDraw, to_pixels, box: np.ndarray, colour: tuple, touches: bool) -> None:
+    """An agent's box (outlined in CONTACT_RGB while it touches the ego); a person (under a metre) also gets a
+    MIN_MARK_PIXELS disc so it shows at 6 px/m."""
+    outline, line = (CONTACT_RGB, 3) if touches else ((0, 0, 0), 1)
+    draw.polygon([tuple(p) for p in to_pixels(box_corners(*box))], fill=colour, outline=outline, width=line)
     if max(box[3], box[4]) < 1.0:
         (u, v), = to_pixels(box[None, :2])
         radius = MIN_MARK_PIXELS
-        draw.ellipse((u - radius, v - radius, u + radius, v + radius), fill=colour, outline=(0, 0, 0))
+        draw.ellipse((u - radius, v - radius, u + radius, v + radius), fill=colour, outline=outline, width=line)
 
 
 def box_corners(x: float, y: float, yaw: float, length: float, width: float) -> np.ndarray:

@@ -294,3 +294,16 @@ def test_bev_skips_absent_agents_and_missing_plan_points():
     bev = clips.bev_panel(frame, _ground())
     centre = clips.BEV_PIXELS // 2
     assert tuple(bev[centre - int(12.0 * clips.BEV_PIXELS / clips.BEV_METRES), centre]) == clips.AGENT_RGB["car"]
+
+
+def test_contact_outlines_ego_and_agent_in_red():
+    """A box overlapping the ego (a collision frame) is outlined in CONTACT_RGB, as is the ego; none otherwise."""
+    frame = _frames(1)[0]
+    heading = np.array([math.cos(EGO_YAW), math.sin(EGO_YAW)])
+    touching = np.array([[*(np.array(frame["ego"][:2]) + heading * 4.0), EGO_YAW, 4.5, 1.9]])
+    crash = {**frame, "agents": touching, "plan": None}
+    assert clips.contacts(clips._ego_box(crash), touching).tolist() == [True]
+    assert clips.contacts(clips._ego_box(frame), frame["agents"]).tolist() == [False]
+    red = lambda panel: (panel == clips.CONTACT_RGB).all(axis=2).sum()
+    assert red(clips.bev_panel(crash, _ground())) > 100
+    assert red(clips.bev_panel({**frame, "plan": None}, _ground())) == 0
