@@ -30,7 +30,7 @@ import numpy as np
 from stack.data.world.interactive import InteractiveWorld, Routes, Script, place_background
 from stack.data.world.roads import JUNCTION_RADIUS, LANE_WIDTH, ROAD_HALF_WIDTH, arm_frames, make_town
 from stack.data.world.scene import EGO_SIZE
-from stack.data.world.traffic import SIZES, Agent, Route, _make_route, vehicle_route
+from stack.data.world.traffic import SIM_DT, SIZES, Agent, Route, _make_route, vehicle_route
 from stack.errors import StackError
 from stack.pipeline import AGENT_CLASS_MIX, DRIVE_SCENARIOS, WorldConfig
 
@@ -66,8 +66,11 @@ def rng_words(spec: EpisodeSpec, world_config: WorldConfig) -> list:
     return [int(world_config.seed), HELD_OUT_WORD, FAMILIES.index(spec.family), int(spec.index), int(spec.seed)]
 
 
-def build_world(spec: EpisodeSpec, world_config: WorldConfig) -> InteractiveWorld:
-    """The episode's world, a pure function of (spec, world seed, agents per scene, spawn radius, class mix)."""
+def build_world(spec: EpisodeSpec, world_config: WorldConfig, dt: float = SIM_DT) -> InteractiveWorld:
+    """The episode's world, a pure function of (spec, world seed, agents per scene, spawn radius, class mix).
+
+    `dt` is the simulation step (1 / drive.sim_hz); the scenario itself (where and when things happen) does
+    not depend on it."""
     if spec.family not in FAMILIES:
         raise StackError(f"unknown scenario family {spec.family!r}; choose from {', '.join(FAMILIES)}")
     words = rng_words(spec, world_config)
@@ -84,7 +87,7 @@ def build_world(spec: EpisodeSpec, world_config: WorldConfig) -> InteractiveWorl
     light = np.array([rng.uniform(-math.pi, math.pi), rng.uniform(0.25, 1.1), rng.uniform(0.85, 1.15),
                       rng.uniform(0.92, 1.08), rng.uniform(0.92, 1.08)])
     return InteractiveWorld(town, stage.route, stage.ego_s, stage.ego_speed, stage.ego_desired,
-                            stage.actors + background, light, words, stage.scripts, spec.duration_s)
+                            stage.actors + background, light, words, stage.scripts, spec.duration_s, dt)
 
 
 @dataclass

@@ -135,3 +135,16 @@ def test_the_egos_presence_changes_the_others_behaviour():
     assert world.fired_at(1) is None and car.speed == 0.0
     driven = build_world(EpisodeSpec("cut_in", 1, 0), WORLD)
     assert _blind_drive(driven, 6.0) is not None and driven.fired_at(1) is not None
+
+
+def test_the_simulation_step_follows_the_drive_rate_and_the_scenario_does_not():
+    coarse, fine = (build_world(EpisodeSpec("lead_brake", 2, 0), WORLD, dt) for dt in (0.1, 0.05))
+    assert fine.dt == 0.05 and fine.ego_route is not coarse.ego_route
+    assert np.allclose(fine.ego_route.points, coarse.ego_route.points) and fine.scripts == coarse.scripts
+    for world in (coarse, fine):
+        while world.time_s < 6.0 - 1e-9:
+            world.set_ego(*world.ego_state()[:3], 0.0, 0.0)
+            world.step()
+    leads = [next(a for a in w.agents if a.track_id == 1) for w in (coarse, fine)]
+    assert leads[0].speed == leads[1].speed == 0.0 and abs(leads[0].s - leads[1].s) < 1.0
+    assert coarse.fired_at(1) * 2 == pytest.approx(fine.fired_at(1), abs=1)
