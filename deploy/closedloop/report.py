@@ -119,13 +119,13 @@ def markdown(summary: dict, rows: list, meta: dict) -> str:
     lines = ["# Closed-loop driving report", ""] + header_lines(rows, meta, policies) + [""]
     lines += comparison_lines(summary, meta, policies, families)
     lines += [f"## Overall ({over}; every family)", ""] + table_lines(summary, policies, OVERALL, meta) + [""]
-    for family in families:
-        lines += [f"## {family}", ""] + table_lines(summary, policies, family, meta) + [""]
-    lines += worst_lines(rows, meta, policies)
     lines += ["Columns: driving score = route completion × infraction penalties (CARLA leaderboard); PDMS = NC × DAC × "
               "weighted (EP, TTC, comfort) (NAVSIM); collisions are at-fault, per episode, by the class hit; EP = "
               "progress relative to the expert's on the same episode. Best value per column in bold; "
               "std is over the per-seed means.", ""]
+    for family in families:
+        lines += [f"## {family}", ""] + table_lines(summary, policies, family, meta) + [""]
+    lines += worst_lines(rows, meta, policies) + time_lines(rows, meta, policies)
     return "\n".join(lines)
 
 
@@ -306,6 +306,27 @@ def worst_lines(rows: list, meta: dict, policies: list) -> list:
                          f"| {fmt(metrics['driving_score'])} | {fmt(metrics.get('pdms'))} | "
                          f"{fmt(metrics.get('route_completion'))} | {fmt(metrics.get('collisions'))} | "
                          f"{fmt(metrics.get('first_collision_s'))} | {f'`{clip}`' if clip else '—'} |")
+    return lines + [""]
+
+
+def time_lines(rows: list, meta: dict, policies: list) -> list:
+    """Where each policy's episodes spent their wall time (the rows' "timings", seconds per episode)."""
+    parts = ("render", "policy", "simulation", "wall")
+    timed = [row for row in rows if isinstance(row.get("timings"), dict)]
+    if not timed:
+        return []
+    seconds = (meta.get("episode_seconds") or meta.get("duration_s"))
+    lines = ["## Where the time went (seconds per episode, mean over its episodes; one worker each)", "",
+             "| policy | replans | " + " | ".join(parts) + " | simulated s per wall s |", "|---|" + "---|" * (len(parts) + 2)]
+    for policy in policies:
+        own = [row for row in timed if row.get("policy") == policy]
+        if not own:
+            continue
+        mean = {part: sum(row["timings"].get(part, 0.0) for row in own) / len(own) for part in parts}
+        replans = sum(row.get("replans", 0) for row in own) / len(own)
+        rate = f"{seconds / mean['wall']:.2f}" if seconds and mean["wall"] > 0 else "n/a"
+        lines.append(f"| {policy_label(meta, policy)} | {replans:.1f} | " + " | ".join(f"{mean[p]:.3f}" for p in parts)
+                     + f" | {rate} |")
     return lines + [""]
 
 

@@ -43,7 +43,9 @@ def _rows() -> list:
         for index in range(4):
             score = 0.2 * index + (0.5 if policy == "expert" else 0.0)
             rows.append({"policy": policy, "family": FAMILIES[index % 2], "seed": 100 + index // 2, "index": index,
-                         "latency_ms": 35.2 if policy == "checkpoint" else 0.0,
+                         "latency_ms": 35.2 if policy == "checkpoint" else 0.0, "replans": 16,
+                         "timings": {"render": 1.0 if policy == "checkpoint" else 0.0, "policy": 0.25 * index,
+                                     "simulation": 0.5, "wall": 2.0},
                          "metrics": {"driving_score": score, "pdms": score, "route_completion": 1.0,
                                      "collisions": float(index == 0), "first_collision_s": 2.5 if index == 0 else math.nan}})
     return rows
@@ -88,7 +90,7 @@ def test_report_files_and_markdown_numbers(report):
     # cameras against blind: checkpoint 0.61 vs constant velocity 0.212 overall
     assert "| all | `checkpoint` 0.610 ± 0.040 | `constant_velocity` 0.212 ± 0.040 | +0.398 |" in text
     # worst episodes: the lowest driving score first, with the clip written for it
-    worst = text.split("## Worst episodes")[1]
+    worst = text.split("## Worst episodes")[1].split("##")[0]
     assert "`clips/checkpoint-lead_brake-seed100-ep000.mp4`" in worst
     first_checkpoint = next(line for line in worst.splitlines() if line.startswith("| `checkpoint`"))
     assert first_checkpoint.startswith("| `checkpoint` | 0 | lead_brake | 100 | 0.000 |")
@@ -110,6 +112,13 @@ def test_files_readable_by_others_and_replaced_whole(report, tmp_path):
         write_atomic(folder / "drive.md", writer=broken)
     assert (folder / "drive.md").read_bytes() == before
     assert sorted(p.name for p in folder.iterdir()) == ["drive.json", "drive.md", "drive.png"]
+
+
+def test_time_table_per_policy(report):
+    folder, _ = report
+    timing = (folder / "drive.md").read_text().split("## Where the time went")[1]
+    # checkpoint: render 1 s, policy mean(0, .25, .5, .75) = 0.375 s, 8 s episodes in 2 s wall = 4x
+    assert "| `checkpoint` | 16.0 | 1.000 | 0.375 | 0.500 | 2.000 | 4.00 |" in timing
 
 
 def test_policies_ordered_best_first(report):
@@ -266,7 +275,7 @@ def test_every_clip_listed_with_its_episode(tmp_path):
     """Clips given as a list with indices (the documented alternative): each lands on its episode's row."""
     meta = {**_meta(), "clips": [{"policy": "expert", "index": i, "file": f"clips/e{i}.mp4"} for i in range(4)]}
     write_report(tmp_path, _summary(), _rows(), meta)
-    worst = (tmp_path / "drive.md").read_text().split("## Worst episodes")[1]
+    worst = (tmp_path / "drive.md").read_text().split("## Worst episodes")[1].split("##")[0]
     expert_rows = [line for line in worst.splitlines() if line.startswith("| `expert`")]
     assert len(expert_rows) == 4
     assert all(f"| {line.split(' | ')[1]} |" in line and f"`clips/e{line.split(' | ')[1]}.mp4`" in line
