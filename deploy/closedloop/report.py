@@ -56,6 +56,9 @@ def write_report(out_dir, summary: dict, rows: list, meta: dict) -> list[Path]:
     `summary`: `stack.metrics.driving.aggregate` output, {policy: {family | "all": {metric: {mean, std, episodes}}}}.
     `rows`: per episode {"policy", "family", "seed", "index", "latency_ms", "metrics": {...}}. `meta`: see module doc.
     """
+    if not summary or not rows:
+        raise ValueError(f"write_report({out_dir}): nothing to report ({len(summary or {})} policies scored, "
+                         f"{len(rows or [])} episode rows); drive at least one episode first")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     return [write_atomic(out / "drive.md", markdown(summary, rows, meta).encode()),

@@ -160,6 +160,12 @@ def test_png_is_a_sensible_chart(report):
     assert colours > 20  # bars of three policies, error bars, text: not a blank canvas
 
 
+def test_nothing_to_report_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="nothing to report"):
+        write_report(tmp_path / "empty", {}, [], {})
+    assert not (tmp_path / "empty").exists()
+
+
 def test_fmt_keeps_differences_over_a_hundredth():
     assert fmt(0.5124) != fmt(0.5249) and fmt(0.5049) != fmt(0.4949)
     assert fmt(float("nan")) == "n/a" and fmt(None) == "n/a"
