@@ -188,6 +188,8 @@ def drive(pipeline, policies: list[PolicySpec], log=print, sources: dict | None 
             "episodes": len(episodes), "seeds": list(cfg.seeds), "scenarios": list(cfg.scenarios),
             "episode_seconds": cfg.episode_seconds, "sim_hz": cfg.sim_hz, "replan_hz": cfg.replan_hz,
             "latency": {p.name: {"ms": p.latency_s * 1000.0, "how": p.latency_how} for p in policies},
+            "policies": {p.name: {"kind": p.kind, "blind": p.kind in ("constant_velocity", "ego_rollout"),
+                                  "privileged": p.kind == "expert"} for p in policies},
             "wall_seconds": driving_seconds, "workers": cfg.workers, "clips": clips}
     public = [{k: v for k, v in r.items() if k != "trace"} for r in rows]
     files = write_report(out, summary, public, meta)
@@ -205,13 +207,13 @@ def _write_clips(pipeline, policies: list[PolicySpec], rows: list[dict], out: Pa
                     (row["family"], row["seed"], row["index"]))
         name = f"{row['policy'].replace(' ', '_')}-{row['family']}-seed{row['seed']}-ep{row['index']:03d}.mp4"
         tasks.append((by_name[row["policy"]], spec, str(out / "clips" / name)))
-        names.append((row["policy"], name, row["metrics"]["driving_score"]))
+        names.append((row["policy"], name, row["metrics"]["driving_score"], row["index"]))
     (out / "clips").mkdir(exist_ok=True)
     log(f"replaying {len(tasks)} worst episodes into clips ({out / 'clips'})")
     run_tasks(pipeline, tasks, max(1, min(pipeline.drive.workers, os.cpu_count() or 1)))
     clips: dict = {}
-    for policy, name, score in names:
-        clips.setdefault(policy, []).append({"file": f"clips/{name}", "driving_score": score})
+    for policy, name, score, index in names:
+        clips.setdefault(policy, []).append({"file": f"clips/{name}", "driving_score": score, "index": index})
     return clips
 
 
