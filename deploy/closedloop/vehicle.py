@@ -188,14 +188,18 @@ class TrackerGains:
     """At or below this speed (m/s) the car counts as stopped: the brake holds it."""
     hold_brake: float = 1.5
     """Brake command that holds a stopped car, m/s^2 (the world is flat; it keeps a noisy planner from creeping)."""
-    comfort_jerk: float = 4.0
-    """The command changes by at most this, m/s^3, while it stays within normal driving (NAVSIM's comfort
-    bound is 4.13 m/s^3): the comfort metric then scores the plan, not the tracker's step responses."""
+    comfort_jerk: float = 3.0
+    """The command changes by at most this, m/s^3, while it stays within normal driving: the comfort metric
+    then scores the plan, not the tracker's step responses (nuPlan's bound is 4.13 m/s^3, estimated by a
+    Savitzky-Golay fit that reads ramps of 4 m/s^3 that change direction as ~5)."""
+    release_jerk: float = 2.0
+    """A stop's final release from comfort_brake to standing, m/s^3: below comfort_jerk, so the ramp keeps up."""
     comfort_accel: float = 2.0
     """The speed loop's own correction accelerates at most this, m/s^2, unless the plan itself asks for more
     (nuPlan's comfortable bound is 2.40 m/s^2)."""
-    comfort_brake: float = 3.0
-    """Braking harder than this, m/s^2, is an emergency: the command goes at once, only the car's jerk limit applies."""
+    comfort_brake: float = 4.0
+    """Braking harder than this, m/s^2, is an emergency: the command goes at once, only the car's jerk limit
+    applies (nuPlan's comfortable bound is 4.05 m/s^2; an expert's firm stop at a line brakes at ~3.5)."""
 
 
 class PlanTracker:
@@ -270,14 +274,14 @@ class PlanTracker:
         """Brake as hard as the car can, easing off so the deceleration reaches zero as the speed does, then hold.
 
         A deceleration a released at jerk j reaches zero after the car loses a^2 / (2 j) of
-        speed. The release runs at the car's jerk above comfort_brake (an emergency) and at
-        comfort_jerk below it, each halved as margin for the 10 Hz control, so the stop is
-        full braking down to ~8 m/s, then easing to a standstill without a jolt. Never more
-        than speed / dt, which stops the car exactly at the end of the step.
+        speed. The release runs at half the car's jerk above comfort_brake (an emergency) and
+        at release_jerk below it (margins the 10 Hz control and the comfort ramp can follow),
+        so the stop is full braking down to ~8 m/s, then easing to a standstill without a
+        jolt. Never more than speed / dt, which stops the car exactly at the end of the step.
         """
         if state.speed < self.gains.hold_speed:
             return -self.gains.hold_brake
-        gentle, hard = 0.5 * self.gains.comfort_jerk, 0.5 * self.limits.max_jerk
+        gentle, hard = self.gains.release_jerk, self.limits.max_jerk
         firm = self.gains.comfort_brake
         gentle_speed = firm ** 2 / (2.0 * gentle)  # speed lost releasing from comfort_brake at the gentle jerk
         if state.speed <= gentle_speed:
