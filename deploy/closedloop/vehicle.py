@@ -222,16 +222,18 @@ class PlanTracker:
 
         now may be past some (or all) of the plan's times: the plan is followed from where
         the car is, at the speeds the plan asks for from now on, along its path extended
-        beyond its last waypoint.
+        beyond its last waypoint. A plan whose path leads behind the car asks it to reverse,
+        which it cannot: it stops, as it does for a plan that stays where the car is.
         """
         plan_xy, plan_t = self._checked(plan_xy, plan_t)
         path = PlanPath(plan_xy, state.yaw)
         position = np.array([state.x, state.y])
         s_car = path.project(position)
-        if self._asks_to_stop(path, plan_xy, plan_t, now, position, s_car):
+        forward, left = self._goal(state, path, s_car)
+        if forward < 0.0 or self._asks_to_stop(path, plan_xy, plan_t, now, position, s_car):
             return self._comfortable(self._stop(state), state), state.steer
         accel = self._longitudinal(state, path, plan_t, now, s_car)
-        return self._comfortable(accel, state), self._pure_pursuit(state, path, s_car)
+        return self._comfortable(accel, state), self._pure_pursuit(forward, left)
 
     def _comfortable(self, accel: float, state: VehicleState) -> float:
         """Ramp the command at comfort_jerk within normal driving; into or out of harder braking than
@@ -351,17 +353,20 @@ class PlanTracker:
         g = self.gains
         return _clip(g.lookahead_time * speed, g.lookahead_min, g.lookahead_max)
 
-    def _pure_pursuit(self, state, path, s_car) -> float:
-        """Steer onto the arc through the rear axle that reaches the path point one lookahead ahead (Coulter 1992, eq. 1).
+    def _goal(self, state, path, s_car) -> tuple[float, float]:
+        """(forward, left) of pure pursuit's goal point in the car's frame, metres: the path point one
+        lookahead beyond the car's projection on it.
 
-        The goal point is found by arc length from the car's projection on the path, so a
-        stale plan that starts behind the car is followed from where the car is, and a car
-        beyond the plan's end steers along the extension of its last heading.
+        Found by arc length from the car's projection, so a stale plan that starts behind the
+        car is followed from where the car is, and a car beyond the plan's end steers along
+        the extension of its last heading.
         """
         goal = path.at(s_car + self.lookahead(state.speed)) - np.array([state.x, state.y])
         cos_yaw, sin_yaw = math.cos(state.yaw), math.sin(state.yaw)
-        forward = goal[0] * cos_yaw + goal[1] * sin_yaw
-        left = -goal[0] * sin_yaw + goal[1] * cos_yaw
+        return goal[0] * cos_yaw + goal[1] * sin_yaw, -goal[0] * sin_yaw + goal[1] * cos_yaw
+
+    def _pure_pursuit(self, forward: float, left: float) -> float:
+        """Steer onto the arc through the rear axle and the goal point (Coulter 1992, eq. 1: curvature 2 y / l^2)."""
         curvature = 2.0 * left / max(forward ** 2 + left ** 2, 1e-6)
         steer = math.atan(self.limits.wheelbase * curvature)
         return _clip(steer, -self.limits.max_steer, self.limits.max_steer)

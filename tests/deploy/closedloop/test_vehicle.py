@@ -219,6 +219,17 @@ def test_a_standing_car_does_not_creep_after_noisy_stop_plans():
     assert np.all(table[:, :2] == 0.0) and np.all(table[:, 3] == 0.0)
 
 
+def test_a_plan_that_leads_behind_the_car_stops_it_rather_than_circling():
+    def backwards(state, made_at):  # a planner gone wrong: 2 m/s straight back
+        xy = np.array([state.x, state.y]) - 1.0 * np.arange(1, WAYPOINTS + 1)[:, None] * [math.cos(state.yaw), math.sin(state.yaw)]
+        return xy, _plan_times(made_at)
+
+    table, _ = drive(backwards, VehicleState(0.0, 0.0, 0.0, 5.0), 8.0)
+    assert table[-1, 3] == 0.0 and np.all(np.diff(table[:, 0]) >= 0.0)
+    assert np.abs(table[:, 2]).max() < 1e-9  # stopped straight: pure pursuit toward a point behind would turn full lock
+    assert table[-1, 0] < 5.0  # measured 4.4 m (5 m/s, eased to a stop)
+
+
 def test_limits_hold_every_step_of_a_step_change_plan():
     limits = VehicleLimits()
     table, commands = drive(step_changes, VehicleState(0.0, 0.0, 0.0, 5.0), 15.0, limits=limits)
