@@ -28,6 +28,8 @@ from stack.data.world.traffic import SIM_DT, Agent, Route, _curve_speed, _idm, _
 DRIVABLE = (SEG["road"], SEG["lane_marking"])
 """Ground classes a vehicle may drive on: lanes, parking strips, zebra crossings and the junction."""
 Routes = _Routes
+PREDICTION_STEP_S = 0.5
+"""Time step of the expert's predictions of the other road users."""
 """Vehicle routes of one town, each built once (shared with recorded scenes)."""
 
 
@@ -185,14 +187,17 @@ class InteractiveWorld:
         """(steps, 2) rear-axle waypoints in the current ego frame: IDM along the route, seeing every road user.
 
         The recorded ego's own rule (IDM car following with its parameters, the curve speed limit and the
-        junction rule), rolled out over the horizon. Other road users move at constant velocity along their
-        heading during the rollout, and the IDM leader is re-found at every substep among those predictions:
-        a pedestrian walking toward the lane or a car pulling out is braked for before it is in the corridor,
-        which the traffic rule's current-state leader would only see once it got there. The junction rule is
-        evaluated on the current state and its stop line held for the horizon (priority is decided now).
+        junction rule), rolled out over the horizon. Unlike the traffic rule, which finds its leader on the
+        current state, the expert predicts every road user ahead of it along its route (`_predicted_positions`)
+        and, at every rollout substep, treats everywhere one will be from then to the horizon as occupied: a
+        pedestrian stepping toward the lane or a car pulling out is braked for before it is in the corridor,
+        and the expert never plans to slip past a crossing pedestrian (the current-state leader would, and the
+        tracker's lag turns that gamble into collisions). The junction rule is evaluated on the current state
+        and its stop line held for the horizon (priority is decided now, as the recorded ego decides it).
         """
         substeps = max(int(round(step_s / self.dt)), 1)
-        s_list = self._rollout(self.ego.s, self.ego.speed, steps * substeps)[substeps - 1::substeps][:steps]
+        states = self._rollout(self.ego.s, self.ego.speed, steps * substeps, steps * substeps * self.dt)
+        s_list = [arc for arc, _ in states[substeps - 1::substeps][:steps]]
         x, y, yaw, _, _ = self.ego_state()
         c, s = math.cos(yaw), math.sin(yaw)
         out = np.zeros((steps, 2), np.float32)
@@ -203,42 +208,72 @@ class InteractiveWorld:
             out[k] = (c * dx + s * dy, -s * dx + c * dy)
         return out
 
-    def _rollout(self, s: float, speed: float, count: int) -> list:
-        """Arc lengths of the expert's box centre after each of `count` steps."""
+    def _rollout(self, s: float, speed: float, count: int, horizon: float) -> list:
+        """(arc length of the expert's box centre, speed) after each of `count` steps, predicting `horizon` s."""
         shadow = replace(self.ego, history=[], controlled=False)
-        others = self.agents
-        positions = np.array([a.history[-1][:2] for a in others]).reshape(-1, 2)
-        headings = np.array([a.history[-1][2] for a in others])
-        speeds = np.array([a.history[-1][3] for a in others])
-        velocity = (speeds[:, None] * np.stack([np.cos(headings), np.sin(headings)], axis=-1)).reshape(-1, 2)
         shadow.s = s
-        stop = _junction_gap(shadow, [a for a in others if a.kind != "pedestrian"])
+        stop = _junction_gap(shadow, [a for a in self.agents if a.kind != "pedestrian"])
         stop_s = s + stop if math.isfinite(stop) else math.inf
+        others = self._ahead_of_ego()
+        future = self._predicted_positions(others, horizon)
         out = []
         for k in range(count):
             shadow.s = s
-            gap, leader_speed = _leader(shadow, others, positions + velocity * (k * self.dt))
+            first = min(int(k * self.dt / PREDICTION_STEP_S), len(future) - 1)
+            window = future[first:]  # where everyone will be from now to the horizon: all of it is in the way
+            gap, leader_speed = _leader(shadow, others * len(window), window.reshape(-1, 2))
             if stop_s - s < gap:
                 gap, leader_speed = max(stop_s - s, 0.1), 0.0
             accel = float(np.clip(_idm(speed, _curve_speed(shadow), gap, leader_speed), -7.0, 2.5))
             new_speed = max(speed + accel * self.dt, 0.0)
             s = min(s + (speed + new_speed) / 2 * self.dt, self.ego_route.length)
             speed = new_speed
-            out.append(s)
+            out.append((s, speed))
+        return out
+
+    def _ahead_of_ego(self) -> list:
+        """Road users that can get in the expert's way: all but those behind it going its way (its followers)."""
+        x, y, yaw = self.ego.history[-1][:3]
+        forward = np.array([math.cos(yaw), math.sin(yaw)])
+        keep = []
+        for agent in self.agents:
+            behind = float(np.dot(np.array(agent.history[-1][:2]) - (x, y), forward)) < 0.0
+            if not (behind and math.cos(agent.history[-1][2] - yaw) > 0.5):
+                keep.append(agent)
+        return keep
+
+    @staticmethod
+    def _predicted_positions(agents: list, horizon: float) -> np.ndarray:
+        """(J, A, 2) positions every PREDICTION_STEP_S up to `horizon`: each agent along its own route at its
+        current acceleration (to a standstill at most): privileged, the expert knows where everyone is headed,
+        not what a script will do next."""
+        times = np.arange(0.0, horizon + PREDICTION_STEP_S, PREDICTION_STEP_S)
+        out = np.zeros((len(times), len(agents), 2))
+        for j, agent in enumerate(agents):
+            speed, accel = agent.history[-1][3], float(np.clip(agent.history[-1][4], -8.0, 2.5))
+            for i, tau in enumerate(times):
+                if agent.parked:
+                    out[i, j] = agent.history[-1][:2]
+                    continue
+                moving = min(tau, speed / -accel) if accel < 0 else tau
+                out[i, j] = agent.route.at(agent.s + speed * moving + 0.5 * accel * moving ** 2)[0]
         return out
 
     def _expert_reach(self, duration_s: float) -> float:
-        """Arc length the recorded-scene expert (the traffic rule driving the ego) reaches in `duration_s`.
+        """Arc length the expert reaches in `duration_s`, replanning every step and tracking its plan exactly.
 
-        Run on a copy: the ego as an ordinary ruled agent, the same scripts. Where it stops (a braked lead
-        car, a pedestrian), that is what the route asks of any policy."""
+        Run on a copy with the same scripts. Where the expert stops (a braked lead car, a pedestrian), that is
+        what the route asks of any policy; a real tracker's lag only costs a closed-loop expert a little."""
         shared = {id(self.town): self.town, **{id(a.route): a.route for a in [self.ego] + self.agents}}
-        autopilot = copy.deepcopy(self, shared)  # town and routes are never mutated: shared, not copied
-        autopilot.ego.controlled = False
+        expert = copy.deepcopy(self, shared)  # town and routes are never mutated: shared, not copied
+        horizon = 6 * PREDICTION_STEP_S
         for _ in range(int(round(duration_s / self.dt))):
-            autopilot.step()
-        return max(float(autopilot.ego.s), self.ego.s + 1.0)
-
+            s, speed = expert._rollout(expert.ego.s, expert.ego.speed, 1, horizon)[0]
+            expert.step()
+            centre, heading = self.ego_route.at(s)
+            expert.ego.s, expert.ego.speed = s, speed
+            expert.ego.history[-1] = (float(centre[0]), float(centre[1]), heading, speed, 0.0)
+        return max(float(expert.ego.s), self.ego.s + 1.0)
 
 def place_background(routes: _Routes, ego: Agent, count: int, rng: np.random.Generator, radius: float,
                      class_mix: dict, placed: list, first_id: int, keep_clear=None) -> list:

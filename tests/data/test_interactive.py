@@ -204,3 +204,31 @@ def test_render_gives_images_of_the_rig_deterministically():
     assert set(first) == {"images", "intrinsics", "cam_to_ego"}
     assert first["images"].shape == (2, 32, 64, 3) and first["images"].dtype == np.uint8
     assert np.array_equal(first["images"], again["images"])
+
+
+def test_expert_brakes_for_a_pedestrian_stepping_out_and_ignores_the_car_behind_it():
+    town, _ = _town()
+    route = _straight_route(town)
+    ego_s = route.junction[0] - 60.0
+    centre, heading = route.at(ego_s + 18.0)
+    right = np.array([math.sin(heading), -math.cos(heading)])
+    path = _make_route(np.stack([centre + right * 4.0, centre - right * 8.0]))
+    walking = Agent("pedestrian", path, 0.5, 1.8, 1.8, SIZES["pedestrian"], 0, 1)
+    free = _world(town, route, ego_s, 9.0, []).expert_plan()
+    braking = _world(town, route, ego_s, 9.0, [walking], (Script(1, before="walk", speed=1.8),)).expert_plan()
+    assert braking[-1, 0] < 18.0 - 2.3 + REAR_AXLE_OFFSET < free[-1, 0]  # stops short instead of slipping past
+    follower = Agent("car", route, ego_s - 7.0, 12.0, 12.0, SIZES["car"], 0, 2)
+    followed = _world(town, route, ego_s, 9.0, [follower]).expert_plan()
+    assert np.allclose(followed, free)
+
+
+def test_goal_is_where_the_expert_gets_to():
+    town, _ = _town()
+    route = _straight_route(town)
+    ego_s = route.junction[0] - 80.0
+    stopped = Agent("car", route, ego_s + 30.0, 0.0, 9.0, SIZES["car"], 0, 1)
+    blocked = InteractiveWorld(town, route, ego_s, 9.0, 9.0, [stopped], np.ones(5), (0,), (Script(1, before="hold"),),
+                               duration_s=8.0)
+    open_road = InteractiveWorld(town, route, ego_s, 9.0, 9.0, [], np.ones(5), (0,), (), duration_s=8.0)
+    assert ego_s + 20.0 < blocked.goal_s < ego_s + 30.0 - (4.6 + SIZES["car"][0]) / 2
+    assert open_road.goal_s > ego_s + 60.0
