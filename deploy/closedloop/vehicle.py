@@ -21,6 +21,8 @@ Path Tracking Algorithm", CMU-RI-TR-92-01, 1992) and a speed loop with feed-forw
 plan's acceleration for the pedals. Pure pursuit needs no model of the plan's timing, is
 exact on arcs of constant curvature, and degrades gently on the coarse, noisy, stale
 polylines a network produces; that is why it, and not an LQR on a fitted reference, is used.
+A plan that stays where the car is, or ends at rest where the car has arrived, or leads
+behind it (the car cannot reverse), brings the car to a standstill and holds it there.
 """
 
 from __future__ import annotations
@@ -179,7 +181,8 @@ class TrackerGains:
     catch_up: float = 2.0
     """A car behind its plan drives at most this much faster than the plan's fastest speed, m/s."""
     stop_radius: float = 0.5
-    """A plan whose remaining waypoints all lie within this distance of the car asks it to stand still, metres."""
+    """A plan that stays within this distance of the car (its waypoints still ahead in time, and where it wants
+    the car position_horizon_s from now) asks it to stand still, metres: no creeping after a noisy planner."""
     rest_speed: float = 0.5
     """A plan whose last interval is slower than this, m/s, ends at rest: the car stops at its end."""
     stop_decel: float = 3.0
@@ -187,7 +190,7 @@ class TrackerGains:
     hold_speed: float = 0.01
     """At or below this speed (m/s) the car counts as stopped: the brake holds it."""
     hold_brake: float = 1.5
-    """Brake command that holds a stopped car, m/s^2 (the world is flat; it keeps a noisy planner from creeping)."""
+    """Brake command that holds a stopped car, m/s^2 (speed cannot go below zero: it only keeps it there)."""
     comfort_jerk: float = 3.0
     """The command changes by at most this, m/s^3, while it stays within normal driving: the comfort metric
     then scores the plan, not the tracker's step responses (nuPlan's bound is 4.13 m/s^3, estimated by a
