@@ -216,12 +216,13 @@ class InteractiveWorld:
         stop_s = s + stop if math.isfinite(stop) else math.inf
         others = self._ahead_of_ego()
         future = self._predicted_positions(others, horizon)
+        near = self._near_route(future, s, s + speed * horizon + 50.0)
         out = []
         for k in range(count):
             shadow.s = s
             first = min(int(k * self.dt / PREDICTION_STEP_S), len(future) - 1)
-            window = future[first:]  # where everyone will be from now to the horizon: all of it is in the way
-            gap, leader_speed = _leader(shadow, others * len(window), window.reshape(-1, 2))
+            times, agents = np.nonzero(near[first:])  # where anyone will be from now to the horizon is in the way
+            gap, leader_speed = _leader(shadow, [others[a] for a in agents], future[first + times, agents])
             if stop_s - s < gap:
                 gap, leader_speed = max(stop_s - s, 0.1), 0.0
             accel = float(np.clip(_idm(speed, _curve_speed(shadow), gap, leader_speed), -7.0, 2.5))
@@ -230,6 +231,17 @@ class InteractiveWorld:
             speed = new_speed
             out.append((s, speed))
         return out
+
+    def _near_route(self, future: np.ndarray, start_s: float, end_s: float) -> np.ndarray:
+        """(J, A) True where a predicted position lies within 2 m of the ego route between two arc lengths:
+        only those can enter the IDM corridor (route points, 1.6 m reach at most), so only those are searched."""
+        low, high = int(max(start_s, 0.0) / POINT_SPACING), int(min(end_s, self.ego_route.length) / POINT_SPACING) + 1
+        segment = self.ego_route.points[low:high:2]  # every 0.5 m: 2 m of margin covers the spacing
+        if not len(segment) or not future.size:
+            return np.zeros(future.shape[:2], bool)
+        flat = future.reshape(-1, 2)
+        distance = np.sqrt(((flat[:, None, :] - segment[None, :, :]) ** 2).sum(-1)).min(axis=1)
+        return (distance < 2.0).reshape(future.shape[:2])
 
     def _ahead_of_ego(self) -> list:
         """Road users that can get in the expert's way: all but those behind it going its way (its followers)."""
@@ -250,13 +262,16 @@ class InteractiveWorld:
         times = np.arange(0.0, horizon + PREDICTION_STEP_S, PREDICTION_STEP_S)
         out = np.zeros((len(times), len(agents), 2))
         for j, agent in enumerate(agents):
+            if agent.parked:
+                out[:, j] = agent.history[-1][:2]
+                continue
             speed, accel = agent.history[-1][3], float(np.clip(agent.history[-1][4], -8.0, 2.5))
-            for i, tau in enumerate(times):
-                if agent.parked:
-                    out[i, j] = agent.history[-1][:2]
-                    continue
-                moving = min(tau, speed / -accel) if accel < 0 else tau
-                out[i, j] = agent.route.at(agent.s + speed * moving + 0.5 * accel * moving ** 2)[0]
+            moving = np.minimum(times, speed / -accel) if accel < 0 else times
+            arc = agent.s + speed * moving + 0.5 * accel * moving ** 2
+            position = np.clip(arc / POINT_SPACING, 0.0, len(agent.route.points) - 1.001)  # as Route.at
+            index = position.astype(int)
+            frac = (position - index)[:, None]
+            out[:, j] = agent.route.points[index] * (1 - frac) + agent.route.points[index + 1] * frac
         return out
 
     def _expert_reach(self, duration_s: float) -> float:
