@@ -52,6 +52,14 @@ class Script:
     decel: float = 6.0
     speed: float = 1.4
 
+    def __post_init__(self):
+        for name in ("before", "after"):
+            if getattr(self, name) not in BEHAVIOURS:
+                raise ValueError(f"Script.{name} = {getattr(self, name)!r}; expected one of {', '.join(BEHAVIOURS)}")
+
+
+BEHAVIOURS = ("rules", "hold", "brake", "walk")
+
 
 def _behaviour_accel(agent: Agent, behaviour: str, script: Script, dt: float) -> float | None:
     if behaviour == "rules":
@@ -60,9 +68,7 @@ def _behaviour_accel(agent: Agent, behaviour: str, script: Script, dt: float) ->
         return -agent.speed / dt
     if behaviour == "brake":
         return max(-script.decel, -agent.speed / dt)
-    if behaviour == "walk":
-        return (script.speed - agent.speed) / dt
-    raise ValueError(f"unknown scripted behaviour {behaviour!r}; expected rules, hold, brake or walk")
+    return (script.speed - agent.speed) / dt  # walk
 
 
 def project(route: Route, xy: np.ndarray, near_s: float, window: tuple = (-10.0, 25.0)) -> float:

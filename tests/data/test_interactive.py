@@ -232,3 +232,8 @@ def test_goal_is_where_the_expert_gets_to():
     open_road = InteractiveWorld(town, route, ego_s, 9.0, 9.0, [], np.ones(5), (0,), (), duration_s=8.0)
     assert ego_s + 20.0 < blocked.goal_s < ego_s + 30.0 - (4.6 + SIZES["car"][0]) / 2
     assert open_road.goal_s > ego_s + 60.0
+
+
+def test_a_script_with_an_unknown_behaviour_is_refused_when_written():
+    with pytest.raises(ValueError, match="expected one of rules, hold, brake, walk"):
+        Script(1, after="swerve")

@@ -1,6 +1,7 @@
 """Scenario families: seeded, held out from training, and each one a trap for a policy blind to the cameras."""
 
 import math
+import pickle
 
 import numpy as np
 import pytest
@@ -77,9 +78,9 @@ def test_every_family_builds_for_several_seeds_and_indices(family):
             assert any(a.track_id == 1 for a in world.agents)  # the scenario's actor
 
 
-def test_same_spec_same_world_after_the_same_ego_inputs():
+def test_same_spec_same_world_after_the_same_ego_inputs_even_in_another_process():
     spec = EpisodeSpec("zebra_crossing", 4, 1)
-    worlds = [build_world(spec, WORLD) for _ in range(2)]
+    worlds = [build_world(spec, WORLD), pickle.loads(pickle.dumps(build_world(spec, WORLD)))]
     for world in worlds:
         for k in range(30):
             _place_on_route(world, world.start_s + 6.0 * k * world.dt)
