@@ -184,6 +184,9 @@ def _closed_loop_step(spec: DeploySpec, engine_onnx: Path, fp32_path: Path, targ
     log(f"closed-loop gate: INT8 and fp32 drive {budget.episodes} held-out episodes ...")
     gate = spec.closed_loop(engine_onnx, fp32_path, budget, target.latency_budget_ms(), log)
     result["closed_loop"] = gate
+    if "skipped" in gate:
+        log(f"closed-loop gate not run: {gate['skipped']}")
+        return
     if gate["passed"]:
         return
     if _may_ship_fp32(target):

@@ -111,7 +111,7 @@ def run_episode(world, policy: Policy, drive, rig, limits=None, record_clip: boo
     delay_steps = int(math.ceil(policy.spec.latency_s / dt - 1e-9))
     x, y, yaw, speed, accel = world.ego_state()
     state = VehicleState(x, y, yaw, speed, accel, 0.0)
-    tracker = PlanTracker()
+    tracker = PlanTracker(limits, dt=dt)
     recorder = Recorder(world, EGO_SIZE[:2], REAR_AXLE_OFFSET)
     recorder.record(state)
     pending: deque = deque()
@@ -120,6 +120,7 @@ def run_episode(world, policy: Policy, drive, rig, limits=None, record_clip: boo
     frames, replans = [], 0
     for k in range(steps):
         now = k * dt
+        world.set_ego(state.x, state.y, state.yaw, state.speed, state.accel)  # the ego where it is at step k
         if k % replan_every == 0:
             start = time.perf_counter()
             images = world.render(rig)["images"] if policy.spec.needs_cameras else None
@@ -140,8 +141,8 @@ def run_episode(world, policy: Policy, drive, rig, limits=None, record_clip: boo
         start = time.perf_counter()
         accel_cmd, steer_cmd = tracker.command(state, active[0], active[1], now)
         state = step_bicycle(state, accel_cmd, steer_cmd, dt, limits)
+        world.step()  # everyone else moves from k to k + 1, seeing the ego at step k
         world.set_ego(state.x, state.y, state.yaw, state.speed, state.accel)
-        world.step()
         recorder.record(state)
         timings["simulation"] += time.perf_counter() - start
     return EpisodeRun(recorder.trace(dt), replans, frames, timings)

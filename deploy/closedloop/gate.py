@@ -54,6 +54,14 @@ def closed_loop_gate(pipeline, int8_path: Path, fp32_path: Path, budget, latency
     from stack.deploy.closedloop.evaluate import evaluate
     from stack.deploy.closedloop.scenarios import episode_specs
 
+    from stack.deploy.calibration import Calibration
+    from stack.deploy.runner import DeployedNetwork
+
+    bundle_cameras = DeployedNetwork.from_model(fp32_path).calibration
+    differences = bundle_cameras.compare(Calibration.from_rig(pipeline.data.rig))
+    if differences:
+        return {"skipped": "the bundle is built for another camera calibration than the world's rig (data.rig), "
+                           "which is what the simulator renders: " + "; ".join(differences[:2])}
     cfg = pipeline.drive
     episodes = episode_specs(list(cfg.scenarios), budget.episodes, list(cfg.seeds), cfg.episode_seconds)
     how = f"the target's latency budget ({latency_ms:.1f} ms), for both models"

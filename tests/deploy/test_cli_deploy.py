@@ -11,7 +11,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 TINY = ["-c", "configs/pipeline.yaml", "-c", "configs/presets/tiny.yaml"]
 FAST = ["export.calibration_samples=4", "export.accuracy_samples=2", "export.timing_runs=20",
-        "export.timing_warmup=3", "export.sensitivity_samples=1"]
+        "export.timing_warmup=3", "export.sensitivity_samples=1", "drive.episode_seconds=3.0", "drive.workers=1"]
 
 pytestmark = pytest.mark.slow
 
@@ -67,10 +67,13 @@ def test_export_writes_onnx_with_parity(tiny):
 
 def test_deploy_ci_cpu_measures_and_passes(tiny):
     checkpoint, overrides, folder = tiny
-    result = stack("deploy", "--target", "ci-cpu", str(checkpoint), *overrides)
+    result = stack("deploy", "--target", "ci-cpu", str(checkpoint), *overrides, "targets.ci-cpu.closed_loop.episodes=2")
     assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
     bundle = folder / "export" / "ci-cpu"
     gate = json.loads((bundle / "gate.json").read_text())
+    closed_loop = gate["closed_loop"]  # INT8 and fp32 drove the same two episodes (an untrained planner: alike)
+    assert closed_loop["episodes"] == 2 and closed_loop["passed"] and closed_loop["int8"]["episodes"] == 2, closed_loop
+    assert "Closed loop: INT8 against fp32" in (bundle / "report.md").read_text()
     assert gate["passed"] and gate["fps"]["mode"] == "measured"
     assert [h["head"] for h in gate["accuracy"]["heads"]] == ["detection", "segmentation", "depth", "planning"]
     ids = gate["accuracy"]["samples"]  # calibrated on training frames, ranked on others, scored on validation
@@ -85,7 +88,8 @@ def test_deploy_ci_cpu_measures_and_passes(tiny):
 
 def test_deploy_orin_is_predicted_and_fails_an_unreachable_bar(tiny):
     checkpoint, overrides, folder = tiny
-    result = stack("deploy", "--target", "orin", str(checkpoint), *overrides, "targets.orin.min_fps=100000")
+    result = stack("deploy", "--target", "orin", str(checkpoint), *overrides, "targets.orin.min_fps=100000",
+                   "targets.orin.closed_loop.episodes=0")
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:] + result.stdout[-3000:]
     bundle = folder / "export" / "orin"
     report = (bundle / "report.md").read_text()
