@@ -79,8 +79,7 @@ def build_world(spec: EpisodeSpec, world_config: WorldConfig, dt: float = SIM_DT
     routes = Routes(town)
     stage = _BUILDERS[spec.family](town, routes, rng)
     ego = Agent("car", stage.route, stage.ego_s, stage.ego_speed, stage.ego_desired, EGO_SIZE, 0, 0)
-    keep_clear = None if spec.family == "route" else _clear_ahead(stage.route, stage.ego_s,
-                                                                    spec.family == "unprotected_turn")
+    keep_clear = _safe_start(stage.route, stage.ego_s, stage.ego_speed, spec.family)
     background = place_background(routes, ego, world_config.agents_per_scene, rng, world_config.spawn_radius_m,
                                   dict(world_config.class_mix or AGENT_CLASS_MIX), stage.actors,
                                   len(stage.actors) + 1, keep_clear)
@@ -286,6 +285,29 @@ def _clear_ahead(route: Route, ego_s: float, junction: bool = False):
             return False
         xy, _ = agent.route.at(agent.s)
         return bool(np.min(np.linalg.norm(corridor - xy, axis=1)) > 3.0)
+
+    return keep
+
+
+def _safe_start(route: Route, ego_s: float, ego_speed: float, family: str):
+    """Spawn filter of every family: no road user the ego could not stop for comfortably from its start.
+
+    Recorded scenes need no such rule (their expert brakes without limits); in closed loop a slow cyclist
+    spawned a few metres ahead of the cruising ego would be a collision no policy can avoid. A vehicle in the
+    ego's corridor must be ahead by the ego's 1.5 s headway plus the distance to match its speed at 3 m/s^2."""
+    step = route.length / (len(route.points) - 1)
+    scenario = None if family == "route" else _clear_ahead(route, ego_s, family == "unprotected_turn")
+
+    def keep(agent: Agent) -> bool:
+        if scenario is not None and not scenario(agent):
+            return False
+        if agent.parked or agent.kind == "pedestrian":
+            return True
+        speed = agent.speed if math.cos(agent.route.at(agent.s)[1] - route.at(ego_s)[1]) > 0.5 else 0.0
+        reach = 1.5 * ego_speed + max(ego_speed ** 2 - speed ** 2, 0.0) / (2 * 3.0) + 8.0
+        corridor = route.points[int(max(ego_s - 6.0, 0) / step):int(min(ego_s + reach, route.length) / step) + 1]
+        xy, _ = agent.route.at(agent.s)
+        return not len(corridor) or bool(np.min(np.linalg.norm(corridor - xy, axis=1)) > 2.5)
 
     return keep
 
