@@ -39,6 +39,7 @@ demo: install
 	for target in orin cpu; do $(BIN)/stack deploy --target $$target $(RECIPE_MODEL) $(TINY); rc=$$?; \
 		if [ $$rc -eq 1 ]; then echo "stack deploy --target $$target: a gate failed (report above); the demo goes on"; \
 		elif [ $$rc -ne 0 ]; then exit $$rc; fi; done
+	$(BIN)/stack drive $(RECIPE_MODEL) runs/tiny/export/cpu $(TINY) --episodes 14 drive.seeds=[0,1]
 
 # pytest, then the tiny recipe end to end on the model it trains: a head below its `stack eval`
 # bar or a failed deploy gate fails `make test` (so CI).

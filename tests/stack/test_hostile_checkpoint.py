@@ -54,7 +54,7 @@ def test_loading_a_crafted_checkpoint_runs_nothing(crafted):
     assert not marker.exists()
 
 
-@pytest.mark.parametrize("command", [["export"], ["eval"], ["deploy", "--target", "cpu"]])
+@pytest.mark.parametrize("command", [["export"], ["eval"], ["deploy", "--target", "cpu"], ["drive"]])
 def test_every_command_that_reads_a_checkpoint_refuses_it_with_exit_2(crafted, tmp_path, command):
     path, marker = crafted
     code, err = run_cli(*command, str(path), f"export.out_dir={tmp_path / 'export'}")
