@@ -143,7 +143,8 @@ def _crossing_trigger(ego_speed: float, start: float, walk: float, rng: np.rando
 
 
 def _route(town, routes, rng) -> _Stage:
-    route, s, speed, desired = _ego_start(routes, rng, (20.0, 70.0))
+    """Like a recorded scene's ego, but at least 30 m before the junction: time to stop if it must yield."""
+    route, s, speed, desired = _ego_start(routes, rng, (30.0, 70.0))
     return _Stage(route, s, speed, desired, [])
 
 

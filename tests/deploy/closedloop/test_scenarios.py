@@ -149,3 +149,14 @@ def test_the_simulation_step_follows_the_drive_rate_and_the_scenario_does_not():
     leads = [next(a for a in w.agents if a.track_id == 1) for w in (coarse, fine)]
     assert leads[0].speed == leads[1].speed == 0.0 and abs(leads[0].s - leads[1].s) < 1.0
     assert coarse.fired_at(1) * 2 == pytest.approx(fine.fired_at(1), abs=1)
+
+
+def test_no_episode_starts_with_a_collision_the_ego_cannot_brake_for():
+    """In a crowded town (the tiny preset's mix) the expert's first plan never needs hard braking."""
+    crowded = WorldConfig(agents_per_scene=40, spawn_radius_m=40.0,
+                          class_mix={"car": 0.3, "truck": 0.2, "pedestrian": 0.3, "cyclist": 0.2})
+    for index in range(8):
+        world = build_world(EpisodeSpec("route", index, index % 3), crowded)
+        first = world.expert_plan()[0, 0]
+        accel = 2 * (first - world.ego.speed * 0.5) / 0.5 ** 2
+        assert accel > -3.0, (index, accel)
