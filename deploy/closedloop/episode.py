@@ -106,6 +106,11 @@ def run_episode(world, policy: Policy, drive, rig, limits=None, record_clip: boo
 
     limits = limits or VehicleLimits()
     dt = 1.0 / drive.sim_hz
+    if abs(world.dt - dt) > 1e-9:
+        from stack.errors import StackError
+
+        raise StackError(f"the world steps every {world.dt:g} s but drive.sim_hz={drive.sim_hz:g} asks for {dt:g} s: "
+                         f"build it with build_world(spec, world_config, 1 / drive.sim_hz)")
     steps = int(round(drive.episode_seconds * drive.sim_hz))
     replan_every = int(round(drive.sim_hz / drive.replan_hz))
     delay_steps = int(math.ceil(policy.spec.latency_s / dt - 1e-9))

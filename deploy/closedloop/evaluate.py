@@ -34,7 +34,7 @@ def _init_worker(pipeline) -> None:
 def _world(pipeline, spec):
     from stack.deploy.closedloop.scenarios import build_world
 
-    return build_world(spec, pipeline.data.world)
+    return build_world(spec, pipeline.data.world, 1.0 / pipeline.drive.sim_hz)
 
 
 def _front_rig(rig):

@@ -48,7 +48,7 @@ def checkpoint(tmp_path_factory, pipeline):
 
 
 def drive_once(pipeline, spec: PolicySpec, episode: EpisodeSpec):
-    world = build_world(episode, pipeline.data.world)
+    world = build_world(episode, pipeline.data.world, 1.0 / pipeline.drive.sim_hz)
     return run_episode(world, build_policy(spec, pipeline), pipeline.drive, pipeline.data.rig)
 
 
@@ -79,6 +79,14 @@ def test_the_expert_completes_its_routes_without_collisions(pipeline, family):
         assert score["collisions"] == 0, f"{family} #{index}: the expert collided ({score})"
         assert score["drivable_area_compliance"] == 1.0, f"{family} #{index}: the expert left the road"
         assert score["route_completion"] > 0.6, f"{family} #{index}: the expert stalled ({score['route_completion']:.2f})"
+
+
+def test_the_simulation_rate_is_configurable():
+    pipeline = micro_pipeline("drive.sim_hz=20", "drive.replan_hz=4")
+    trace = drive_once(pipeline, PolicySpec("expert", "expert"), episode("lead_brake", 2, 1)).trace
+    assert trace.dt == 0.05 and len(trace.ego) == 121
+    score = score_episode(trace, float(np.max(trace.progress)))
+    assert score["collisions"] == 0 and score["route_completion"] > 0.6, score
 
 
 @pytest.mark.parametrize("blind", ["constant_velocity", "ego_rollout"])
