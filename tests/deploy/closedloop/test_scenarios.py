@@ -76,6 +76,9 @@ def test_every_family_builds_for_several_seeds_and_indices(family):
         assert world.agents_now()["boxes"].shape[1] == 5 and world.step_index == 0
         if family != "route":
             assert any(a.track_id == 1 for a in world.agents)  # the scenario's actor
+        if family == "unprotected_turn":
+            oncoming = [a for a in world.agents if a.track_id in (1, 2)]
+            assert world.ego_route.turn == 0 and all(a.route.turn == 1 and a.speed > 7.0 for a in oncoming)
 
 
 def test_same_spec_same_world_after_the_same_ego_inputs_even_in_another_process():
