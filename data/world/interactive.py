@@ -122,10 +122,9 @@ class InteractiveWorld:
         """Advance every other road user by dt (seeing the ego where `set_ego` put it); fire scripts."""
         self._apply_scripts()
         step([self.ego] + self.agents, self.dt)
-        if self.ego.controlled:  # a provisional state for the new step (constant velocity) until set_ego places it
-            x, y, yaw, speed, accel = self.ego.history[-1]
-            travelled = speed * self.dt
-            self.ego.history.append((x + travelled * math.cos(yaw), y + travelled * math.sin(yaw), yaw, speed, accel))
+        x, y, yaw, speed, accel = self.ego.history[-1]  # the ego's new step: constant velocity until set_ego places it
+        travelled = speed * self.dt
+        self.ego.history.append((x + travelled * math.cos(yaw), y + travelled * math.sin(yaw), yaw, speed, accel))
         self.step_index += 1
 
     def _apply_scripts(self) -> None:
