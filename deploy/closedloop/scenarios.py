@@ -224,7 +224,8 @@ def _cut_in(town, routes, rng) -> _Stage:
     # IDM from standstill (1.5 m/s^2) takes the car ~0.45 of the blend sideways, into the ego's lane, in t_in
     t_in = math.sqrt(2 * 0.45 * blend / 1.5)
     trigger = speed * (t_in + rng.uniform(-0.3, 0.5)) - 0.45 * blend + (EGO_SIZE[0] + size[0]) / 2
-    return _Stage(route, s, speed, desired, [car], (Script(1, before="hold", after="rules", ego_within_m=float(trigger)),))
+    script = Script(1, before="hold", after="rules", ego_within_m=float(trigger))
+    return _Stage(route, s, speed, desired, [car], (script,))
 
 
 def _unprotected_turn(town, routes, rng) -> _Stage:
