@@ -128,16 +128,30 @@ def _crossing(centre: np.ndarray, right: np.ndarray, start: float, end: float) -
     return _make_route(np.stack([centre + right * start, centre - right * end]))
 
 
+def _fair_meet_s(ego_speed: float) -> float:
+    """Soonest the constant-velocity ego may meet a pedestrian after they start: 1 s to see, replan (at 2 Hz)
+    and build up braking under the jerk limit, the time-equivalent of braking to a stop at 4 m/s^2 (v / 8),
+    and 3 m to spare. A pedestrian who steps out closer than that is a collision no driver avoids, and such
+    an episode would measure nothing."""
+    return 1.0 + ego_speed / 8.0 + 3.0 / max(ego_speed, 1.0)
+
+
+def _walk_speed(pace: float, start: float, ego_speed: float) -> float:
+    """`pace`, capped so the pedestrian is still in the ego's lane at the fair meeting."""
+    reach = EGO_SIZE[1] / 2 + SIZES["pedestrian"][1] / 2
+    return min(pace, (start + reach) / (_fair_meet_s(ego_speed) + 0.4))
+
+
 def _crossing_trigger(ego_speed: float, start: float, walk: float, rng: np.random.Generator,
                       lateral_to_ped: float) -> float:
     """Ego-to-pedestrian distance that fires the crossing so a constant-velocity ego meets the pedestrian.
 
     The pedestrian (`start` metres right of the ego's lane centre) overlaps the ego's lane while its centre
     is within half the widths of the lane centre; the trigger puts the ego's front at the path some way into
-    that window."""
+    that window, never sooner than a driver who looks could stop (`_fair_meet_s`)."""
     reach = EGO_SIZE[1] / 2 + SIZES["pedestrian"][1] / 2
     enter, leave = (start - reach) / walk, (start + reach) / walk
-    meet = enter + rng.uniform(0.15, 0.7) * (leave - enter)
+    meet = max(enter + rng.uniform(0.15, 0.7) * (leave - enter), _fair_meet_s(ego_speed))
     along = ego_speed * meet + EGO_SIZE[0] / 2
     return float(math.hypot(along, lateral_to_ped))
 
@@ -177,13 +191,14 @@ def _zebra_crossing(town, routes, rng) -> _Stage:
     index = int((JUNCTION_RADIUS + ZEBRA_BEFORE_ENTRY) / (route.length / (len(route.points) - 1)))
     right = arm_frames(arm)[1][index]  # the arm's left normal (outward) is the right of inbound traffic
     lane_centre = arm[index] + right * LANE_WIDTH / 2
-    walk = rng.uniform(1.3, 2.0)
+    pace = rng.uniform(1.3, 2.0)
     if rng.random() < 0.7:  # from the kerb beside the ego's lane
         start = rng.uniform(4.5, 5.5)
         path = _crossing(lane_centre, right, start, LANE_WIDTH + 5.0)
     else:  # from the far kerb, across the oncoming lane first
         start = ROAD_HALF_WIDTH + LANE_WIDTH / 2 + rng.uniform(0.2, 0.8)
         path = _crossing(lane_centre, -right, start, 5.0)
+    walk = _walk_speed(pace, start, speed)
     trigger = _crossing_trigger(speed, start, walk, rng, start)
     along = math.sqrt(max(trigger ** 2 - start ** 2, 0.0)) + speed * rng.uniform(1.0, 2.5)
     s = max(route.junction[0] - ZEBRA_BEFORE_ENTRY - along, 0.0)
@@ -201,7 +216,7 @@ def _jaywalker(town, routes, rng) -> _Stage:
     centre, heading = route.at(at)
     right = np.array([math.sin(heading), -math.cos(heading)])
     start = rng.uniform(PARKING_OFFSET, ROAD_HALF_WIDTH - LANE_WIDTH / 2 + 0.8)
-    walk = rng.uniform(1.4, 2.4)
+    walk = _walk_speed(rng.uniform(1.4, 2.4), start, speed)
     path = _crossing(centre, right, start, LANE_WIDTH + 5.0)
     actors = [_pedestrian(path, walk, rng)]
     if rng.random() < 0.6:  # a parked car just before them hides them from the cameras
