@@ -163,3 +163,14 @@ def test_no_episode_starts_with_a_collision_the_ego_cannot_brake_for():
         first = world.expert_plan()[0, 0]
         accel = 2 * (first - world.ego.speed * 0.5) / 0.5 ** 2
         assert accel > -3.0, (index, accel)
+
+
+@pytest.mark.parametrize("family", ["zebra_crossing", "jaywalker"])
+def test_a_crossing_pedestrian_leaves_a_driver_who_looks_time_to_stop(family):
+    """From the pedestrian's first step to the blind ego's impact: at least 1 s to react plus braking at 4 m/s^2."""
+    for index in range(6):
+        world = build_world(EpisodeSpec(family, index, 3), WORLD)
+        speed = world.ego.speed
+        assert _blind_drive(world) == "pedestrian"
+        warning = world.time_s - world.fired_at(1) * world.dt
+        assert warning >= 1.0 + speed / 8.0, (index, warning, speed)
