@@ -1,12 +1,19 @@
-"""Step statistics: an epoch boundary's validation and checkpointing are not reported as data wait."""
+"""Step statistics: an epoch boundary's validation and checkpointing are not reported as data
+wait; MFU is never reported above 100%; a step's FLOPs are counted once."""
 
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from standin import TinyMultiTask, synthetic_loaders, tiny_pipeline  # noqa: E402
 
+from stack.train import callbacks
+from stack.train.callbacks import StepStats, step_flop_counter
 from stack.train.data import ResumableLoader
 from stack.train.fit import fit
 
@@ -40,3 +47,105 @@ def test_validation_between_epochs_is_not_data_wait(tmp_path):
         wait_s = row["perf/data_wait_share"] * row["perf/step_ms"] / 1000
         assert wait_s < VALIDATION_BATCH_S, f"step {row['step']}: {wait_s:.2f} s of data wait"
     assert all(row["perf/data_wait_share"] < 1 for row in stats.history)
+
+
+# MFU: never above 100%, whatever the peak measured at train start was.
+
+def fake_trainer(step: int = 10):
+    return SimpleNamespace(world_size=1, global_step=step, optimizers=[], is_global_zero=True, callback_metrics={},
+                           max_steps=100, max_epochs=1, num_training_batches=100, current_epoch=0)
+
+
+def fake_module():
+    return SimpleNamespace(device=torch.device("cpu"), parameters=lambda: [], log_dict=lambda *args, **kwargs: None)
+
+
+def log_window(stats: StepStats, achieved_tflops: float, steps: int = 2) -> dict:
+    """Log one window whose steps of 1 TFLOP each ran at `achieved_tflops` (no clock involved)."""
+    stats.step_flops = 1e12
+    stats._steps, stats._samples = steps, 2 * steps
+    stats._compute, stats._wait = steps / achieved_tflops, 0.0
+    stats._log(fake_trainer(), fake_module())
+    return stats.history[-1]
+
+
+def peaks_measured(monkeypatch, *peaks: float) -> list:
+    """measure_peak_tflops replaced by one returning `peaks` in turn; the returned list records each call."""
+    calls: list = []
+    monkeypatch.setattr(callbacks, "measure_peak_tflops", lambda device, dtype: calls.append(dtype) or peaks[len(calls) - 1])
+    return calls
+
+
+def test_a_peak_measured_too_low_is_measured_again_and_mfu_stays_true(monkeypatch):
+    calls = peaks_measured(monkeypatch, 0.5, 4.0)  # a busy machine at train start, a quiet one later
+    said: list[str] = []
+    monkeypatch.setattr(callbacks, "rank_zero_info", said.append)
+    stats = StepStats(every=2)
+    stats.on_train_start(fake_trainer(), fake_module())
+    rows = [log_window(stats, rate) for rate in (0.4, 2.0, 1.0, 3.0)]
+    assert [row["perf/mfu"] for row in rows] == pytest.approx([0.8, 0.5, 0.25, 0.75])
+    assert len(calls) == 2 and stats.peak_tflops == 4.0 and not stats.peak_is_bound
+    assert len(said) == 1 and said[0].startswith("peak re-measured: 4 TFLOP/s (was 0.5; a window achieved 2")
+
+
+def test_a_window_above_every_measured_peak_reports_against_the_achieved_rate(monkeypatch, capsys):
+    calls = peaks_measured(monkeypatch, 0.5, 1.0)  # still loaded at the re-measurement
+    stats = StepStats(every=2, print_lines=True)
+    stats.on_train_start(fake_trainer(), fake_module())
+    rows = [log_window(stats, rate) for rate in (2.0, 1.0)]
+    assert len(calls) == 2, "only the window above the peak re-measures"
+    assert max(row["perf/mfu"] for row in rows) <= 1.0
+    assert rows[0]["perf/mfu"] == 1.0 and rows[1]["perf/mfu"] == pytest.approx(0.5)
+    assert stats.peak_tflops == 2.0 and stats.peak_is_bound
+    lines = capsys.readouterr().out.splitlines()
+    assert "MFU <=100.0%" in lines[0] and "MFU <=50.0%" in lines[1]
+
+
+def test_re_measurements_are_bounded(monkeypatch):
+    calls = peaks_measured(monkeypatch, *[0.1] * 10)
+    stats = StepStats(every=2)
+    stats.on_train_start(fake_trainer(), fake_module())
+    rows = [log_window(stats, rate) for rate in (1.0, 2.0, 3.0, 4.0, 5.0, 6.0)]
+    assert len(calls) == 1 + callbacks.MAX_REMEASURES
+    assert all(row["perf/mfu"] <= 1.0 for row in rows)
+
+
+def test_normal_windows_never_re_measure(monkeypatch):
+    calls = peaks_measured(monkeypatch, 10.0)
+    stats = StepStats(every=2)
+    stats.on_train_start(fake_trainer(), fake_module())
+    rows = [log_window(stats, rate) for rate in (1.0, 9.9, 5.0, 10.0)]
+    assert len(calls) == 1
+    assert [row["perf/mfu"] for row in rows] == pytest.approx([0.1, 0.99, 0.5, 1.0])
+
+
+def test_a_configured_peak_below_the_achieved_rate_is_clamped_and_warned_once(monkeypatch, capsys):
+    calls = peaks_measured(monkeypatch)
+    stats = StepStats(every=2, peak_tflops=1.0, print_lines=True)
+    stats.on_train_start(fake_trainer(), fake_module())
+    with pytest.warns(UserWarning, match="train.peak_tflops=1 is below") as warned:
+        rows = [log_window(stats, rate) for rate in (3.0, 0.5, 2.0)]
+    assert len(warned) == 1 and not calls, "a configured peak is never re-measured"
+    assert [row["perf/mfu"] for row in rows] == pytest.approx([1.0, 0.5, 1.0])
+    assert rows[0]["perf/achieved_tflops"] == pytest.approx(3.0)
+    lines = capsys.readouterr().out.splitlines()
+    assert "MFU >100% (train.peak_tflops too low)" in lines[0] and "MFU 50.0%" in lines[1]
+
+
+def test_mfu_of_a_real_run_with_a_too_low_first_peak(monkeypatch, tmp_path):
+    calls = peaks_measured(monkeypatch, 1e-9, 1e3)
+    pipeline = tiny_pipeline("train.max_steps=4", "train.log_every_n_steps=2", f"train.out_dir={tmp_path}")
+    _, _, stats = fit(pipeline, TinyMultiTask, synthetic_loaders(pipeline, 4), progress=False)
+    assert len(calls) == 2
+    assert all(0 < row["perf/mfu"] < 1 for row in stats.history)
+
+
+# FLOPs of a step: a grouped convolution's weight gradient is not counted `groups` times.
+
+def test_a_grouped_convolution_step_counts_three_forwards():
+    conv = torch.nn.Conv2d(32, 64, 3, padding=1, groups=8)
+    images = torch.randn(2, 32, 16, 16, requires_grad=True)
+    forward = 2 * 2 * 16 * 16 * 64 * (32 // 8) * 9  # batch x pixels x out channels x in channels per group x taps
+    with step_flop_counter() as counter:
+        conv(images).sum().backward()
+    assert counter.get_total_flops() == 3 * forward  # forward, input gradient, weight gradient
