@@ -5,7 +5,8 @@
   vs bf16-mixed, with and without activation checkpointing. The four configurations
   run in one process, interleaved step by step (round robin), so they share whatever
   else the machine is doing; the median of each is reported with its floor (FLOPs of
-  the step from `torch.utils.flop_counter` / the matmul peak at that dtype, measured
+  the step from `torch.utils.flop_counter` with `stack.train.callbacks.step_flop_counter`'s
+  convolution-backward formula / the matmul peak at that dtype, measured
   interleaved the same way) and the bytes autograd saves for backward (exact, from
   saved-tensor hooks: the activation memory that checkpointing trades for recompute).
 - train-memory: 2 ranks on this machine under DDP and FSDP2 (Lightning, gloo on CPU,
@@ -58,10 +59,8 @@ def _case_step(pipeline: Pipeline, precision: str, checkpointed: list[str], batc
 
 def step_cases(pipeline: Pipeline, rounds: int = 6) -> list[dict]:
     """Every STEP_CASES configuration, interleaved for `rounds` rounds after a warm-up; one row each."""
-    from torch.utils.flop_counter import FlopCounterMode
-
     from stack.models.testing import random_batch
-    from stack.train.callbacks import PRECISION_DTYPES, measure_peak_tflops
+    from stack.train.callbacks import PRECISION_DTYPES, measure_peak_tflops, step_flop_counter
 
     batch = random_batch(pipeline, pipeline.data.batch_size, seed=0)
     steps = [_case_step(pipeline, precision, checkpointed, batch) for precision, checkpointed in STEP_CASES]
@@ -70,7 +69,7 @@ def step_cases(pipeline: Pipeline, rounds: int = 6) -> list[dict]:
         step()  # warm-up (allocator, oneDNN primitives)
         saved: list = []
         step(saved)
-        with FlopCounterMode(display=False) as counter:
+        with step_flop_counter() as counter:  # grouped convolutions' weight gradients counted once
             step()
         rows.append({"precision": precision, "checkpointing": checkpointed, "gflop": counter.get_total_flops() / 1e9,
                      "saved_for_backward_mb": sum(saved) / 2**20, "times": [], "peaks": []})
