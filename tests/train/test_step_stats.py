@@ -72,7 +72,11 @@ def log_window(stats: StepStats, achieved_tflops: float, steps: int = 2) -> dict
 def peaks_measured(monkeypatch, *peaks: float) -> list:
     """measure_peak_tflops replaced by one returning `peaks` in turn; the returned list records each call."""
     calls: list = []
-    monkeypatch.setattr(callbacks, "measure_peak_tflops", lambda device, dtype: calls.append(dtype) or peaks[len(calls) - 1])
+
+    def measure(device, dtype):
+        calls.append(dtype)
+        return peaks[len(calls) - 1]
+    monkeypatch.setattr(callbacks, "measure_peak_tflops", measure)
     return calls
 
 
