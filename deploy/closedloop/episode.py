@@ -54,6 +54,16 @@ def _hold_plan(state, now: float, steps: int) -> tuple[np.ndarray, np.ndarray]:
     return xy, now + t
 
 
+def _route_steer(world, limits) -> float:
+    """The steering angle that holds the route's curvature where the ego starts (a car already in a bend is
+    steering; its yaw rate is part of the ego status the blind rollout extrapolates)."""
+    from stack.data.world.roads import POINT_SPACING
+
+    route = world.ego_route
+    index = min(max(int(world.ego.s / POINT_SPACING), 0), len(route.curvature) - 1)
+    return float(np.clip(math.atan(limits.wheelbase * route.curvature[index]), -limits.max_steer, limits.max_steer))
+
+
 def _footprint(x: float, y: float, yaw: float, length: float, width: float) -> np.ndarray:
     c, s = math.cos(yaw), math.sin(yaw)
     corners = np.array([[1, 1], [1, -1], [-1, -1], [-1, 1]], np.float64) * [length / 2, width / 2]
@@ -115,7 +125,7 @@ def run_episode(world, policy: Policy, drive, rig, limits=None, record_clip: boo
     replan_every = int(round(drive.sim_hz / drive.replan_hz))
     delay_steps = int(math.ceil(policy.spec.latency_s / dt - 1e-9))
     x, y, yaw, speed, accel = world.ego_state()
-    state = VehicleState(x, y, yaw, speed, accel, 0.0)
+    state = VehicleState(x, y, yaw, speed, accel, _route_steer(world, limits))
     tracker = PlanTracker(limits, dt=dt)
     recorder = Recorder(world, EGO_SIZE[:2], REAR_AXLE_OFFSET)
     recorder.record(state)
