@@ -174,8 +174,8 @@ class AugmentConfig:
     resize_scale: List[float] = field(default_factory=lambda: [0.9, 1.1])
     """Random image rescale range [low, high]; intrinsics are updated to match."""
     bev_rotate_deg: float = 5.0
-    """Random yaw of the whole BEV scene, +/- degrees: boxes, their velocities and the camera poses rotate with it;
-    the ego's own trajectories stay in its body frame, where its ego status says it moves (data/augment.py)."""
+    """Random yaw of the whole BEV scene, +/- degrees: boxes, their velocities, the camera poses and the ego's past and
+    future trajectories rotate with it, and the planner is given the angle (Batch.bev_rotation; data/augment.py)."""
     color_jitter: float = 0.1
     """Brightness/contrast/saturation jitter strength, 0 disables."""
 
