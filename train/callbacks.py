@@ -218,7 +218,7 @@ class StepStats(pl.Callback):
             stats["perf/achieved_tflops"] = achieved
             if self.peak_tflops:
                 stats["perf/mfu"], mfu_text = self._mfu(achieved, pl_module.device)
-        self.history.append({"step": trainer.global_step, **stats})
+        self.history.append({"step": trainer.global_step, **stats, "mfu_text": mfu_text})
         pl_module.log_dict(stats, on_step=True, on_epoch=False, rank_zero_only=True)
         if self.print_lines and trainer.is_global_zero:
             loss = trainer.callback_metrics.get("loss")

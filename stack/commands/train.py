@@ -48,7 +48,7 @@ def _summary(pipeline, trainer, stats) -> None:
     out = Path(pipeline.train.out_dir)
     last = stats.history[-1] if stats.history else {}
     speed = (f"{last['perf/samples_per_s']:.1f} samples/s, data wait {100 * last['perf/data_wait_share']:.0f}%"
-             + (f", MFU {100 * last['perf/mfu']:.1f}%" if "perf/mfu" in last else "")) if last else "no stats"
+             + (f", MFU {last.get('mfu_text') or format(last['perf/mfu'], '.1%')}" if "perf/mfu" in last else "")) if last else "no stats"
     print(f"trained {trainer.global_step} steps (epoch {trainer.current_epoch}); last window: {speed}")
     print(f"weights: {out / 'model.pt'}\ncheckpoints: {out / 'checkpoints'}\n"
           f"logs: tensorboard --logdir {out / 'tensorboard'}  |  {out / 'csv' / 'metrics.csv'}")
