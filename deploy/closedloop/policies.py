@@ -212,13 +212,14 @@ def measure_latency(policy: Policy, observation: Observation, warmup: int = 2, r
 def bundle_latency(bundle: str | Path) -> tuple[float, str] | None:
     """(seconds, how) from gate.json for bundles whose target is not this host (TensorRT targets): the
     median the gate measured on the target's GPU or predicted with the latency model. None for ONNX
-    Runtime targets, whose latency is measured here."""
-    import json
+    Runtime targets, whose latency is measured here. A gate.json that is not valid JSON or lacks the
+    gate's fields is refused with what to do (`stack.deploy.bundle.read_gate`), not a traceback."""
+    from stack.deploy.bundle import read_gate
 
-    gate = json.loads((Path(bundle) / "gate.json").read_text())
+    gate = read_gate(bundle)
     if gate.get("runtime") != "tensorrt":
         return None
-    fps = gate.get("fps") or {}
+    fps = gate.get("fps") if isinstance(gate.get("fps"), dict) else {}
     median = fps.get("median_ms")
     if not isinstance(median, (int, float)) or not math.isfinite(median):
         raise StackError(f"bundle {bundle}: gate.json has no median latency for target {gate.get('target')}; "
