@@ -1,0 +1,35 @@
+"""Parallel evaluation: an episode driven in a worker process is the episode driven in this one."""
+
+import numpy as np
+import torch
+
+from stack.deploy.closedloop.evaluate import run_tasks, score_rows
+from stack.deploy.closedloop.policies import PolicySpec
+from stack.deploy.closedloop.scenarios import episode_specs
+from tests.deploy.closedloop.test_drive import micro_pipeline
+
+
+def _drive(pipeline, specs, episodes, workers):
+    threads = torch.get_num_threads()
+    try:
+        return run_tasks(pipeline, [(s, e, None) for s in specs for e in episodes], workers)
+    finally:
+        torch.set_num_threads(threads)  # the in-process path sets one thread, as each worker runs
+
+
+def test_worker_processes_replay_the_episodes_of_one_process(tmp_path):
+    from stack.checkpoint import save_model_checkpoint
+    from stack.models import build_model
+
+    pipeline = micro_pipeline("drive.episode_seconds=3.0")
+    torch.manual_seed(0)
+    checkpoint = save_model_checkpoint(tmp_path / "model.pt", pipeline, build_model(pipeline).state_dict())
+    specs = [PolicySpec("checkpoint", "checkpoint", str(checkpoint), latency_s=0.2), PolicySpec("expert", "expert")]
+    episodes = episode_specs(["lead_brake", "cut_in"], 2, [0], 3.0)
+    alone = score_rows(_drive(pipeline, specs, episodes, workers=1))
+    parallel = score_rows(_drive(pipeline, specs, episodes, workers=2))
+    assert [(r["policy"], r["index"]) for r in parallel] == [(r["policy"], r["index"]) for r in alone]
+    for one, other in zip(alone, parallel):
+        assert np.array_equal(one["trace"].ego, other["trace"].ego), (one["policy"], one["family"])
+        assert np.array_equal(one["trace"].agents, other["trace"].agents)
+        assert one["metrics"]["pdms"] == other["metrics"]["pdms"]
