@@ -727,6 +727,10 @@ class DriveConfig:
             if abs(ratio - round(ratio)) > 1e-6 or round(ratio) < 1:
                 found.append(("replan_hz", f"got {self.replan_hz} with sim_hz {self.sim_hz}; sim_hz / replan_hz must "
                                            f"be a whole number >= 1 (e.g. 2, 5 or 10 Hz at 10 Hz)"))
+        if self.replan_hz > 0 and 0 < self.episode_seconds < 2.0 / self.replan_hz:
+            found.append(("episode_seconds", f"got {self.episode_seconds} with replan_hz {self.replan_hz}: an episode "
+                                             f"must last at least two replanning periods ({2.0 / self.replan_hz:g} s) "
+                                             f"for a plan to be driven and scored; e.g. 8 s"))
         if self.latency_ms < 0 and self.latency_ms != -1:
             found.append(("latency_ms", f"got {self.latency_ms}; use -1 (measure / predict) or a delay >= 0 ms"))
         _in_range(found, "workers", self.workers, 0, 64)

@@ -106,3 +106,12 @@ def test_through_the_real_cli(args, needle):
     result = subprocess.run([sys.executable, "-m", "stack", "config", *args], cwd=REPO, capture_output=True,
                             text=True, timeout=120, env={**os.environ, "PYTHONWARNINGS": "ignore"})
     assert result.returncode == 2 and needle in result.stderr and "Traceback" not in result.stderr, result.stderr
+
+
+def test_a_closed_loop_episode_shorter_than_its_replanning_is_refused():
+    from stack.config import load_pipeline
+    from stack.errors import StackError
+
+    with pytest.raises(StackError, match="episode_seconds.*two replanning periods"):
+        load_pipeline([], ["drive.episode_seconds=0.04"])
+    assert load_pipeline([], ["drive.episode_seconds=1.0"]).drive.episode_seconds == 1.0
