@@ -9,6 +9,9 @@ planning"). So both models drive the same held-out episodes (`target.closed_loop
 driving score drops by more than `driving_score_drop` or its at-fault collisions per episode rise by
 more than `collision_rise`.
 
+Both run on ONNX Runtime on the deploying host, whatever the target: the gate judges the QDQ model's
+quantization, not a TensorRT engine's own kernels (which cannot run here).
+
 Both drive at the target's latency budget (network_share x the camera period): the worst latency the
 FPS gate lets through, and one latency for both, so the comparison isolates what quantization did to
 the network rather than its speed.
@@ -92,6 +95,8 @@ def markdown(result: dict) -> list[str]:
              f"{result['episodes']} held-out episodes ({', '.join(result['scenarios'])}; seeds "
              f"{result['seeds']}; {result['episode_seconds']:g} s each, replanning at {result['replan_hz']:g} Hz), "
              f"latency {result['latency_how']}. Verdict: **{'PASS' if result['passed'] else 'FAIL'}**.", "",
+             "Both models drive on ONNX Runtime on this host: the gate judges the INT8 model's quantization; a "
+             "TensorRT engine built from it rounds in its own kernels (and FP16 fallbacks), which this does not drive.", "",
              "| model | driving score | PDMS | route completion | at-fault collisions / episode |", "|---|---|---|---|---|"]
     for name in ("int8", "fp32", "expert"):
         m = result[name]
