@@ -9,7 +9,8 @@ The loop, at the simulation rate (`drive.sim_hz`):
     step the ego's bicycle, place it in the world, step every other road user; record the step
 
 A slow network therefore drives on stale plans, as it would on the car: its plan from time t is
-followed from t + latency on, its first waypoints already in the past. Until the first plan arrives
+followed from t + latency on, its first waypoints already in the past (the delay is rounded up to whole
+simulation steps: 30 ms drives as one 100 ms step at 10 Hz, never as no delay). Until the first plan arrives
 the ego keeps its speed and heading. Everything is seeded by the episode's spec, so the same
 policy, latency and spec replay the same episode step for step (clips are replays).
 """

@@ -12,6 +12,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import platform
+import re
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -67,11 +68,17 @@ def run_tasks(pipeline, tasks: list, workers: int, on_done=None) -> list[dict]:
     """Every task's row, in task order, run in `workers` processes (in this one when workers <= 1)."""
     rows: list = [None] * len(tasks)
     if workers <= 1 or len(tasks) <= 1:
+        import torch
+
+        threads = torch.get_num_threads()
         _init_worker(pipeline)
-        for i, task in enumerate(tasks):
-            rows[i] = run_task(task)
-            if on_done:
-                on_done(rows[i])
+        try:
+            for i, task in enumerate(tasks):
+                rows[i] = run_task(task)
+                if on_done:
+                    on_done(rows[i])
+        finally:
+            torch.set_num_threads(threads)  # the caller (e.g. stack deploy after its gate) keeps its threads
         return rows
     order = sorted(range(len(tasks)), key=lambda i: not tasks[i][0].needs_cameras)  # long runs first
     context = multiprocessing.get_context("fork")
@@ -92,7 +99,7 @@ def score_rows(rows: list[dict]) -> list[dict]:
     """Add "metrics" to every row: `score_episode` against the expert's progress on the same episode."""
     from stack.metrics.driving import score_episode
 
-    expert = {(r["family"], r["seed"], r["index"]): float(np.max(r["trace"].progress))
+    expert = {(r["family"], r["seed"], r["index"]): float(r["trace"].progress[-1] - r["trace"].progress[0])
               for r in rows if r["policy"] == "expert"}
     for row in rows:
         row["metrics"] = score_episode(row["trace"], expert.get((row["family"], row["seed"], row["index"])))
@@ -118,7 +125,6 @@ def evaluate(pipeline, policies: list[PolicySpec], episodes: list, log=print, ti
 def resolve_latencies(pipeline, policies: list[PolicySpec], sample_episode, log=print) -> list[PolicySpec]:
     """Each network policy with its latency: drive.latency_ms when given; else gate.json's figure for
     TensorRT bundles (measured on the target or predicted); else measured here, one thread, median of 7."""
-    from stack.deploy.closedloop.episode import run_episode  # noqa: F401  (worker code imports cleanly here)
     from stack.deploy.closedloop.policies import Observation, bundle_latency, measure_latency
 
     given = pipeline.drive.latency_ms
@@ -205,7 +211,8 @@ def _write_clips(pipeline, policies: list[PolicySpec], rows: list[dict], out: Pa
     for row in worst_episodes(rows, pipeline.drive.clips):
         spec = next(e for e in _episodes_of(pipeline) if (e.family, e.seed, e.index) ==
                     (row["family"], row["seed"], row["index"]))
-        name = f"{row['policy'].replace(' ', '_')}-{row['family']}-seed{row['seed']}-ep{row['index']:03d}.mp4"
+        label = re.sub(r"[^\w.-]+", "_", row["policy"])
+        name = f"{label}-{row['family']}-seed{row['seed']}-ep{row['index']:03d}.mp4"
         tasks.append((by_name[row["policy"]], spec, str(out / "clips" / name)))
         names.append((row["policy"], name, row["metrics"]["driving_score"], row["index"]))
     (out / "clips").mkdir(exist_ok=True)

@@ -60,7 +60,7 @@ def _shorthands(args) -> list[str]:
 def _choices(text: str | None, pipeline) -> list[str]:
     if not text:
         return ["network"] + list(pipeline.drive.baselines)
-    chosen = [c.strip() for c in text.split(",") if c.strip()]
+    chosen = list(dict.fromkeys(c.strip() for c in text.split(",") if c.strip()))
     unknown = [c for c in chosen if c not in POLICY_CHOICES]
     if unknown or not chosen:
         raise StackError(f"--policy {text!r}: unknown {', '.join(map(repr, unknown)) or 'empty list'}; "
@@ -117,7 +117,11 @@ def _check_same(source: str, stored, pipeline) -> None:
         check_same_network(stored, pipeline, source)
     except StackError as exc:
         raise StackError(f"{source} was built by another pipeline than the one driving: {exc}") from exc
-    differences = Calibration.from_rig(stored.data.rig).compare(Calibration.from_rig(pipeline.data.rig))
+    world = Calibration.from_rig(pipeline.data.rig)
+    differences = Calibration.from_rig(stored.data.rig).compare(world)
+    bundle_file = Path(source) / "calibration.yaml"
+    if not differences and bundle_file.is_file():  # a bundle built for one vehicle's cameras (--calibration)
+        differences = Calibration.load(bundle_file).compare(world)
     if differences:
         raise StackError(f"{source} was built for another camera rig than the one the world renders with "
                          f"(data.rig): " + "; ".join(differences) + ". Drive it with its own pipeline (no -c).")
@@ -141,4 +145,9 @@ def _policies(sources: list[str], chosen: list[str]):
                 model = None if choice == "network" else choice
                 specs.append(PolicySpec(f"bundle {label}" + (f" {choice}" if model else ""), "bundle", source, model))
     specs += [PolicySpec(c, c) for c in chosen if c in ("expert", "constant_velocity", "ego_rollout")]
+    names = [s.name for s in specs]
+    clash = sorted({n for n in names if names.count(n) > 1})
+    if clash:
+        raise StackError(f"two sources would drive under one name ({', '.join(clash)}): their results would mix. "
+                         f"Give each source once, and bundles from differently named folders.")
     return specs
