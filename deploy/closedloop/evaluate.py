@@ -118,8 +118,18 @@ def evaluate(pipeline, policies: list[PolicySpec], episodes: list, log=print, ti
         f"sim {pipeline.drive.sim_hz:g} Hz, replanning {pipeline.drive.replan_hz:g} Hz) in {workers} process(es)")
     with Progress() as progress:
         bar = progress.add_task(title, total=len(tasks))
-        rows = run_tasks(pipeline, tasks, workers, on_done=lambda row: progress.advance(bar))
+        rows = run_tasks(pipeline, tasks, workers, on_done=lambda row: _advance(progress, bar, row))
     return score_rows(rows)
+
+
+def _advance(progress, bar, row: dict) -> None:
+    """Advance the bar, and print a line every 5 % (logs and CI, where no bar is drawn, see progress too)."""
+    progress.advance(bar)
+    task = progress.tasks[bar]
+    every = max(1, int(task.total) // 20)
+    if int(task.completed) % every == 0 or task.completed == task.total:
+        progress.console.print(f"{int(task.completed)}/{int(task.total)} episodes driven ({task.elapsed or 0:.0f} s; "
+                               f"last: {row['policy']}, {row['family']} seed {row['seed']} #{row['index']})")
 
 
 def resolve_latencies(pipeline, policies: list[PolicySpec], sample_episode, log=print) -> list[PolicySpec]:
