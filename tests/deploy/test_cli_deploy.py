@@ -84,6 +84,13 @@ def test_deploy_ci_cpu_measures_and_passes(tiny):
     assert gate["shipped"]["file"] in {"model.onnx", "model.int8.onnx"} and gate["shipped"]["why"]
     assert gate["fps"]["budget_ms"] > 0 and "headroom" in (bundle / "report.md").read_text()
     assert {"model.onnx", "model.int8.onnx", "pipeline.yaml", "report.md", "latency.png"} <= {p.name for p in bundle.iterdir()}
+    # the bundle drives: its shipped model on ONNX Runtime at the latency measured here, beside a blind baseline
+    drove = stack("drive", str(bundle), "--policy", "network,constant_velocity", "--episodes", "2",
+                  f"drive.out_dir={folder / 'drive'}", "drive.seeds=[0]", "drive.episode_seconds=3.0", "drive.clips=1")
+    assert drove.returncode == 0, drove.stderr[-3000:]
+    report = (folder / "drive" / "drive.md").read_text()
+    assert "bundle ci-cpu" in report and "measured on this host" in report and "constant_velocity" in report
+    assert len(list((folder / "drive" / "clips").glob("*.mp4"))) == 3  # the worst episode of each policy + the expert
 
 
 def test_deploy_orin_is_predicted_and_fails_an_unreachable_bar(tiny):
