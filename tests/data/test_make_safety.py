@@ -89,13 +89,22 @@ def test_a_kill_during_the_swap_is_finished_by_the_next_run(previous, tmp_path):
                       "frames-000004.tar", "frames-000005.tar", "frames-foo.tar"]  # no orphan of either run
 
 
+def default_sigint() -> None:
+    """The child gets Ctrl-C's default action even when this run was started in the background (where a shell
+    ignores SIGINT, and Python then installs no KeyboardInterrupt handler), as a user's terminal gives it."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_while_rendering_exits_130_and_keeps_the_dataset(previous, tmp_path):
     import signal
 
     root = copy_of(previous, tmp_path)
     process = subprocess.Popen([sys.executable, "-m", "stack", "data", "make", *SMALL, f"data.root={root}",
                                 "data.world.scenes=24"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+                               text=True, env={**os.environ, "PYTHONWARNINGS": "ignore"},
+                               preexec_fn=default_sigint)
     lines = []
     for line in process.stdout:
         lines.append(line)

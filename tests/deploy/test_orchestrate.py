@@ -71,9 +71,10 @@ def tiny_onnx(tmp_path_factory, pipeline):
 
 
 @pytest.mark.slow
-def test_tiny_network_passes_ci_cpu_and_eight_times_its_work_fails(tiny_onnx):
+def test_tiny_network_passes_ci_cpu_and_twelve_times_its_work_fails(tiny_onnx):
     """ci-cpu's own bars (12 Hz, the whole 83.3 ms period) and its reference-workload normalisation, timed side
-    by side as deploy times them: the tiny network clears them, the same graph run 8x per frame does not."""
+    by side as deploy times them: the tiny network clears them, the same graph run 12x per frame does not (its
+    headroom is 6.3x on the reference machine and 8.6x on an idle AVX-512 EPYC, where 8x passed by 7%)."""
     from stack.deploy.gate import measured_gate, time_side_by_side
     from stack.deploy.runtime import ort_session
 
@@ -81,7 +82,7 @@ def test_tiny_network_passes_ci_cpu_and_eight_times_its_work_fails(tiny_onnx):
     target = load_target("ci-cpu", tiny)
     assert target.min_fps == pytest.approx(12.0) and target.max_p99_latency_ms == pytest.approx(83.333)
     session = ort_session(path)
-    times, reference = time_side_by_side({"tiny": session, "slowed": Repeated(session, 8)}, feeds, 20, 2)
+    times, reference = time_side_by_side({"tiny": session, "slowed": Repeated(session, 12)}, feeds, 20, 2)
     normal = measured_gate(target, times["tiny"], "ONNX Runtime CPU", reference)
     slowed = measured_gate(target, times["slowed"], "ONNX Runtime CPU", reference)
     assert normal.passed, normal.to_dict()

@@ -153,11 +153,19 @@ def test_a_checkpoint_of_another_network_shape_is_refused_naming_the_key(finishe
         run(tmp_path, f"train.resume={finished}", "model.segmentation_classes=[road,car,sky,building]")
 
 
+def default_sigint() -> None:
+    """The child gets Ctrl-C's default action even when this run was started in the background (where a shell
+    ignores SIGINT, and Python then installs no KeyboardInterrupt handler), as a user's terminal gives it."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_exits_130_naming_the_last_checkpoint(tmp_path):
     process = subprocess.Popen([sys.executable, str(REPO / "tests" / "train" / "run_tiny.py"), "--batches", "6",
                                 f"train.out_dir={tmp_path}", "train.max_epochs=1000", "train.checkpoint_every_n_steps=3"],
                                cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               env={**os.environ, "PYTHONWARNINGS": "ignore"})
+                               env={**os.environ, "PYTHONWARNINGS": "ignore"}, preexec_fn=default_sigint)
     latest, deadline = tmp_path / "checkpoints" / "latest", time.time() + 240
     while not latest.exists() and time.time() < deadline and process.poll() is None:
         time.sleep(0.05)
