@@ -53,10 +53,17 @@ class RollingCheckpoints(pl.Callback):
 
     def on_train_end(self, trainer, pl_module) -> None:
         if trainer.global_step != self._saved_step:
-            self.save(trainer, pl_module)
+            self.save(trainer, pl_module, blocking=True)
+        self.wait()
         self._write_model_weights(trainer, pl_module)
 
-    def save(self, trainer, pl_module) -> Path:
+    def wait(self) -> None:
+        """Finish any checkpoint write still in flight (writes are synchronous for now: nothing to wait for)."""
+
+    def save(self, trainer, pl_module, blocking: bool = False) -> Path:
+        """Checkpoint the training state at this step; `blocking=True` returns only once it is `latest`
+        (what a preemption handler needs before the process exits)."""
+        self.wait()
         _stop_unless_finite(trainer, pl_module)
         final = self.directory / f"step-{trainer.global_step:07d}.ckpt"
         temp = self.directory / f".{final.name}.partial"
