@@ -8,7 +8,7 @@ Two formats are read:
 
 - the plain format written by `save_model_checkpoint` (a dict with `format` =
   "stack-model", `pipeline_yaml`, `pipeline_hash`, `schema_version`, `state_dict`,
-  `extra`), written atomically (temp file, then `os.replace`) so a crash never leaves
+  `extra`, and the lineage records `dataset` and `tracking` of `stack.lineage`), written atomically (temp file, then `os.replace`) so a crash never leaves
   half a file where a good checkpoint was;
 - a Lightning `.ckpt` whose LightningModule stored `pipeline_yaml` (and
   `pipeline_hash`) in the checkpoint dict (`on_save_checkpoint`) or in its
@@ -51,6 +51,7 @@ def save_model_checkpoint(path: str | Path, pipeline: Pipeline, state_dict: dict
     import torch
 
     from stack.config import pipeline_hash, pipeline_to_yaml
+    from stack.lineage import checkpoint_lineage
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -58,6 +59,7 @@ def save_model_checkpoint(path: str | Path, pipeline: Pipeline, state_dict: dict
         "format": FORMAT, "schema_version": SCHEMA_VERSION,
         "pipeline_yaml": pipeline_to_yaml(pipeline), "pipeline_hash": pipeline_hash(pipeline),
         "state_dict": {k: v.detach().cpu() for k, v in state_dict.items()}, "extra": dict(extra or {}),
+        **checkpoint_lineage(pipeline),  # the dataset it trained on; the MLflow run when tracked (stack.lineage)
     }
     handle, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(handle)
@@ -73,8 +75,9 @@ def save_model_checkpoint(path: str | Path, pipeline: Pipeline, state_dict: dict
 def load_model_checkpoint(path: str | Path) -> tuple[Pipeline, dict, dict]:
     """(pipeline, state_dict, meta) from a plain or Lightning checkpoint, or a `CheckpointError`.
 
-    `meta` holds `pipeline_hash`, `format` ("stack-model" or "lightning") and `extra`
-    (the plain format's extras, or Lightning's epoch/global_step).
+    `meta` holds `pipeline_hash`, `format` ("stack-model" or "lightning"), `extra`
+    (the plain format's extras, or Lightning's epoch/global_step), and the lineage records
+    `dataset` and `tracking` (`stack.lineage`; None in checkpoints written before them).
     """
     from stack.config import pipeline_from_yaml
 
@@ -89,7 +92,7 @@ def load_model_checkpoint(path: str | Path) -> tuple[Pipeline, dict, dict]:
         state_dict, kind = _strip_prefix(raw["state_dict"]), "lightning"
         extra = {k: raw[k] for k in ("epoch", "global_step") if k in raw}
     _check_tensors(state_dict, path)
-    return pipeline, state_dict, {"pipeline_hash": stored_hash, "format": kind, "extra": extra}
+    return pipeline, state_dict, {"pipeline_hash": stored_hash, "format": kind, "extra": extra, **_lineage(raw)}
 
 
 def load_for_deploy(path: str | Path, files: list, overrides: list) -> tuple[Pipeline, dict, dict]:
@@ -196,6 +199,13 @@ def _read(path: Path) -> dict:
             f"Give the file that `stack train` wrote."
         )
     return raw
+
+
+def _lineage(raw: dict) -> dict:
+    """The checkpoint's `dataset` and `tracking` records (stack.lineage), None where it has none (older files)."""
+    from stack.lineage import DATASET_KEY, TRACKING_KEY
+
+    return {key: raw[key] if isinstance(raw.get(key), dict) else None for key in (DATASET_KEY, TRACKING_KEY)}
 
 
 def _refusal_reason(exc: Exception) -> str:

@@ -369,6 +369,8 @@ STRATEGIES = ("auto", "ddp", "fsdp")
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
 ACCELERATORS = ("auto", "cpu", "gpu")
 LAUNCHERS = ("local", "slurm", "torchrun")
+TRACKING_SCHEMES = ("http", "https", "sqlite", "postgresql", "mysql", "mssql", "databricks")
+"""URI schemes train.tracking_uri accepts (MLflow's tracking stores; `+driver` suffixes allowed)."""
 
 
 @dataclass
@@ -436,6 +438,10 @@ class TrainConfig:
     """Peak dense TFLOP/s used for MFU; 0 measures it once per run with a matmul at the training precision."""
     profile_steps: int = 6
     """Steps `stack profile` records (after 2 warm-up steps)."""
+    tracking_uri: str = ""
+    """MLflow tracking store for `stack train` (and `stack eval`/`deploy`/`runs`): empty = the SQLite file
+    `mlruns.db` beside train.out_dir (nothing to start); a path = that SQLite file; `http(s)://host:port` = a
+    tracking server; `sqlite:///`, `postgresql://`, `mysql://` URIs as MLflow takes them; `off` = no tracking."""
 
     def problems(self) -> Problems:
         found: Problems = []
@@ -458,6 +464,11 @@ class TrainConfig:
             _positive(found, name, getattr(self, name))
         if self.peak_tflops < 0:
             found.append(("peak_tflops", f"got {self.peak_tflops}; use 0 (measure) or a positive peak"))
+        scheme = self.tracking_uri.split("://", 1)[0] if "://" in self.tracking_uri else ""
+        if scheme and scheme.split("+")[0] not in TRACKING_SCHEMES or self.tracking_uri.startswith("file:"):
+            found.append(("tracking_uri", f"got {self.tracking_uri!r}; use empty (SQLite beside out_dir), a .db path, "
+                                          f"off, or a URI of {', '.join(TRACKING_SCHEMES)} (MLflow's file store is "
+                                          "retired: use a .db path)"))
         if not self.fsdp_units:
             found.append(("fsdp_units", "got an empty list; use [\"*\"] to shard each top-level part"))
         host, _, port = self.rendezvous.rpartition(":")

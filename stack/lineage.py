@@ -1,0 +1,200 @@
+"""Data and model lineage: which dataset a checkpoint or bundle came from, and which tracked run.
+
+Every checkpoint `stack train` writes (model.pt and the resumable `.ckpt`) and every bundle
+`stack deploy` writes (gate.json) records
+
+- `dataset`: the fingerprint of the dataset it was trained (or calibrated) on —
+  `dataset_fingerprint(root)`: the folder, a sha256 over the manifest and every shard's
+  member checksums (the `.sums` files, xxh3_64 of each member), and the facts people compare
+  (seed, layout, cameras, image size, shards and samples per split). Two datasets with the
+  same hash hold the same bytes; the same config and seed render byte-identical shards, so a
+  re-rendered dataset keeps its hash;
+- `tracking`: the MLflow run it was logged in (store URI, run id, experiment), so `stack
+  eval` and `stack deploy` attach their reports to the run that trained the model.
+
+`stack eval` and `stack deploy` compare the fingerprint of the data they are given with the
+one the model saw and warn, naming both folders and hashes and what differs. The comparison
+is a warning, not a refusal: scoring a model on another dataset can be the point (a held-out
+town, a real recording); scoring it on other data by mistake is what the warning catches.
+
+This module imports no stage (train, deploy, models): all three use it. MLflow is imported
+only when a run is attached to.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+TRACKING_KEY = "tracking"
+"""Checkpoint / gate.json key of the MLflow run record {uri, run_id, experiment}."""
+DATASET_KEY = "dataset"
+"""Checkpoint / gate.json key of the dataset fingerprint."""
+MANIFEST = "manifest.json"
+SUMS = ".sums"
+
+_active_run: dict | None = None
+
+
+# ------------------------------------------------------------------ datasets
+
+
+def dataset_fingerprint(root: str | Path) -> dict | None:
+    """The fingerprint of the dataset at `root`, or None when it has no readable manifest."""
+    root = Path(root)
+    try:
+        text = (root / MANIFEST).read_text()
+        manifest = json.loads(text)
+        splits = manifest["splits"]
+        assert isinstance(splits, dict)
+    except (OSError, ValueError, KeyError, TypeError, AssertionError):
+        return None
+    whole = hashlib.sha256(json.dumps(manifest, sort_keys=True).encode())
+    summary = {}
+    for split in sorted(splits):
+        digest, samples = hashlib.sha256(), 0
+        for entry in splits[split] if isinstance(splits[split], list) else []:
+            shard = str(entry.get("path", "")) if isinstance(entry, dict) else ""
+            samples += int(entry.get("samples", 0)) if isinstance(entry, dict) else 0
+            digest.update(shard.encode() + b"\0" + _sums_bytes(root, shard) + b"\0")
+        summary[split] = {"shards": len(splits[split]) if isinstance(splits[split], list) else 0,
+                          "samples": samples, "hash": digest.hexdigest()[:16]}
+        whole.update(f"{split}:{summary[split]['hash']}".encode())
+    return {"root": str(root.resolve()), "hash": whole.hexdigest(), "seed": manifest.get("seed"),
+            "layout": manifest.get("layout", "frames"), "cameras": list(manifest.get("cameras", [])),
+            "image_size": list(manifest.get("image_size", [])), "splits": summary}
+
+
+def _sums_bytes(root: Path, shard: str) -> bytes:
+    """The shard's member checksums (`x.sums` beside `x.tar`); b"" when absent (the hash then covers the manifest)."""
+    if not shard or Path(shard).is_absolute() or ".." in Path(shard).parts:
+        return b""
+    try:
+        return (root / shard).with_suffix(SUMS).read_bytes()
+    except OSError:
+        return b""
+
+
+def dataset_differences(seen: dict, given: dict) -> list[str]:
+    """What differs between the dataset a model saw and the one it is given ([] when the bytes are the same)."""
+    if seen.get("hash") == given.get("hash"):
+        return []
+    found = [f"{name} {seen.get(key)!r} vs {given.get(key)!r}"
+             for key, name in (("seed", "seed"), ("layout", "layout"), ("cameras", "cameras"),
+                               ("image_size", "image size"))
+             if seen.get(key) != given.get(key)]
+    left, right = seen.get("splits", {}), given.get("splits", {})
+    for split in sorted(set(left) | set(right)):
+        a, b = left.get(split), right.get(split)
+        if a is None or b is None:
+            found.append(f"split {split} only in the {'model' if b is None else 'given'}'s data")
+        elif (a["samples"], a["shards"]) != (b["samples"], b["shards"]):
+            found.append(f"{split} split {a['samples']} samples in {a['shards']} shards vs "
+                         f"{b['samples']} in {b['shards']}")
+        elif a["hash"] != b["hash"]:
+            found.append(f"{split} split: same {a['samples']} samples, other content (shard checksums differ)")
+    return found or ["the manifests differ (same splits and shard checksums)"]
+
+
+def data_warning(seen: dict | None, given: dict | None, model: str, given_root: str, what: str) -> str | None:
+    """The warning `stack eval` / `stack deploy` print when `model` did not see the data it is now `what` on."""
+    if given is None:
+        return None
+    if seen is None:
+        return (f"note: {model} records no training dataset (written before lineage was recorded); cannot check that "
+                f"{given_root} is the data it saw.")
+    differences = dataset_differences(seen, given)
+    if not differences:
+        return None
+    return (f"warning: {model} was trained on {seen.get('root')} (data hash {seen.get('hash', '')[:12]}), but is "
+            f"{what} {given.get('root')} (data hash {given.get('hash', '')[:12]}): " + "; ".join(differences)
+            + ". Its figures describe data the model did not see; set data.root to the training data to compare like "
+              "with like, or ignore this if another dataset is the point.")
+
+
+# ------------------------------------------------------------------ tracked runs
+
+
+def set_active_run(record: dict | None) -> None:
+    """The MLflow run this process trains in (set by `stack.train.tracking` on rank 0); checkpoints record it."""
+    global _active_run
+    _active_run = dict(record) if record else None
+
+
+def active_run() -> dict | None:
+    return dict(_active_run) if _active_run else None
+
+
+def checkpoint_lineage(pipeline) -> dict:
+    """The lineage keys a checkpoint of a model training on `pipeline` carries (dataset; tracking when tracked)."""
+    found = {DATASET_KEY: dataset_fingerprint(pipeline.data.root)}
+    if _active_run:
+        found[TRACKING_KEY] = dict(_active_run)
+    return found
+
+
+def quiet_mlflow() -> None:
+    """Keep MLflow's INFO lines (database migrations, run links) out of our output, and bound its HTTP retries:
+    its default (7 retries with doubling back-off, 120 s timeouts) would stall a step for minutes when a server
+    goes away. Values the user set in the environment win."""
+    import logging
+
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "15")
+    for name in ("mlflow", "alembic"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def reachable(uri: str, timeout: float = 3.0) -> str | None:
+    """None when the tracking store at `uri` answers; otherwise why not. Only HTTP servers are probed
+    (their `/health` endpoint); local stores are files."""
+    if not uri.startswith(("http://", "https://")):
+        return None
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout):
+            return None
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        return str(getattr(exc, "reason", exc))
+
+
+def attach_to_run(record: dict | None, metrics: dict, files: list, tags: dict, log=print) -> bool:
+    """Log `metrics`, `tags` and `files` ([(path, artifact folder)]) into the run `record` names; a warning, never
+    an error, when the store or run cannot be reached (an eval or deploy must not fail for its bookkeeping)."""
+    if not record or not record.get("run_id"):
+        return False
+    why = reachable(record.get("uri", ""))
+    if why is None:
+        try:
+            _log_to_run(record, metrics, files, tags)
+            return True
+        except Exception as exc:  # noqa: BLE001 - any tracking failure is a warning here
+            why = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+    log(f"warning: could not attach to MLflow run {record.get('run_id')} at {record.get('uri')} ({why}); "
+        f"the results are on disk only.")
+    return False
+
+
+def _log_to_run(record: dict, metrics: dict, files: list, tags: dict) -> None:
+    import math
+    import time
+
+    quiet_mlflow()
+    from mlflow.entities import Metric, RunTag
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(record["uri"])
+    client.get_run(record["run_id"])  # a deleted or unknown run fails here, before anything is logged
+    now = int(time.time() * 1000)
+    values = [Metric(key, float(value), now, 0) for key, value in sorted(metrics.items())
+              if isinstance(value, (int, float)) and math.isfinite(float(value))]
+    for start in range(0, max(len(values), 1), 500):
+        client.log_batch(record["run_id"], metrics=values[start:start + 500],
+                         tags=[RunTag(k, str(v)) for k, v in tags.items()] if start == 0 else [])
+    for path, folder in files:
+        if Path(path).is_file():
+            client.log_artifact(record["run_id"], str(path), folder)
