@@ -1,0 +1,579 @@
+"""The world renderer as it was before issue 16 (ray caster + frame), kept verbatim as the reference.
+
+`stack.data.world.render` and `stack.data.world.frame` are the fast renderer; this
+module is what they must agree with: tests/data/test_render_equality.py compares
+depth, semantics and instance ids exactly and RGB within a stated tolerance, and
+`stack bench data` times both side by side on the same scenes. Do not optimise it.
+
+The body below is the former render.py followed by the former frame.py; the only
+edit is that frame's `render.` prefixes now name this module's own functions.
+
+Former render.py docstring:
+Vectorised ray casting of a scene into RGB, metric z-depth, semantics and instance ids.
+
+Every pixel's ray is intersected in one batched tensor expression with analytic
+primitives: the ground plane (textured from the town's semantic raster),
+oriented boxes (buildings, vehicle bodies and cabins, bicycles), vertical
+cylinders (people, tree trunks) and spheres (heads, tree crowns). The nearest
+hit wins; shading is Lambertian under a per-scene sun with sky ambient light,
+hard shadows from a second ray cast toward the sun, procedural textures (asphalt,
+paving, grass, façade windows), distance haze, exposure and white-balance
+variation, and Gaussian sensor noise. Primitives outside a camera's frustum are
+culled before the cast. Torch runs it on the GPU when one is given, else on the
+CPU.
+
+Ray directions are K⁻¹[u, v, 1] (unit z in the camera frame), so the ray
+parameter of a hit *is* its z-depth (stack.rig convention).
+
+Former frame.py docstring:
+Render every camera of one key frame: images, depth, semantics, instances, visibility, 2D boxes.
+
+This is where the ray caster (`stack.data.world.render`) meets the rig (`stack.rig`)
+and the look of a scene: sky gradient, sun and shadows, ground textures, façade
+windows, haze, exposure, white balance and sensor noise.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from stack.data.world.roads import SEG, GroundRaster, Town
+from stack.data.world.scene import Scene, agent_boxes, ego_pose
+from stack.pipeline import RigConfig
+from stack.rig import rig_matrices
+
+MAX_RANGE = 250.0
+"""Rays that hit nothing closer are sky (above the horizon) or distant ground."""
+CAR_COLOURS = torch.tensor([[0.75, 0.75, 0.78], [0.08, 0.08, 0.09], [0.55, 0.05, 0.05], [0.1, 0.2, 0.5],
+                            [0.45, 0.47, 0.5], [0.85, 0.85, 0.85], [0.2, 0.35, 0.25], [0.6, 0.5, 0.3],
+                            [0.9, 0.6, 0.1], [0.3, 0.1, 0.35], [0.15, 0.15, 0.18], [0.7, 0.1, 0.1]])
+BUILDING_COLOURS = torch.tensor([[0.62, 0.55, 0.48], [0.7, 0.68, 0.62], [0.5, 0.3, 0.25], [0.78, 0.75, 0.7],
+                                 [0.45, 0.45, 0.48], [0.6, 0.62, 0.55], [0.72, 0.6, 0.45], [0.35, 0.33, 0.32]])
+GROUND_COLOURS = {SEG["road"]: (0.26, 0.26, 0.28), SEG["lane_marking"]: (0.85, 0.85, 0.82),
+                  SEG["sidewalk"]: (0.58, 0.56, 0.53), SEG["vegetation"]: (0.24, 0.4, 0.16)}
+MATTE, FACADE, GLASS = 0, 1, 2
+
+
+@dataclass
+class Primitives:
+    """Scene geometry in the world frame; every row also has class, instance id, RGB albedo and material."""
+
+    boxes: torch.Tensor
+    """(B, 7) centre xyz, half length/width/height, yaw."""
+    cylinders: torch.Tensor
+    """(C, 5) centre xy, bottom z, top z, radius."""
+    spheres: torch.Tensor
+    """(S, 4) centre xyz, radius."""
+    attributes: dict
+    """kind -> (n, 6) float: class, instance, r, g, b, material."""
+
+
+def _attr(cls: int, inst: int, colour, material: int = MATTE) -> list:
+    return [cls, inst, float(colour[0]), float(colour[1]), float(colour[2]), material]
+
+
+def _agent_parts(agent, x, y, yaw, boxes, cyls, sphs, attrs) -> None:
+    """Append the primitives of one agent (the first one is its 'major' part, used for visibility)."""
+    length, width, height = agent.size
+    cls, inst = SEG[agent.kind], agent.track_id
+    colour = CAR_COLOURS[agent.colour % len(CAR_COLOURS)]
+    c, s = math.cos(yaw), math.sin(yaw)
+    if agent.kind in ("car", "truck"):
+        body_top = height * (0.62 if agent.kind == "car" else 1.0)
+        cargo = 0.72 if agent.kind == "truck" else 1.0
+        shift = -(1 - cargo) / 2 * length
+        boxes.append([x + c * shift, y + s * shift, (0.25 + body_top) / 2,
+                      length * cargo / 2, width / 2, (body_top - 0.25) / 2, yaw])
+        attrs["boxes"].append(_attr(cls, inst, colour if agent.kind == "car" else (0.85, 0.85, 0.82)))
+        cab_len = length * (0.5 if agent.kind == "car" else 0.26)
+        cab_x = -0.08 * length if agent.kind == "car" else length / 2 - cab_len / 2
+        cab_bottom = body_top if agent.kind == "car" else 0.4
+        boxes.append([x + c * cab_x, y + s * cab_x, (cab_bottom + height) / 2,
+                      cab_len / 2, width * 0.44, (height - cab_bottom) / 2, yaw])
+        glass = agent.kind == "car"  # car cabins are windows; a truck cab is painted
+        attrs["boxes"].append(_attr(cls, inst, (0.12, 0.15, 0.2) if glass else colour, GLASS if glass else MATTE))
+        return
+    head = 0.12
+    body_radius = width * 0.38
+    if agent.kind == "pedestrian":
+        cyls.append([x, y, 0.0, height - 2 * head, body_radius])
+        attrs["cylinders"].append(_attr(cls, inst, colour))
+    else:
+        cyls.append([x - c * 0.1, y - s * 0.1, height * 0.5, height - 2 * head, body_radius])
+        attrs["cylinders"].append(_attr(cls, inst, colour))
+        boxes.append([x, y, 0.5, length / 2, 0.08, 0.45, yaw])
+        attrs["boxes"].append(_attr(cls, inst, (0.1, 0.1, 0.1)))
+    sphs.append([x, y, height - head, head])
+    attrs["spheres"].append(_attr(cls, inst, (0.8, 0.62, 0.5)))
+
+
+def build_primitives(town: Town, agents: list, step_index: int, device="cpu") -> tuple[Primitives, dict]:
+    """World-frame primitives at a simulation step, and track id -> index of its major primitive (kind, row)."""
+    boxes, cyls, sphs = [], [], []
+    attrs = {"boxes": [], "cylinders": [], "spheres": []}
+    for x, y, yaw, length, width, height, colour in town.buildings:
+        boxes.append([x, y, height / 2, length / 2, width / 2, height / 2, yaw])
+        attrs["boxes"].append(_attr(SEG["building"], 0, BUILDING_COLOURS[int(colour)], FACADE))
+    for x, y, radius, crown in town.trees:
+        cyls.append([x, y, 0.0, crown, 0.18])
+        attrs["cylinders"].append(_attr(SEG["vegetation"], 0, (0.3, 0.22, 0.15)))
+        sphs.append([x, y, crown, radius])
+        attrs["spheres"].append(_attr(SEG["vegetation"], 0, (0.16, 0.33, 0.1)))
+    major = {}
+    for agent in agents:
+        x, y, yaw = agent.history[step_index][:3]
+        kind = "boxes" if agent.kind in ("car", "truck") else "cylinders"
+        major[agent.track_id] = (kind, len({"boxes": boxes, "cylinders": cyls}[kind]))
+        _agent_parts(agent, x, y, yaw, boxes, cyls, sphs, attrs)
+
+    def tensor(rows, width):
+        return torch.tensor(rows, dtype=torch.float32, device=device).reshape(-1, width)
+
+    prims = Primitives(tensor(boxes, 7), tensor(cyls, 5), tensor(sphs, 4),
+                       {k: tensor(v, 6) for k, v in attrs.items()})
+    return prims, major
+
+
+def _bounding_spheres(prims: Primitives) -> dict:
+    b, c, s = prims.boxes, prims.cylinders, prims.spheres
+    return {
+        "boxes": (b[:, :3], b[:, 3:6].norm(dim=1)),
+        "cylinders": (torch.stack([c[:, 0], c[:, 1], (c[:, 2] + c[:, 3]) / 2], 1),
+                      torch.hypot((c[:, 3] - c[:, 2]) / 2, c[:, 4])),
+        "spheres": (s[:, :3], s[:, 3]),
+    }
+
+
+def visible_rows(prims: Primitives, world_from_cam: torch.Tensor, tan_half: tuple) -> dict:
+    """Per primitive kind, the rows whose bounding sphere can touch this camera's frustum within MAX_RANGE."""
+    rotation, origin = world_from_cam[:3, :3], world_from_cam[:3, 3]
+    out = {}
+    for kind, (centre, radius) in _bounding_spheres(prims).items():
+        local = (centre - origin) @ rotation  # camera frame
+        z = local[:, 2]
+        keep = (z + radius > 0.05) & (z - radius < MAX_RANGE)
+        for axis, tan in ((0, tan_half[0]), (1, tan_half[1])):
+            keep &= local[:, axis].abs() - radius * math.sqrt(1 + tan * tan) <= z * tan
+        out[kind] = torch.nonzero(keep).flatten()
+    return out
+
+
+def _hit_boxes(origin, dirs, boxes):
+    """(t (R, B), local hit axis (R, B)) of rays against yaw-rotated boxes; inf where missed.
+
+    `origin` and `dirs` are (R, 3) or (1, 3) and broadcast (camera rays share one
+    origin; shadow rays toward the sun share one direction).
+    """
+    rows = max(len(origin), len(dirs))
+    if not len(boxes):
+        return dirs.new_full((rows, 0), math.inf), None
+    c, s = torch.cos(boxes[:, 6]), torch.sin(boxes[:, 6])
+
+    def local(x, y, z):
+        return torch.stack(torch.broadcast_tensors(c * x + s * y, -s * x + c * y, z), 2)
+
+    rel_x, rel_y = origin[:, 0:1] - boxes[:, 0], origin[:, 1:2] - boxes[:, 1]
+    o_local = local(rel_x, rel_y, origin[:, 2:3] - boxes[:, 2])
+    d_local = local(dirs[:, 0:1], dirs[:, 1:2], dirs[:, 2:3].expand(-1, len(boxes)))
+    inv = 1.0 / torch.where(d_local.abs() < 1e-9, torch.full_like(d_local, 1e-9), d_local)
+    t1 = (-boxes[:, 3:6] - o_local) * inv
+    t2 = (boxes[:, 3:6] - o_local) * inv
+    near, axis = torch.minimum(t1, t2).max(dim=2)
+    far = torch.maximum(t1, t2).amin(dim=2)
+    hit = (near <= far) & (near > 0.05)
+    return torch.where(hit, near, torch.full_like(near, math.inf)).expand(rows, -1), axis
+
+
+def _hit_cylinders(origin, dirs, cyls):
+    rows = max(len(origin), len(dirs))
+    if not len(cyls):
+        return dirs.new_full((rows, 0), math.inf)
+    ox, oy = origin[:, 0:1] - cyls[:, 0], origin[:, 1:2] - cyls[:, 1]
+    dx, dy = dirs[:, 0:1], dirs[:, 1:2]
+    a = dx * dx + dy * dy + 1e-12
+    b = dx * ox + dy * oy
+    cc = ox * ox + oy * oy - cyls[:, 4] ** 2
+    disc = b * b - a * cc
+    t = (-b - disc.clamp(min=0).sqrt()) / a
+    z = origin[:, 2:3] + t * dirs[:, 2:3]
+    hit = (disc > 0) & (t > 0.05) & (z >= cyls[:, 2]) & (z <= cyls[:, 3])
+    return torch.where(hit, t, torch.full_like(t, math.inf)).expand(rows, -1)
+
+
+def _hit_spheres(origin, dirs, sphs):
+    rows = max(len(origin), len(dirs))
+    if not len(sphs):
+        return dirs.new_full((rows, 0), math.inf)
+    rel_x, rel_y, rel_z = (origin[:, k:k + 1] - sphs[:, k] for k in range(3))
+    a = (dirs * dirs).sum(1, keepdim=True)
+    b = dirs[:, 0:1] * rel_x + dirs[:, 1:2] * rel_y + dirs[:, 2:3] * rel_z
+    cc = rel_x * rel_x + rel_y * rel_y + rel_z * rel_z - sphs[:, 3] ** 2
+    disc = b * b - a * cc
+    t = (-b - disc.clamp(min=0).sqrt()) / a
+    hit = (disc > 0) & (t > 0.05)
+    return torch.where(hit, t, torch.full_like(t, math.inf)).expand(rows, -1)
+
+
+def in_shadow(points, sun, prims: Primitives, rows: dict) -> torch.Tensor:
+    """bool (R,) whether points (R, 3) see the sun (unit direction (3,)) blocked by a box or a sphere.
+
+    Shadow rays are parallel, so in a frame looking down the sun direction each
+    caster covers a disc: only the points inside it get an exact ray test.
+    """
+    helper = torch.tensor([0.0, 0.0, 1.0] if abs(float(sun[2])) < 0.9 else [1.0, 0.0, 0.0], device=sun.device)
+    e1 = torch.linalg.cross(sun, helper)
+    e1 = e1 / e1.norm()
+    basis = torch.stack([e1, torch.linalg.cross(sun, e1)], 1)
+    lifted = points + 0.02 * sun
+    q_points, along_points = points @ basis, points @ sun
+    blocked = torch.zeros(len(points), dtype=torch.bool, device=points.device)
+    spheres = _bounding_spheres(prims)
+    for kind in ("boxes", "spheres"):
+        centre, radius = spheres[kind][0][rows[kind]], spheres[kind][1][rows[kind]]
+        if not len(centre):
+            continue
+        q_centre, along_centre = centre @ basis, centre @ sun
+        near = (torch.cdist(q_points, q_centre) < radius) & (along_centre + radius > along_points[:, None])
+        for index in torch.nonzero(near.any(0)).flatten().tolist():
+            candidates = torch.nonzero(near[:, index]).flatten()
+            t = _HIT[kind](lifted[candidates], sun[None], getattr(prims, kind)[rows[kind][index:index + 1]])
+            blocked[candidates] |= torch.isfinite(t[:, 0])
+    return blocked
+
+
+def near_rows(prims: Primitives, origin: torch.Tensor, radius: float) -> dict:
+    """Per kind, rows whose bounding sphere comes within `radius` of `origin` (shadow casters)."""
+    return {kind: torch.nonzero((centre - origin).norm(dim=1) - size < radius).flatten()
+            for kind, (centre, size) in _bounding_spheres(prims).items()}
+
+
+@dataclass
+class Hits:
+    """Nearest hit of every ray: depth, world point, normal, class, instance, albedo, material, façade coords."""
+
+    depth: torch.Tensor
+    point: torch.Tensor
+    normal: torch.Tensor
+    semantic: torch.Tensor
+    instance: torch.Tensor
+    albedo: torch.Tensor
+    material: torch.Tensor
+    facade_uv: torch.Tensor
+
+
+KINDS = ("boxes", "cylinders", "spheres")
+
+
+def _box_single(o: list, d: torch.Tensor, box: list) -> torch.Tensor:
+    """Ray parameter (...,) of rays from `o` along `d` (..., 3) against one box; inf where missed."""
+    cx, cy, cz, hx, hy, hz, yaw = box
+    c, s = math.cos(yaw), math.sin(yaw)
+    rel_x, rel_y = o[0] - cx, o[1] - cy
+    origin_local = (c * rel_x + s * rel_y, -s * rel_x + c * rel_y, o[2] - cz)
+    dx, dy = d[..., 0], d[..., 1]
+    directions = (dx * c + dy * s, dy * c - dx * s, d[..., 2])
+    near = far = None
+    for o_axis, d_axis, half in zip(origin_local, directions, (hx, hy, hz)):
+        inv = 1.0 / torch.where(d_axis.abs() < 1e-9, torch.full_like(d_axis, 1e-9), d_axis)
+        t1, t2 = (-half - o_axis) * inv, (half - o_axis) * inv
+        low, high = torch.minimum(t1, t2), torch.maximum(t1, t2)
+        near = low if near is None else torch.maximum(near, low)
+        far = high if far is None else torch.minimum(far, high)
+    return near.masked_fill_((near > far) | (near <= 0.05), math.inf)
+
+
+def _cylinder_single(o: list, d: torch.Tensor, cyl: list) -> torch.Tensor:
+    cx, cy, z0, z1, radius = cyl
+    ox, oy = o[0] - cx, o[1] - cy
+    dx, dy = d[..., 0], d[..., 1]
+    a = dx * dx + dy * dy + 1e-12
+    b = dx * ox + dy * oy
+    disc = b * b - a * (ox * ox + oy * oy - radius * radius)
+    t = (-b - disc.clamp(min=0).sqrt()) / a
+    z = o[2] + t * d[..., 2]
+    return t.masked_fill_((disc <= 0) | (t <= 0.05) | (z < z0) | (z > z1), math.inf)
+
+
+def _sphere_single(o: list, d: torch.Tensor, sphere: list) -> torch.Tensor:
+    cx, cy, cz, radius = sphere
+    rx, ry, rz = o[0] - cx, o[1] - cy, o[2] - cz
+    a = (d * d).sum(-1)
+    b = d[..., 0] * rx + d[..., 1] * ry + d[..., 2] * rz
+    disc = b * b - a * (rx * rx + ry * ry + rz * rz - radius * radius)
+    t = (-b - disc.clamp(min=0).sqrt()) / a
+    return t.masked_fill_((disc <= 0) | (t <= 0.05), math.inf)
+
+
+_SINGLE = {"boxes": _box_single, "cylinders": _cylinder_single, "spheres": _sphere_single}
+_HIT = {"boxes": lambda o, d, p: _hit_boxes(o, d, p)[0], "cylinders": _hit_cylinders, "spheres": _hit_spheres}
+
+
+def screen_rects(centre_cam: torch.Tensor, radius: torch.Tensor, k: np.ndarray, width: int, height: int) -> list:
+    """Conservative pixel rectangles (v0, v1, u0, u1) covering bounding spheres given in the camera frame."""
+    rects = []
+    for (x, y, z), r in zip(centre_cam.tolist(), radius.tolist()):
+        if z - r < 0.1:
+            rects.append((0, height, 0, width))
+            continue
+        span = []
+        for value, focal, centre, size in ((x, k[0, 0], k[0, 2], width), (y, k[1, 1], k[1, 2], height)):
+            low = (value - r) / (z - r) if value - r <= 0 else (value - r) / (z + r)
+            high = (value + r) / (z - r) if value + r >= 0 else (value + r) / (z + r)
+            span += [max(int(math.floor(centre + focal * low)), 0), min(int(math.ceil(centre + focal * high)) + 1, size)]
+        rects.append((span[2], span[3], span[0], span[1]))
+    return rects
+
+
+def cast(origin, dirs, prims: Primitives, rows: dict, ground, camera: tuple) -> tuple[Hits, dict]:
+    """Nearest hits of one camera's rays (H*W, shared origin) and per-kind (rows, all-hit, nearest-hit) counts.
+
+    Each culled primitive is tested only against the pixels inside its projected
+    bounding rectangle (`camera` = (K, world_from_cam tensor, width, height)), so
+    the work follows screen coverage rather than pixels x primitives.
+    """
+    k, world_from_cam, width, height = camera
+    depth = torch.where(dirs[:, 2] < -1e-6, -origin[2] / dirs[:, 2].clamp(max=-1e-6), torch.full_like(dirs[:, 2], math.inf))
+    depth_image, dirs_image = depth.view(height, width), dirs.view(height, width, 3)
+    winner = torch.full((height, width), -1, dtype=torch.long, device=dirs.device)
+    counts, offset, origin_list = {}, 0, origin.tolist()
+    for kind in KINDS:
+        selected = getattr(prims, kind)[rows[kind]]
+        centre, radius = _bounding_spheres(prims)[kind]
+        centre_cam = (centre[rows[kind]] - world_from_cam[:3, 3]) @ world_from_cam[:3, :3]
+        all_hits = torch.zeros(len(selected), device=dirs.device)
+        is_agent = (prims.attributes[kind][rows[kind], 1] > 0).tolist()
+        for index, (v0, v1, u0, u1) in enumerate(screen_rects(centre_cam, radius[rows[kind]], k, width, height)):
+            if v0 >= v1 or u0 >= u1:
+                continue
+            t = _SINGLE[kind](origin_list, dirs_image[v0:v1, u0:u1], selected[index].tolist())
+            if is_agent[index]:
+                all_hits[index] = torch.isfinite(t).sum()
+            window = depth_image[v0:v1, u0:u1]
+            closer = t < window
+            torch.minimum(t, window, out=t)
+            window.copy_(t)
+            winner[v0:v1, u0:u1].masked_fill_(closer, offset + index)
+        counts[kind] = (rows[kind], all_hits, offset)
+        offset += len(selected)
+    winner = winner.flatten()
+    for kind in KINDS:
+        selected_rows, all_hits, start = counts[kind]
+        counts[kind] = (selected_rows, all_hits, _nearest_counts(winner, start, len(all_hits)))
+    point = origin + dirs * torch.where(torch.isfinite(depth), depth, torch.zeros_like(depth))[:, None]
+    return _shade_inputs(point, depth, winner, prims, rows, ground), counts
+
+
+def _nearest_counts(winner, start, count):
+    inside = (winner >= start) & (winner < start + count)
+    return torch.bincount(winner[inside] - start, minlength=count)
+
+
+def _shade_inputs(point, depth, winner, prims, rows, ground) -> Hits:
+    rays = len(point)
+    normal = torch.zeros_like(point)
+    normal[:, 2] = 1.0
+    semantic = torch.full((rays,), SEG["sky"], dtype=torch.long, device=point.device)
+    instance = torch.zeros(rays, dtype=torch.long, device=point.device)
+    albedo = torch.zeros_like(point)
+    material = torch.zeros(rays, dtype=torch.long, device=point.device)
+    facade_uv = torch.zeros(rays, 2, device=point.device)
+    is_ground = (winner < 0) & torch.isfinite(depth)
+    semantic[is_ground] = ground.classes_at(point[is_ground])
+    start = 0
+    for kind in KINDS:
+        count = len(rows[kind])
+        mask = (winner >= start) & (winner < start + count)
+        local_index = winner[mask] - start
+        start += count
+        if not mask.any():
+            continue
+        attrs = prims.attributes[kind][rows[kind][local_index]]
+        semantic[mask], instance[mask] = attrs[:, 0].long(), attrs[:, 1].long()
+        albedo[mask], material[mask] = attrs[:, 2:5], attrs[:, 5].long()
+        geometry, p = getattr(prims, kind)[rows[kind][local_index]], point[mask]
+        if kind == "boxes":
+            normal[mask], facade_uv[mask] = _box_normal(geometry, p)
+        elif kind == "cylinders":
+            radial = p[:, :2] - geometry[:, :2]
+            normal[mask] = torch.nn.functional.pad(radial / radial.norm(dim=1, keepdim=True).clamp(min=1e-6), (0, 1))
+        else:
+            normal[mask] = (p - geometry[:, :3]) / geometry[:, 3:4]
+    return Hits(depth, point, normal, semantic, instance, albedo, material, facade_uv)
+
+
+def _box_normal(boxes, p):
+    """World normal of the face hit, and (horizontal, vertical) coordinates on it (for façade windows)."""
+    c, s = torch.cos(boxes[:, 6]), torch.sin(boxes[:, 6])
+    rel = p - boxes[:, :3]
+    local = torch.stack([c * rel[:, 0] + s * rel[:, 1], -s * rel[:, 0] + c * rel[:, 1], rel[:, 2]], 1)
+    axis = (local.abs() / boxes[:, 3:6]).argmax(dim=1)  # the face the point lies on
+    sign = torch.sign(local.gather(1, axis[:, None]).squeeze(1))
+    n_local = torch.zeros_like(local)
+    n_local.scatter_(1, axis[:, None], sign[:, None])
+    normal = torch.stack([c * n_local[:, 0] - s * n_local[:, 1], s * n_local[:, 0] + c * n_local[:, 1], n_local[:, 2]], 1)
+    horizontal = torch.where(axis == 0, local[:, 1], local[:, 0])
+    return normal, torch.stack([horizontal + boxes[:, 3] + boxes[:, 4], p[:, 2]], 1)
+
+# ---- former frame.py ----
+
+
+
+
+HAZE = torch.tensor([0.72, 0.78, 0.85])
+
+
+class TorchGround:
+    """The town's ground raster as tensors, with per-point class and albedo lookup."""
+
+    def __init__(self, ground: GroundRaster, texture_seed: int, device):
+        self.classes = torch.as_tensor(ground.classes, device=device).long()
+        self.yellow = torch.as_tensor(ground.yellow, device=device)
+        self.origin, self.cell = ground.origin, ground.cell
+        generator = torch.Generator().manual_seed(texture_seed)
+        self.noise = torch.rand(256, 256, generator=generator).to(device)
+        self.palette = torch.zeros(len(SEG), 3, device=device)
+        for cls, colour in GROUND_COLOURS.items():
+            self.palette[cls] = torch.tensor(colour, device=device)
+
+    def _cells(self, points):
+        col = ((points[:, 0] - self.origin[0]) / self.cell).floor().long()
+        row = ((points[:, 1] - self.origin[1]) / self.cell).floor().long()
+        h, w = self.classes.shape
+        inside = (row >= 0) & (row < h) & (col >= 0) & (col < w)
+        return row.clamp(0, h - 1), col.clamp(0, w - 1), inside
+
+    def classes_at(self, points):
+        row, col, inside = self._cells(points)
+        return torch.where(inside, self.classes[row, col], torch.full_like(row, SEG["vegetation"]))
+
+    def albedo(self, points, classes):
+        """Ground colour with texture: asphalt grain, paving joints, grass patches, yellow centre lines."""
+        row, col, inside = self._cells(points)
+        colour = self.palette[classes]
+        fine = self.noise[(points[:, 1] * 8).long() % 256, (points[:, 0] * 8).long() % 256]
+        coarse = self.noise[(points[:, 1] * 0.5).long() % 256, (points[:, 0] * 0.5).long() % 256]
+        grain = torch.where(classes == SEG["vegetation"], 0.65 + 0.45 * coarse + 0.2 * fine, 0.85 + 0.15 * coarse + 0.12 * fine)
+        joints = (torch.remainder(points[:, 0], 1.5) < 0.06) | (torch.remainder(points[:, 1], 1.5) < 0.06)
+        grain = torch.where((classes == SEG["sidewalk"]) & joints, grain * 0.75, grain)
+        yellow = (classes == SEG["lane_marking"]) & self.yellow[row, col] & inside
+        colour = torch.where(yellow[:, None], torch.tensor([0.85, 0.68, 0.15], device=points.device), colour)
+        return colour * grain[:, None]
+
+
+def _sun(light: np.ndarray, device) -> torch.Tensor:
+    azimuth, elevation = float(light[0]), float(light[1])
+    return torch.tensor([math.cos(elevation) * math.cos(azimuth), math.cos(elevation) * math.sin(azimuth),
+                         math.sin(elevation)], dtype=torch.float32, device=device)
+
+
+def _facade(uv, albedo):
+    """Windows on building façades: a grid of dark glass panes above the ground floor."""
+    u, v = torch.remainder(uv[:, 0], 3.2) / 3.2, torch.remainder(uv[:, 1], 3.2) / 3.2
+    window = (u > 0.25) & (u < 0.75) & (v > 0.3) & (v < 0.78) & (uv[:, 1] > 1.5)
+    return torch.where(window[:, None], torch.tensor([0.12, 0.16, 0.22], device=uv.device), albedo)
+
+
+def shade(hits: Hits, dirs, ground: TorchGround, sun, shadowed) -> torch.Tensor:
+    """Linear RGB (R, 3) of every ray's hit, before exposure and noise."""
+    is_ground = (hits.instance == 0) & (hits.normal[:, 2] > 0.99) & torch.isin(
+        hits.semantic, torch.tensor([SEG["road"], SEG["lane_marking"], SEG["sidewalk"], SEG["vegetation"]], device=dirs.device))
+    albedo = torch.where(is_ground[:, None], ground.albedo(hits.point, hits.semantic), hits.albedo)
+    albedo = torch.where((hits.material == FACADE)[:, None], _facade(hits.facade_uv, albedo), albedo)
+    lambert = (hits.normal @ sun).clamp(min=0.0) * (~shadowed).float()
+    sky_light = 0.35 + 0.15 * hits.normal[:, 2]
+    colour = albedo * (sky_light + 0.95 * lambert)[:, None]
+    glass = hits.material == GLASS
+    colour = torch.where(glass[:, None], colour + 0.12 * (1 - dirs[:, 2:3].abs()), colour)
+    haze = 1.0 - torch.exp(-hits.depth.nan_to_num(posinf=MAX_RANGE) / 300.0)
+    colour = colour * (1 - haze[:, None]) + HAZE.to(dirs.device) * haze[:, None]
+    unit = dirs / dirs.norm(dim=1, keepdim=True)
+    elevation = unit[:, 2:3].clamp(min=0)
+    horizon, zenith = (torch.tensor(c, device=dirs.device) for c in ([0.75, 0.82, 0.9], [0.35, 0.5, 0.8]))
+    sky = horizon * (1 - elevation) + zenith * elevation
+    sky = sky + 0.6 * (unit @ sun).clamp(min=0)[:, None] ** 64
+    return torch.where(torch.isfinite(hits.depth)[:, None], colour, sky)
+
+
+def camera_rays(k: np.ndarray, world_from_cam: np.ndarray, width: int, height: int, device):
+    """(origin (3,), world directions (H*W, 3) with unit camera-frame z) of a camera."""
+    v, u = np.meshgrid(np.arange(height) + 0.5, np.arange(width) + 0.5, indexing="ij")
+    pixels = np.stack([u.ravel(), v.ravel(), np.ones(u.size)], axis=1)
+    cam_dirs = pixels @ np.linalg.inv(k).T
+    world_dirs = cam_dirs @ world_from_cam[:3, :3].T
+    return (torch.tensor(world_from_cam[:3, 3], dtype=torch.float32, device=device),
+            torch.tensor(world_dirs, dtype=torch.float32, device=device))
+
+
+def _boxes_2d(instance: np.ndarray, camera: int) -> list:
+    """[camera, track id, x0, y0, x1, y1] (pixels, inclusive-exclusive) of every instance visible in one image."""
+    rows = []
+    for track in np.unique(instance):
+        if track == 0:
+            continue
+        ys, xs = np.nonzero(instance == track)
+        rows.append([camera, track, xs.min(), ys.min(), xs.max() + 1, ys.max() + 1])
+    return rows
+
+
+def render_frame(scene: Scene, step_index: int, rig: RigConfig, ground: TorchGround,
+                 rng: np.random.Generator, device="cpu") -> dict:
+    """All cameras of one key frame plus its object labels (numpy arrays, ready for the shard writer)."""
+    ks, cam_to_ego = rig_matrices(rig)
+    pose = ego_pose(scene, step_index)
+    prims, major = build_primitives(scene.town, scene.agents, step_index, device)
+    sun = _sun(scene.light, device)
+    height, width = rig.image_height, rig.image_width
+    out = {"images": [], "depth": [], "semantic": [], "instance": []}
+    seen = {kind: torch.zeros(len(getattr(prims, kind)), device=device) for kind in ("boxes", "cylinders", "spheres")}
+    unoccluded = {kind: torch.zeros_like(count) for kind, count in seen.items()}
+    boxes_2d = []
+    for index in range(len(rig.cameras)):
+        world_from_cam = pose @ cam_to_ego[index]
+        origin, dirs = camera_rays(ks[index], world_from_cam, width, height, device)
+        tan_half = (width / 2 / ks[index][0, 0], height / 2 / ks[index][1, 1])
+        world_from_cam_t = torch.tensor(world_from_cam, dtype=torch.float32, device=device)
+        rows = visible_rows(prims, world_from_cam_t, tan_half)
+        hits, counts = cast(origin, dirs, prims, rows, ground, (ks[index], world_from_cam_t, width, height))
+        for kind, (selected, all_hits, nearest) in counts.items():
+            unoccluded[kind].index_add_(0, selected, all_hits.float())
+            seen[kind].index_add_(0, selected, nearest.float())
+        lit = torch.isfinite(hits.depth) & ((hits.normal @ sun) > 0)
+        shadowed = torch.zeros_like(lit)
+        if lit.any():
+            shadowed[lit] = in_shadow(hits.point[lit], sun, prims, near_rows(prims, origin, 80.0))
+        colour = shade(hits, dirs, ground, sun, shadowed)
+        out["images"].append(_expose(colour, scene.light, rng).reshape(height, width, 3))
+        finite = torch.isfinite(hits.depth)
+        out["depth"].append(torch.where(finite, hits.depth.clamp(max=1000.0), torch.zeros_like(hits.depth))
+                            .reshape(height, width).cpu().numpy().astype(np.float16))
+        out["semantic"].append(hits.semantic.reshape(height, width).cpu().numpy().astype(np.uint8))
+        out["instance"].append(hits.instance.reshape(height, width).cpu().numpy().astype(np.uint16))
+        boxes_2d += _boxes_2d(out["instance"][-1], index)
+    frame = {key: np.stack(value) for key, value in out.items()}
+    frame["boxes"], frame["box_ids"], frame["visibility"] = _object_labels(scene, step_index, major, seen, unoccluded)
+    frame["boxes2d"] = np.array(boxes_2d, np.float32).reshape(-1, 6)
+    frame["intrinsics"], frame["cam_to_ego"] = ks.astype(np.float32), cam_to_ego.astype(np.float32)
+    return frame
+
+
+def _expose(colour: torch.Tensor, light: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Exposure, white balance, 8-bit quantisation and Gaussian sensor noise."""
+    gain = torch.tensor([light[2] * light[3], light[2], light[2] * light[4]], dtype=torch.float32, device=colour.device)
+    linear = (colour * gain).clamp(0.0, 1.0).cpu().numpy() * 255.0
+    noisy = linear + rng.normal(0.0, 2.5, size=linear.shape)
+    return np.clip(np.rint(noisy), 0, 255).astype(np.uint8)
+
+
+def _object_labels(scene: Scene, step_index: int, major: dict, seen: dict, unoccluded: dict):
+    """3D boxes, [class, track id], and visibility (visible / unoccluded pixels of each agent's main part)."""
+    boxes, ids = agent_boxes(scene, step_index)
+    visibility = np.zeros(len(boxes), np.float32)
+    for row, (_, track) in enumerate(ids):
+        kind, index = major[int(track)]
+        total = float(unoccluded[kind][index])
+        visibility[row] = float(seen[kind][index]) / total if total > 0 else 0.0
+    return boxes, ids, visibility
