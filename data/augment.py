@@ -66,7 +66,7 @@ def resize_crop(row: dict, scale: float, rng: np.random.Generator) -> None:
     row["images"] = _place(resized.round().clamp(0, 255).to(torch.uint8), height, width, crop_y, crop_x, 0)
     depth = F.interpolate(row["depth"][:, None], size=(new_h, new_w), mode="nearest")[:, 0]
     row["depth"] = _place(depth, height, width, crop_y, crop_x, 0.0)
-    semantic = F.interpolate(row["semantic"][:, None].float(), size=(new_h, new_w), mode="nearest")[:, 0].long()
+    semantic = F.interpolate(row["semantic"][:, None].float(), size=(new_h, new_w), mode="nearest")[:, 0].to(row["semantic"].dtype)
     row["semantic"] = _place(semantic, height, width, crop_y, crop_x, IGNORE_INDEX)
     k = scale_intrinsics(row["intrinsics"].double().numpy(), new_w / width, new_h / height, crop_x, crop_y)
     row["intrinsics"] = torch.from_numpy(k).float()

@@ -8,10 +8,12 @@
 
 Rank and world size come from torch.distributed when it is initialised, else
 from the RANK / WORLD_SIZE environment variables, else 0 / 1. Which samples a
-(rank, worker) reads is planned exactly from the manifest (`stack.data.sharding`),
-so every rank yields `len(loader)` batches and no sample is read twice in a
-training epoch. Tar streams are parsed with webdataset's tar iterators; samples
-are decoded and augmented in the DataLoader workers.
+(rank, worker) reads is planned exactly from the manifest (`stack.data.sharding`):
+a training epoch is a seeded permutation of every sample of the split, each rank
+reads an equal, disjoint slice of it, so every rank yields `len(loader)` batches and
+no sample is read twice in a training epoch. Samples are read by their members'
+byte offsets (`stack.data.shard_index`), decoded and augmented in the DataLoader
+workers.
 
 Every member read is checked against its shard's hash table (`stack.data.checksums`),
 so bytes corrupted after writing are named rather than decoded into garbage pixels.
@@ -40,7 +42,8 @@ from stack.data.checksums import ShardSums
 from stack.data.format import MANIFEST, SCHEMA_VERSION, array_problem, manifest_problem
 from stack.data.samples import (LOADER_MEMBERS, BadSample, ClassMaps, check_members, collate, decode_arrays, decode_jpeg,
                                 to_fields)
-from stack.data.sharding import Piece, plan, worker_quotas
+from stack.data.shard_index import SampleReader, ShortShard
+from stack.data.sharding import Piece, locate, rank_samples, worker_quotas, worker_samples
 from stack.errors import StackError
 from stack.pipeline import Pipeline
 
@@ -96,14 +99,6 @@ def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return torch.distributed.get_rank(), torch.distributed.get_world_size()
     return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-
-
-class ShortShard(BadSample):
-    """A shard that holds fewer samples than asked for."""
-
-    def __init__(self, samples: int, message: str):
-        super().__init__(message)
-        self.samples = samples
 
 
 def read_piece(piece: Piece):
@@ -171,13 +166,15 @@ class FrameSamples(IterableDataset):
     def __iter__(self):
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info else (0, 1)
-        seed = self.pipeline.train.seed
-        pieces = plan(self.shards, self.rank, self.world_size, worker, workers, _plan_batch(self.pipeline, self.manifest),
-                      self.drop_last, self.epoch, seed, self.shuffle)
+        seed, unit = self.pipeline.train.seed, _plan_batch(self.pipeline, self.manifest)
+        total = sum(count for _, count in self.shards)
+        ids = rank_samples(total, self.rank, self.world_size, unit, self.drop_last, self.epoch, seed, self.shuffle)
+        samples = locate(self.shards, worker_samples(ids, worker, workers, unit))
         rng = np.random.default_rng([seed, self.epoch, self.rank, worker])
-        rows = self._rows(pieces, rng)
-        try:
-            yield from (_shuffled(rows, rng) if self.shuffle else rows)
+        rows = self._rows(samples, rng)
+        clips = self.manifest.get("layout") == "clips"
+        try:  # a clip's frames are one scene: a buffer mixes them with other clips' frames
+            yield from (_shuffled(rows, rng) if self.shuffle and clips else rows)
         except BadSample as exc:
             yield _Failure(str(exc))
 
@@ -197,35 +194,28 @@ class FrameSamples(IterableDataset):
         images = np.stack([decode_jpeg(sample[f"{c}.jpg"], shard, key, f"{c}.jpg") for c in cameras])
         return [to_fields(images, arrays, self.maps, self.pipeline)]
 
-    def _rows(self, pieces: list, rng: np.random.Generator):
-        """Decoded (and augmented) rows; with skip_bad_samples a bad sample is replaced by the last good one."""
-        skip, last_good, owed = self.pipeline.data.skip_bad_samples, None, 0
-        for piece in pieces:
-            produced = 0
+    def _rows(self, samples: list, rng: np.random.Generator):
+        """Decoded (and augmented) rows of [(shard, index)]; with skip_bad_samples a bad sample is replaced by the
+        last good one (the first good one when the worker starts with bad ones)."""
+        skip, last_good, owed, reader = self.pipeline.data.skip_bad_samples, None, 0, SampleReader()
+        for shard, index in samples:
             try:
-                for sample in read_piece(piece):
-                    produced += 1
-                    try:
-                        rows = self.decode(sample, piece.shard)
-                    except BadSample as exc:
-                        if not skip:
-                            raise
-                        owed += self._skip(exc)
-                        continue
-                    if self.augment:
-                        rows = [augment_row(row, self.pipeline.data.augment, rng) for row in rows]
-                    for _ in range(owed + 1):
-                        yield from rows
-                    last_good, owed = rows, 0
-            except BadSample as exc:  # the shard itself is unreadable from here on
+                rows = self.decode(reader.read(shard, index), shard)
+            except BadSample as exc:
                 if not skip:
                     raise
-                owed += self._skip(exc, piece.stop - piece.start - produced)
-            if owed and last_good is not None:
-                for _ in range(owed):
-                    yield from last_good
-                owed = 0
-        if owed:
+                owed += self._skip(exc)
+                continue
+            if self.augment:
+                rows = [augment_row(row, self.pipeline.data.augment, rng) for row in rows]
+            for _ in range(owed + 1):
+                yield from rows
+            last_good, owed = rows, 0
+        reader.close()
+        if owed and last_good is not None:
+            for _ in range(owed):
+                yield from last_good
+        elif owed:
             raise BadSample(f"every sample this loader worker was given is bad ({owed} skipped); see the log above")
 
     def _skip(self, exc: BadSample, count: int = 1) -> int:

@@ -85,7 +85,11 @@ class ClassMaps:
 
     @classmethod
     def build(cls, manifest: dict, pipeline: Pipeline) -> "ClassMaps":
-        semantic = np.full(256, IGNORE_INDEX, np.int64)
+        classes = len(pipeline.model.segmentation_classes)
+        if classes >= IGNORE_INDEX:
+            raise StackError(f"model.segmentation_classes lists {classes} classes; Batch.semantic is uint8 with "
+                             f"{IGNORE_INDEX} (IGNORE_INDEX) for unlabelled pixels, so at most {IGNORE_INDEX} classes fit")
+        semantic = np.full(256, IGNORE_INDEX, np.uint8)
         for index, name in enumerate(manifest["semantic_classes"]):
             if name in pipeline.model.segmentation_classes:
                 semantic[index] = pipeline.model.segmentation_classes.index(name)
@@ -127,10 +131,11 @@ def label_fields(arrays: dict, maps: ClassMaps, pipeline: Pipeline) -> dict:
 def to_fields(images: np.ndarray, arrays: dict, maps: ClassMaps, pipeline: Pipeline) -> dict:
     """One Batch row (no batch dimension) as tensors; `images` is (N, H, W, 3) uint8."""
     semantic = arrays["semantic"]
-    return {
+    return {  # depth and semantics stay as narrow as stored (float16, uint8): see stack.batch
         "images": torch.from_numpy(np.ascontiguousarray(images.transpose(0, 3, 1, 2))),
-        "depth": torch.from_numpy(arrays["depth"].astype(np.float32)),
-        "semantic": torch.from_numpy(semantic.astype(np.int64) if maps.semantic_is_identity else maps.semantic[semantic]),
+        "depth": torch.from_numpy(arrays["depth"].astype(np.float16, copy=False)),
+        "semantic": torch.from_numpy(semantic.astype(np.uint8, copy=False) if maps.semantic_is_identity
+                                     else maps.semantic[semantic]),
         **label_fields(arrays, maps, pipeline),
     }
 

@@ -42,7 +42,10 @@ def focal_heatmap_loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tens
 
 
 def masked_cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """Mean cross entropy over labelled pixels; 0 (not NaN) when every pixel is IGNORE_INDEX."""
+    """Mean cross entropy over labelled pixels; 0 (not NaN) when every pixel is IGNORE_INDEX.
+
+    `target` may be the Batch's narrow uint8 labels: it is widened here, on the device."""
+    target = target.long()
     summed = F.cross_entropy(logits, target, ignore_index=IGNORE_INDEX, reduction="sum")
     return summed / (target != IGNORE_INDEX).sum().clamp(min=1)
 
@@ -62,7 +65,7 @@ def detection_loss(outputs, batch: Batch, pipeline: Pipeline) -> dict[str, torch
 
 
 def depth_loss(outputs, batch: Batch, pipeline: Pipeline) -> torch.Tensor:
-    target = encode_depth(batch.depth, pipeline.model.feature_stride, pipeline.model.depth)
+    target = encode_depth(batch.depth.float(), pipeline.model.feature_stride, pipeline.model.depth)
     logits = outputs["depth_logits"].float().flatten(0, 1)  # (B*N, D, h, w)
     return masked_cross_entropy(logits, target.flatten(0, 1))
 

@@ -80,7 +80,7 @@ def random_batch(pipeline: Pipeline, batch_size: int = 2, seed: int = 0) -> Batc
     depth = np.broadcast_to(ground, (batch_size, *ground.shape)).copy()
     semantic = np.where(depth > 0, classes.index("road") if "road" in classes else 0,
                         classes.index("sky") if "sky" in classes else len(classes) - 1)
-    semantic = np.where(rng.random(depth.shape) < 0.02, IGNORE_INDEX, semantic).astype(np.int64)
+    semantic = np.where(rng.random(depth.shape) < 0.02, IGNORE_INDEX, semantic).astype(np.uint8)
     palette = rng.integers(0, 256, (256, 3))
     images = palette[semantic].transpose(0, 1, 4, 2, 3) + rng.normal(0, 12, (*depth.shape[:2], 3, *depth.shape[2:]))
     boxes, labels = _boxes(pipeline, rng, batch_size)
@@ -93,7 +93,7 @@ def random_batch(pipeline: Pipeline, batch_size: int = 2, seed: int = 0) -> Batc
         images=torch.as_tensor(np.clip(images, 0, 255).astype(np.uint8)),
         intrinsics=torch.as_tensor(ks, **as_float).expand(batch_size, n, 3, 3).contiguous(),
         cam_to_ego=torch.as_tensor(poses, **as_float).expand(batch_size, n, 4, 4).contiguous(),
-        depth=torch.as_tensor(depth, **as_float), semantic=torch.as_tensor(semantic),
+        depth=torch.as_tensor(depth, dtype=torch.float16), semantic=torch.as_tensor(semantic),
         boxes=torch.as_tensor(boxes), box_labels=torch.as_tensor(labels),
         ego_status=torch.as_tensor(status), command=torch.as_tensor(command),
         past_trajectory=torch.as_tensor(past), future_trajectory=torch.as_tensor(future),

@@ -6,6 +6,17 @@ B = batch, N = cameras, H x W = image size of the rig, M = `model.max_boxes`
 (padded), T = `model.planning_steps`, P = past steps (4 = 2 s at 0.5 s).
 
 Conventions (ego frame, camera frame, z-depth) are those of `stack.rig`.
+
+Dense per-pixel labels travel as narrow as the shards store them: `depth` float16 and
+`semantic` uint8: 3 bytes a pixel where float32 + int64 took 12, four times the images'
+own 3, and every byte is copied out of the decoder, collated, pinned and sent to the device. The
+consumers widen on the device where arithmetic needs it: the loss takes
+`depth.float()` and `semantic.long()` (`stack.models.losses`), the metrics widen to
+float64/int64. float16 rather than uint16 millimetres because it is exactly what the
+shards hold (`stack.data.format`), so nothing is rounded twice: it is exact for every
+stored value, with 1/1024 relative resolution (3 cm at 50 m), and reaches 65 km where
+uint16 mm would stop at 65.5 m. `IGNORE_INDEX` (255) fits uint8, and
+`stack.data.samples.ClassMaps` refuses a pipeline with 255 or more segmentation classes.
 """
 
 from __future__ import annotations
@@ -41,9 +52,10 @@ class Batch:
     cam_to_ego: "torch.Tensor"
     """float32 (B, N, 4, 4) camera frame -> ego frame (after any BEV augmentation)."""
     depth: "torch.Tensor"
-    """float32 (B, N, H, W) metric z-depth; 0 where there is no surface (sky) or no label."""
+    """float16 (B, N, H, W) metric z-depth; 0 where there is no surface (sky) or no label (widen with `.float()`)."""
     semantic: "torch.Tensor"
-    """int64 (B, N, H, W) index into `model.segmentation_classes`; IGNORE_INDEX where unlabelled."""
+    """uint8 (B, N, H, W) index into `model.segmentation_classes`; IGNORE_INDEX where unlabelled (widen with
+    `.long()` for losses that index by it)."""
     boxes: "torch.Tensor"
     """float32 (B, M, 9) 3D boxes in the ego frame, columns BOX_FIELDS; padding rows are zero."""
     box_labels: "torch.Tensor"
@@ -80,8 +92,8 @@ class Batch:
         m, t = pipeline.model.max_boxes, pipeline.model.planning_steps
         return {
             "images": ((b, n, 3, h, w), "uint8"), "intrinsics": ((b, n, 3, 3), "float32"),
-            "cam_to_ego": ((b, n, 4, 4), "float32"), "depth": ((b, n, h, w), "float32"),
-            "semantic": ((b, n, h, w), "int64"), "boxes": ((b, m, len(BOX_FIELDS)), "float32"),
+            "cam_to_ego": ((b, n, 4, 4), "float32"), "depth": ((b, n, h, w), "float16"),
+            "semantic": ((b, n, h, w), "uint8"), "boxes": ((b, m, len(BOX_FIELDS)), "float32"),
             "box_labels": ((b, m), "int64"), "ego_status": ((b, len(EGO_STATUS_FIELDS)), "float32"),
             "command": ((b,), "int64"), "past_trajectory": ((b, PAST_STEPS, 2), "float32"),
             "future_trajectory": ((b, t, 2), "float32"), "future_valid": ((b, t), "bool"),

@@ -75,19 +75,50 @@ def test_dali_names_the_shards_of_an_undecodable_jpeg(dataset, small_pipeline, t
         build_loader(small_pipeline(root, "data.backend=dali", "data.skip_bad_samples=true"), "train", 0, 1)
 
 
-@pytest.mark.parametrize("damage", ["missing index", "empty tar"])
+@pytest.mark.parametrize("damage", ["empty tar", "cut tar"])
 def test_dali_names_the_shards_it_cannot_open(dataset, small_pipeline, tmp_path, damage):
     pipeline, manifest = dataset
     root = tmp_path / "copy"
     shutil.copytree(pipeline.data.root, root)
     shard = root / manifest["splits"]["train"][0]["path"]
-    if damage == "missing index":
-        shard.with_suffix(".idx").unlink()
-    else:
-        shard.write_bytes(b"")
+    data = shard.read_bytes()
+    shard.write_bytes(b"" if damage == "empty tar" else data[:len(data) // 2 + 100])
     dali = small_pipeline(root, "data.backend=dali")
     with pytest.raises(BadSample, match="frames-000000"):
         list(build_loader(dali, "train", 0, 1, shuffle=False, augment=False))
+
+
+def test_shards_are_indexed_from_the_tar_itself(dataset, small_pipeline, tmp_path):
+    """Both loaders find members by the tar's headers, so a lost `.idx` file costs nothing."""
+    pipeline, manifest = dataset
+    root = tmp_path / "copy"
+    shutil.copytree(pipeline.data.root, root)
+    for entry in manifest["splits"]["train"]:
+        (root / entry["path"]).with_suffix(".idx").unlink()
+    expected = list(build_loader(pipeline, "train", 0, 1, shuffle=False, augment=False))
+    for backend in ("torch", "dali"):
+        found = list(build_loader(small_pipeline(root, f"data.backend={backend}"), "train", 0, 1, shuffle=False,
+                                  augment=False))
+        _compare(expected, found, pipeline, JPEG_TOLERANCE)
+
+
+def test_dali_graph_is_built_once_and_its_outputs_outlive_later_epochs(dataset, small_pipeline, monkeypatch):
+    """One build per loader, not per epoch; the Batch tensors share DALI's buffers without a copy, so a batch
+    kept from the first epoch must still hold its data after DALI ran two more epochs."""
+    from stack.data import dali_loader
+
+    pipeline, _ = dataset
+    builds = []
+    real = dali_loader.build_pipeline
+    monkeypatch.setattr(dali_loader, "build_pipeline", lambda *a, **k: builds.append(1) or real(*a, **k))
+    loader = build_loader(small_pipeline(pipeline.data.root, "data.backend=dali"), "train", 0, 1, augment=False)
+    kept = list(loader)
+    copies = [(b.images.clone(), b.depth.clone(), b.semantic.clone()) for b in kept]
+    list(loader), list(loader)
+    assert len(builds) == 1
+    for batch, (images, depth, semantic) in zip(kept, copies):
+        assert torch.equal(batch.images, images) and torch.equal(batch.depth, depth)
+        assert torch.equal(batch.semantic, semantic)
 
 
 def test_both_backends_draw_the_same_bev_rotation_for_the_same_seed(dataset, small_pipeline):

@@ -7,38 +7,41 @@ import pytest
 import torch
 
 from stack.data import build_loader
-from stack.data.sharding import batches_per_rank, plan
+from stack.data.sharding import batches_per_rank, locate, rank_samples, worker_quotas, worker_samples
+
+
+def _plan(counts, rank, world_size, workers, batch, drop_last, **epoch):
+    """[(shard, index)] of every worker of `rank`, worker by worker."""
+    shards = [(f"s{i}", n) for i, n in enumerate(counts)]
+    ids = rank_samples(sum(counts), rank, world_size, batch, drop_last, **epoch)
+    return [locate(shards, worker_samples(ids, worker, max(workers, 1), batch)) for worker in range(max(workers, 1))]
 
 
 @pytest.mark.parametrize("counts", [[32, 32, 32, 7], [5], [3, 3, 3, 3, 3], [64, 1, 64]])
 @pytest.mark.parametrize("world_size,workers,batch", [(1, 0, 4), (2, 2, 4), (3, 2, 2), (4, 3, 1)])
 def test_training_plan_has_no_duplicates_and_equal_batches_per_rank(counts, world_size, workers, batch):
-    shards = [(f"s{i}", n) for i, n in enumerate(counts)]
     total, seen, batches = sum(counts), [], []
     for rank in range(world_size):
-        rank_batches = 0
-        for worker in range(max(workers, 1)):
-            pieces = plan(shards, rank, world_size, worker, max(workers, 1), batch, drop_last=True, epoch=3, seed=1, shuffle=True)
-            samples = [(p.shard, i) for p in pieces for i in range(p.start, p.stop)]
-            assert len(samples) % batch == 0
-            rank_batches += len(samples) // batch
-            seen += samples
-        batches.append(rank_batches)
+        per_worker = _plan(counts, rank, world_size, workers, batch, True, epoch=3, seed=1, shuffle=True)
+        assert all(len(samples) % batch == 0 for samples in per_worker)
+        assert [len(samples) for samples in per_worker] == worker_quotas(total, world_size, workers, batch, True)
+        batches.append(sum(len(samples) for samples in per_worker) // batch)
+        seen += [sample for samples in per_worker for sample in samples]
     assert len(set(batches)) == 1 and batches[0] == batches_per_rank(total, world_size, workers, batch, True)
     assert len(seen) == len(set(seen)), "a sample is read twice in one epoch"
-    assert len(seen) > total - world_size * batch * max(workers, 1)  # only the tail is dropped
+    assert len(seen) > total - world_size * batch  # only the tail is dropped
 
 
 @pytest.mark.parametrize("world_size,workers", [(1, 1), (2, 2), (3, 1)])
 def test_evaluation_plan_reads_every_sample_with_equal_counts(world_size, workers):
-    shards = [("a", 5), ("b", 3), ("c", 6)]
+    counts = [5, 3, 6]
     seen, per_rank = set(), []
     for rank in range(world_size):
-        pieces = [p for w in range(workers) for p in plan(shards, rank, world_size, w, workers, 4, drop_last=False)]
-        per_rank.append(sum(p.stop - p.start for p in pieces))
-        seen |= {(p.shard, i) for p in pieces for i in range(p.start, p.stop)}
+        samples = [s for worker in _plan(counts, rank, world_size, workers, 4, False) for s in worker]
+        per_rank.append(len(samples))
+        seen |= set(samples)
     assert len(set(per_rank)) == 1 and per_rank[0] == math.ceil(14 / world_size)
-    assert seen == {(s, i) for s, n in shards for i in range(n)}
+    assert seen == {(f"s{i}", j) for i, n in enumerate(counts) for j in range(n)}
 
 
 def test_loader_yields_batches_that_match_the_pipeline(dataset):

@@ -57,7 +57,7 @@ class TinyMultiTask(nn.Module):
 
     def loss(self, outputs: dict, batch: Batch) -> dict:
         size = outputs["depth"].shape[-2:]
-        depth = F.adaptive_avg_pool2d(batch.depth, size)
+        depth = F.adaptive_avg_pool2d(batch.depth.float(), size)
         labels = F.interpolate(batch.semantic.float(), size=size, mode="nearest").long()
         seg = outputs["segmentation"]
         terms = {
@@ -85,7 +85,7 @@ def synthetic_batch(pipeline, seed: int) -> Batch:
     return Batch(
         images=images, intrinsics=torch.eye(3).expand(b, n, 3, 3).contiguous(),
         cam_to_ego=torch.eye(4).expand(b, n, 4, 4).contiguous(),
-        depth=5.0 + 20.0 * brightness, semantic=(brightness * classes).long().clamp(max=classes - 1),
+        depth=(5.0 + 20.0 * brightness).half(), semantic=(brightness * classes).clamp(max=classes - 1).to(torch.uint8),
         boxes=torch.zeros(b, m, 9), box_labels=torch.full((b, m), -1, dtype=torch.long),
         ego_status=torch.stack([speed, torch.zeros(b), torch.zeros(b)], dim=1), command=torch.ones(b, dtype=torch.long),
         past_trajectory=torch.zeros(b, 4, 2), future_trajectory=future, future_valid=torch.ones(b, t, dtype=torch.bool))
