@@ -421,6 +421,13 @@ class TrainConfig:
     """FSDP2 sharding policy: module-name patterns, one `.`-separated glob per level, each match
     sharded as its own unit (`*` = every top-level part, `backbone.*` = each backbone stage,
     `backbone.*.*` = each block); the whole model is the outer unit."""
+    fsdp_replicate: str = "auto"
+    """FSDP2 hybrid sharding (HSDP): how many replicas of the sharded model; each shards it over
+    (num_nodes x devices) / fsdp_replicate ranks. `auto` = one replica per node (shard within a
+    node, replicate across nodes); `1` = shard over every rank (plain FSDP)."""
+    fsdp_cpu_offload: bool = False
+    """FSDP2 on GPUs: keep parameter shards, gradients and optimizer state in host memory
+    (`CPUOffloadPolicy`; the optimizer step runs on the CPU). Refused on CPU ranks."""
     launcher: str = "local"
     """`local` (this machine; Lightning starts the ranks), `slurm` (write an sbatch script that
     runs the same command under srun, and submit it) or `torchrun` (multi-node rendezvous)."""
@@ -471,6 +478,12 @@ class TrainConfig:
                                           "retired: use a .db path)"))
         if not self.fsdp_units:
             found.append(("fsdp_units", "got an empty list; use [\"*\"] to shard each top-level part"))
+        world = self.devices * self.num_nodes
+        replicate = self.num_nodes if self.fsdp_replicate == "auto" else (
+            int(self.fsdp_replicate) if str(self.fsdp_replicate).isdigit() else 0)
+        if replicate < 1 or world % replicate:
+            found.append(("fsdp_replicate", f"got {self.fsdp_replicate!r}; use auto (one replica per node) or a "
+                                            f"divisor of the {world} ranks (num_nodes x devices)"))
         host, _, port = self.rendezvous.rpartition(":")
         if not host or not port.isdigit() or any(c.isspace() for c in host):
             found.append(("rendezvous", f"got {self.rendezvous!r}; expected host:port, e.g. node001:29500"))

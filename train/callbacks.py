@@ -1,22 +1,29 @@
-"""Training observability with low overhead: throughput, data wait vs compute, MFU, peak memory.
+"""Training observability with low overhead: throughput, data wait vs compute, MFU/HFU, memory, communication.
 
 Per step the callback only reads a clock at batch start and end (data wait = time
 from the end of one step to the start of the next, which is where the loader is
 pulled; compute = start to end). Every `log_every_n_steps` it synchronises the device
 once and logs averages over the window, so the device is not stalled every step.
 
-MFU = achieved FLOP/s / peak FLOP/s (PaLM, appendix B, https://arxiv.org/abs/2204.02311).
-The FLOPs of one training step (forward + backward) are counted once, on the first step,
-with `torch.utils.flop_counter` through `step_flop_counter`: torch's convolution-backward
+MFU and HFU (PaLM, appendix B, https://arxiv.org/abs/2204.02311): MFU = the model's
+FLOPs per second (forward + backward, no recomputation) over the device's peak; HFU
+counts the FLOPs the hardware really runs, recomputation under activation
+checkpointing included, so HFU >= MFU and the two are equal without checkpointing.
+The FLOPs of one training step are counted once, on the first step, with
+`torch.utils.flop_counter` through `step_flop_counter`: torch's convolution-backward
 formula counts a grouped convolution's weight gradient `groups` times over, which made a
 tiny-preset step (batch 4) of 32.0 GFLOP count as 50.6; here each gradient of a convolution
-costs what its forward does. Under activation checkpointing the recomputed forward is
-counted too (41.2 GFLOP for that step with the image and BEV encoders checkpointed): that
-is the work the hardware does, PaLM's HFU rather than MFU.
+costs what its forward does. The recomputed forwards are counted separately (the
+checkpointed modules run their recomputation inside `RECOMPUTE.contexts`, see
+`stack.train.parallel.apply_activation_checkpointing`): with the image and BEV encoders
+checkpointed that tiny-preset step runs 41.2 GFLOP of which 32.0 are the model's.
 
-The peak is `train.peak_tflops` or, when 0, measured with a short matmul at the training
-precision (`measure_peak_tflops`) when training starts. A utilisation above 100% is never
-reported:
+The peak, in this order: `train.peak_tflops` when set; the datasheet dense peak of a
+known GPU at the training precision (`DATASHEET_PEAKS`: H100 SXM/PCIe, H200, A100, L4,
+Jetson AGX Orin); otherwise (CPUs, unknown GPUs) a short matmul at the training precision
+measured when training starts (`measure_peak_tflops`), labelled "measured CPU matmul peak"
+or "measured matmul peak". Where the peak came from is logged once at train start.
+A utilisation above 100% is never reported:
 
 - measured peak: a measurement taken while other jobs held the cores is too low, so a
   window whose achieved rate exceeds the peak re-measures it (the machine is evidently
@@ -25,14 +32,18 @@ reported:
   peak: `perf/mfu` is then an upper bound, printed with `<=` (`MFU <=100.0%`). Each
   re-measurement is logged ("peak re-measured: X TFLOP/s"), the switch to an achieved-rate
   peak once. Windows below the peak never re-measure.
-- configured peak (a datasheet figure): nothing is re-measured; a window above it logs
+- configured or datasheet peak: nothing is re-measured; a window above it logs
   `perf/mfu` = 1.0, prints `MFU >100% (train.peak_tflops too low)` and warns once.
 
-`perf/achieved_tflops` is logged either way: it needs no peak.
+`perf/achieved_tflops` (the hardware's rate) is logged either way: it needs no peak.
+On more than one rank, `perf/comm_sent_mb` is what this rank sent in collectives per step
+(`stack.train.comm`, measured at the calls).
 """
 
 from __future__ import annotations
 
+import contextlib
+import re
 import time
 
 import lightning.pytorch as pl
@@ -42,6 +53,76 @@ from torch.utils.flop_counter import FlopCounterMode, conv_flop_count
 
 MAX_REMEASURES = 3
 """Peak re-measurements a run may make (each costs about a second of training)."""
+
+_H100_SXM = {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9}
+DATASHEET_PEAKS: list[tuple[str, str, dict[str, float], str]] = [
+    # (pattern of torch.cuda.get_device_name, device, dense TFLOP/s per dtype (no sparsity), source)
+    (r"H100.*PCIe", "H100 PCIe", {"bf16": 756.5, "fp16": 756.5, "tf32": 378.0, "fp32": 51.2},
+     "NVIDIA H100 Tensor Core GPU datasheet (half the 'with sparsity' figures)"),
+    (r"H100(?!.*NVL)", "H100 SXM", _H100_SXM,
+     "NVIDIA H100 Tensor Core GPU datasheet (half the 'with sparsity' figures)"),
+    (r"H200(?!.*NVL)", "H200 SXM", _H100_SXM, "NVIDIA H200 Tensor Core GPU datasheet (half the sparsity figures)"),
+    (r"A100", "A100", {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5},
+     "NVIDIA A100 Tensor Core GPU datasheet"),
+    (r"\bL4\b", "L4", {"bf16": 121.0, "fp16": 121.0, "tf32": 60.0, "fp32": 30.3},
+     "NVIDIA L4 Tensor Core GPU datasheet (half the sparsity figures)"),
+    (r"Orin", "Jetson AGX Orin 64GB", {"bf16": 42.5, "fp16": 42.5, "fp32": 5.3},
+     "NVIDIA Jetson AGX Orin Series Technical Brief (dense FP16 tensor core, FP32 CUDA core)"),
+]
+"""Dense peaks of known GPUs. 32-true counts as fp32 unless torch lets matmuls use TF32."""
+
+
+def precision_key(precision: str, device: torch.device) -> str:
+    """The datasheet column a run at `precision` on `device` is measured against."""
+    if precision == "bf16-mixed":
+        return "bf16"
+    if precision == "16-mixed" and device.type == "cuda":
+        return "fp16"
+    return "tf32" if device.type == "cuda" and torch.get_float32_matmul_precision() != "highest" else "fp32"
+
+
+def datasheet_peak(device_name: str, key: str) -> tuple[float, str] | None:
+    """(dense TFLOP/s, "datasheet: <device> <key> dense peak (<source>)") of a known GPU, else None."""
+    for pattern, device, peaks, source in DATASHEET_PEAKS:
+        if re.search(pattern, device_name) and key in peaks:
+            return peaks[key], f"datasheet {device} {key} dense peak ({source})"
+    return None
+
+
+class RecomputeFlops:
+    """FLOPs of the forwards that activation checkpointing re-runs in backward, while `counting`.
+
+    `contexts` is the `context_fn` of the checkpointed modules: torch enters its second
+    context around each recomputation, here a FLOP counter of its own. (The counter is
+    handed to torch as the context itself: wrapped in a generator context manager it
+    counted nothing.)"""
+
+    def __init__(self):
+        self._counting = False
+        self._counters: list[FlopCounterMode] = []
+
+    @property
+    def counting(self) -> bool:
+        return self._counting
+
+    @counting.setter
+    def counting(self, value: bool) -> None:
+        if value:
+            self._counters = []
+        self._counting = value
+
+    @property
+    def flops(self) -> int:
+        return sum(counter.get_total_flops() for counter in self._counters)
+
+    def contexts(self):
+        if not self.counting:
+            return contextlib.nullcontext(), contextlib.nullcontext()
+        self._counters.append(step_flop_counter())
+        return contextlib.nullcontext(), self._counters[-1]
+
+
+RECOMPUTE = RecomputeFlops()
 
 
 def conv_backward_flop(grad_out_shape, x_shape, w_shape, _bias, _stride, _padding, _dilation, transposed,
@@ -126,7 +207,7 @@ PRECISION_DTYPES = {"32-true": torch.float32, "bf16-mixed": torch.bfloat16, "16-
 
 
 class StepStats(pl.Callback):
-    """Logs samples/s, data-wait share, step time, MFU and peak memory every `every` steps.
+    """Logs samples/s, data-wait share, step time, MFU/HFU, memory and bytes sent every `every` steps.
 
     Data wait is the time from the end of one training step (or the start of an epoch) to the
     start of the next step. Validation runs and what follows it (checkpoints) are neither
@@ -144,8 +225,11 @@ class StepStats(pl.Callback):
         self._peak_warned = False
         self._peak_dtype = torch.float32
         self.precision = precision
-        self.step_flops: float | None = None
+        self.peak_source = "train.peak_tflops (configured)" if self.peak_configured else ""
+        self.step_flops: float | None = None  # what the hardware runs (HFU)
+        self.model_flops: float | None = None  # the model's forward + backward (MFU); step_flops when None
         self._counter: FlopCounterMode | None = None
+        self.comm = None  # stack.train.comm.CommBytes on more than one rank
         self._reset_window()
         self._last_end: float | None = None
         self._start = 0.0
@@ -161,9 +245,32 @@ class StepStats(pl.Callback):
             dtype = torch.float32  # CPUs have no fast fp16 path; report against fp32
         self._peak_dtype = dtype
         if not self.peak_configured:
-            self.peak_tflops = measure_peak_tflops(pl_module.device, dtype)
+            self._choose_peak(pl_module.device)
+        rank_zero_info(f"MFU/HFU peak: {self.peak_tflops:.4g} TFLOP/s, {self.peak_source}")
         if pl_module.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(pl_module.device)
+        if trainer.world_size > 1:
+            from stack.train.comm import CommBytes, count_ddp
+
+            self.comm = CommBytes()
+            count_ddp(trainer.strategy.model)
+
+    def _choose_peak(self, device: torch.device) -> None:
+        """The datasheet peak of a known GPU, else a measured matmul peak (labelled as such)."""
+        key = precision_key(self.precision, device)
+        name = torch.cuda.get_device_name(device) if device.type == "cuda" else ""
+        known = datasheet_peak(name, key) if name else None
+        if known is not None:
+            (self.peak_tflops, self.peak_source), self.peak_configured = known, True
+            return
+        self.peak_tflops = measure_peak_tflops(device, self._peak_dtype)
+        dtype = str(self._peak_dtype).removeprefix("torch.")
+        self.peak_source = (f"measured CPU matmul peak ({dtype})" if device.type == "cpu" else
+                            f"measured matmul peak ({dtype}; {name!r} is not in the datasheet table)")
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        if self.comm is not None:
+            self.comm.close()
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
         self._last_end = time.perf_counter()  # the loader's start-up and first batch are data wait
@@ -182,15 +289,22 @@ class StepStats(pl.Callback):
         if self.step_flops is None and self._counter is None:
             self._counter = step_flop_counter()
             self._counter.__enter__()
+            RECOMPUTE.counting = True  # and forgets earlier counts
+        if self.comm is not None:
+            self.comm.counting = True
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
         if self._counter is not None:  # forward + backward of the first step are counted
             self._counter.__exit__(None, None, None)
             self.step_flops = float(self._counter.get_total_flops())
+            self.model_flops = self.step_flops - RECOMPUTE.flops
+            RECOMPUTE.counting = False
             self._counter = None
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         now = time.perf_counter()
+        if self.comm is not None:
+            self.comm.counting = False
         self._compute += now - self._start
         self._samples += batch.images.shape[0] if hasattr(batch, "images") else 0
         self._steps += 1
@@ -212,13 +326,21 @@ class StepStats(pl.Callback):
             "perf/peak_memory_mb": peak_memory_mb(pl_module.device),
             "perf/train_state_mb": training_state_mb(pl_module, trainer.optimizers),
         }
-        mfu_text = ""
+        mfu_text, comm = "", None
         if self.step_flops:
             achieved = self.step_flops / step_s / 1e12
             stats["perf/achieved_tflops"] = achieved
             if self.peak_tflops:
-                stats["perf/mfu"], mfu_text = self._mfu(achieved, pl_module.device)
-        self.history.append({"step": trainer.global_step, **stats, "mfu_text": mfu_text})
+                hfu, hfu_text = self._mfu(achieved, pl_module.device)  # the peak is judged by the hardware's rate
+                model_share = (self.model_flops if self.model_flops is not None else self.step_flops) / self.step_flops
+                stats["perf/mfu"], stats["perf/hfu"] = hfu * model_share, hfu
+                mfu_text = hfu_text if model_share == 1 else (
+                    f"{'<=' if self.peak_is_bound else ''}{100 * hfu * model_share:.1f}%, HFU {hfu_text}")
+        if self.comm is not None:
+            comm = self.comm.summary(self._steps)
+            stats["perf/comm_sent_mb"] = self.comm.sent_bytes() / self._steps / 2**20
+            self.comm.reset()
+        self.history.append({"step": trainer.global_step, **stats, "mfu_text": mfu_text, "comm": comm})
         pl_module.log_dict(stats, on_step=True, on_epoch=False, rank_zero_only=True)
         if self.print_lines and trainer.is_global_zero:
             loss = trainer.callback_metrics.get("loss")
@@ -231,14 +353,16 @@ class StepStats(pl.Callback):
         self._reset_window()
 
     def _mfu(self, achieved: float, device: torch.device) -> tuple[float, str]:
-        """(MFU, its printed form) of a window that achieved `achieved` TFLOP/s; never above 1."""
+        """(utilisation, its printed form) of a window whose hardware achieved `achieved` TFLOP/s; never above 1."""
         if achieved > self.peak_tflops and self.peak_configured:
+            configured = self.peak_source.startswith("train.peak_tflops")
             if not self._peak_warned:
-                rank_zero_warn(f"train.peak_tflops={self.peak_tflops:g} is below the {achieved:.4g} TFLOP/s this "
-                               "run achieves: MFU is shown as >100% (clamped to 1.0 in perf/mfu); set the "
-                               "device's real peak, or 0 to measure it")
+                rank_zero_warn(f"{'train.peak_tflops' if configured else 'the ' + self.peak_source}="
+                               f"{self.peak_tflops:g} is below the {achieved:.4g} TFLOP/s this run achieves: MFU is "
+                               "shown as >100% (clamped to 1.0 in perf/mfu); set the device's real peak in "
+                               "train.peak_tflops")
                 self._peak_warned = True
-            return 1.0, ">100% (train.peak_tflops too low)"
+            return 1.0, f">100% ({'train.peak_tflops' if configured else 'datasheet peak'} too low)"
         if achieved > self.peak_tflops:
             self._raise_peak(achieved, device)
         mfu = achieved / self.peak_tflops

@@ -60,7 +60,7 @@ class TrainModule(pl.LightningModule):
             self.checkpointed_units = apply_activation_checkpointing(self.model, train.activation_checkpointing)
         mesh = getattr(self, "_device_mesh", None)
         if mesh is not None:
-            self.sharded_units = apply_fsdp(self.model, train.fsdp_units, mesh["data_parallel"])
+            self.sharded_units = apply_fsdp(self.model, train, mesh.device_type)  # its own (replicate, shard) mesh
         if train.compile:
             self.model.compile()
 

@@ -7,16 +7,32 @@ patterns, one glob per `.`-separated level: `backbone` is the backbone,
 
 FSDP2 runs through Lightning's `ModelParallelStrategy` (Lightning's `strategy="fsdp"`
 is FSDP1 and refuses the CPU); the same code uses gloo on CPU ranks and NCCL on
-GPUs. Precision and BatchNorm (pytorch/pytorch#75478): parameters, gradients,
-norms and their running-stat buffers all stay fp32 — FSDP2 is given no
-`param_dtype`, and bf16/fp16 comes from autocast around the forward — so
-BatchNorm statistics are never reduced or stored in low precision.
-FSDP2 paper: https://arxiv.org/abs/2304.11277 (FSDP), API: torch.distributed.fsdp.fully_shard.
+GPUs. FSDP2 paper: https://arxiv.org/abs/2304.11277 (FSDP), API: torch.distributed.fsdp.fully_shard;
+the choices below follow torchtitan (torchtitan/models/llama3/infra/parallelize.py).
+
+Mixed precision under `bf16-mixed` (`fsdp_policies`): FSDP2's `MixedPrecisionPolicy`
+all-gathers the parameters in bf16 (half the bytes of an fp32 gather) and reduce-scatters
+the gradients in fp32, as torchtitan does by default; the optimizer keeps fp32 shards.
+Norm layers are sharded as their own units with no cast, so their weights, the BatchNorm
+running statistics (buffers, never cast by FSDP2) and their gradients stay fp32
+(pytorch/pytorch#75478). Lightning's `ModelParallelStrategy` pairs `bf16-mixed` with its
+autocast plugin, which stays on: the input images arrive as fp32 and the losses ask for
+fp32, and autocast casts only fp32 tensors, so the weights FSDP2 already gathered in bf16
+are not cast a second time (a `bf16-true` plugin would instead make the master weights bf16).
+`16-mixed` keeps fp32 gathers (its gradient scaler expects fp32 gradients).
+
+Hybrid sharding (`train.fsdp_replicate`): the ranks form a (replicate, shard) device mesh
+(`init_device_mesh`); parameters are sharded across the `shard` ranks of a node and
+replicated across nodes, so all-gathers stay on the fast links inside a node and only
+the gradient all-reduce crosses nodes. `train.fsdp_cpu_offload` keeps parameter shards,
+gradients and optimizer state in host memory (`CPUOffloadPolicy`; the optimizer step runs
+on the CPU); on CPU ranks they are there already, so the key is refused there.
 """
 
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import Iterable
 
@@ -26,6 +42,9 @@ from torch.utils.checkpoint import checkpoint
 
 from stack.errors import ConfigError
 from stack.pipeline import TrainConfig
+from stack.train.callbacks import RECOMPUTE
+
+NORMS = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm)
 
 
 def match_modules(model: nn.Module, patterns: Iterable[str], key: str) -> list[tuple[str, nn.Module]]:
@@ -62,11 +81,12 @@ def apply_activation_checkpointing(model: nn.Module, patterns: Iterable[str]) ->
     BatchNorm inside a recomputed module updates its running statistics in the forward and
     again in the recompute (the same batch twice: a slightly faster moving average); the
     gradients are exactly those of the plain module (tests/train/test_parallel.py).
+    The recomputation runs inside `RECOMPUTE.contexts`, where StepStats counts its FLOPs (HFU).
     """
     chosen = _outermost(match_modules(model, patterns, "train.activation_checkpointing"))
     for _, module in chosen:
         forward = module.forward
-        module.forward = functools.partial(checkpoint, forward, use_reentrant=False)
+        module.forward = functools.partial(checkpoint, forward, use_reentrant=False, context_fn=RECOMPUTE.contexts)
     return [name for name, _ in chosen]
 
 
@@ -75,24 +95,69 @@ def _outermost(named: list[tuple[str, nn.Module]]) -> list[tuple[str, nn.Module]
     return [(n, m) for n, m in named if not any(n.startswith(other + ".") for other in names)]
 
 
-def apply_fsdp(model: nn.Module, patterns: Iterable[str], mesh) -> list[str]:
-    """`fully_shard` each matched module (innermost first), then the whole model.
+@dataclass
+class FsdpPolicies:
+    """What `fully_shard` is given: the unit policy, the norm layers' policy, and the offload policy."""
+
+    units: object
+    norms: object
+    offload: object
+
+
+def fsdp_policies(train: TrainConfig) -> FsdpPolicies:
+    """bf16 gathers + fp32 reductions under bf16-mixed (norms never cast); CPU offload when asked."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
+
+    no_cast = MixedPrecisionPolicy()
+    units = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+             if train.precision == "bf16-mixed" else no_cast)
+    offload = CPUOffloadPolicy(pin_memory=True) if train.fsdp_cpu_offload else OffloadPolicy()
+    return FsdpPolicies(units=units, norms=no_cast, offload=offload)
+
+
+def replicas(train: TrainConfig) -> int:
+    """How many replicas HSDP keeps: `train.fsdp_replicate`, `auto` meaning one per node."""
+    return train.num_nodes if train.fsdp_replicate == "auto" else int(train.fsdp_replicate)
+
+
+def fsdp_mesh(train: TrainConfig, device_type: str):
+    """The (replicate, shard) device mesh of `train`, or its 1-D shard mesh when there is one replica."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    replicate, world = replicas(train), train.devices * train.num_nodes  # TrainConfig checks that replicate | world
+    mesh = init_device_mesh(device_type, (replicate, world // replicate), mesh_dim_names=("replicate", "shard"))
+    return mesh["shard"] if replicate == 1 else mesh
+
+
+def apply_fsdp(model: nn.Module, train: TrainConfig, device_type: str) -> list[str]:
+    """`fully_shard` the norm layers, each `train.fsdp_units` match (innermost first), then the whole model.
 
     Units are all-gathered one at a time in forward and backward, so peak memory holds
     one unit's full parameters plus everyone's shards.
     """
     from torch.distributed.fsdp import fully_shard
 
-    named = match_modules(model, patterns, "train.fsdp_units")
+    mesh, policies = fsdp_mesh(train, device_type), fsdp_policies(train)
+    named = match_modules(model, train.fsdp_units, "train.fsdp_units")
+    norms = [m for m in model.modules() if isinstance(m, NORMS) and any(p.requires_grad for p in m.parameters())]
+    if policies.units != policies.norms:
+        for norm in norms:
+            fully_shard(norm, mesh=mesh, mp_policy=policies.norms, offload_policy=policies.offload)
     for _, module in sorted(named, key=lambda item: -item[0].count(".")):
-        if any(p.requires_grad for p in module.parameters()):
-            fully_shard(module, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+        if any(p.requires_grad for p in module.parameters()) and not (module in norms and policies.units != policies.norms):
+            fully_shard(module, mesh=mesh, mp_policy=policies.units, offload_policy=policies.offload)
+    fully_shard(model, mesh=mesh, mp_policy=policies.units, offload_policy=policies.offload)
     return [name for name, _ in named]
 
 
 def build_strategy(train: TrainConfig):
     """The Lightning strategy for `train.strategy` (an object or a Lightning strategy name)."""
+    if train.fsdp_cpu_offload and (train.strategy != "fsdp" or accelerator_name(train) == "cpu"):
+        raise ConfigError("train.fsdp_cpu_offload=true needs train.strategy=fsdp on GPUs: CPU offload moves FSDP2's "
+                          "parameter shards, gradients and optimizer state from GPU memory to host memory, and on "
+                          f"CPU ranks they are in host memory already (nothing would be saved; this run: strategy "
+                          f"{train.strategy}, accelerator {accelerator_name(train)}). Set train.fsdp_cpu_offload=false, "
+                          "or train.strategy=fsdp with train.accelerator=gpu")
     if train.strategy == "fsdp":
         from lightning.pytorch.strategies import ModelParallelStrategy
 

@@ -89,7 +89,8 @@ def test_a_peak_measured_too_low_is_measured_again_and_mfu_stays_true(monkeypatc
     rows = [log_window(stats, rate) for rate in (0.4, 2.0, 1.0, 3.0)]
     assert [row["perf/mfu"] for row in rows] == pytest.approx([0.8, 0.5, 0.25, 0.75])
     assert len(calls) == 2 and stats.peak_tflops == 4.0 and not stats.peak_is_bound
-    assert len(said) == 1 and said[0].startswith("peak re-measured: 4 TFLOP/s (was 0.5; a window achieved 2")
+    assert said[0] == "MFU/HFU peak: 0.5 TFLOP/s, measured CPU matmul peak (float32)"  # the source, once
+    assert len(said) == 2 and said[1].startswith("peak re-measured: 4 TFLOP/s (was 0.5; a window achieved 2")
 
 
 def test_a_window_above_every_measured_peak_reports_against_the_achieved_rate(monkeypatch, capsys):

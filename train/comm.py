@@ -1,0 +1,108 @@
+"""Bytes each rank sends in collectives, measured at the calls (not computed from the model).
+
+`CommBytes` wraps the `torch.distributed` collectives that FSDP2, DDP's default
+communication hook and Lightning go through (`all_gather_single`,
+`all_gather_into_tensor`, `reduce_scatter_single`, `reduce_scatter_tensor`,
+`all_reduce`) and, while `counting`, records each call's tensor size, dtype and
+group size. DDP's gradient buckets are all-reduced in C++ unless a communication
+hook is registered, so `count_ddp` registers torch's default all-reduce hook, which
+calls `dist.all_reduce` and is counted like the rest.
+
+"Sent" is what this rank puts on the wire under the ring algorithms NCCL and gloo
+use for these collectives (Patarasuk & Yuan, "Bandwidth optimal all-reduce algorithms
+for clusters of workstations", JPDC 2009): an all-gather or reduce-scatter over `n`
+ranks sends (n-1)/n of the full tensor, an all-reduce twice that. A group of one
+rank sends nothing.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import defaultdict
+
+import torch
+import torch.distributed as dist
+
+# name -> (kind, positional index and keyword of the full-size tensor, positional index of `group`)
+_COLLECTIVES = {
+    "all_gather_single": ("all_gather", 0, "output_tensor", 2),
+    "all_gather_into_tensor": ("all_gather", 0, "output_tensor", 2),
+    "reduce_scatter_single": ("reduce_scatter", 1, "input", 3),
+    "reduce_scatter_tensor": ("reduce_scatter", 1, "input", 3),
+    "all_reduce": ("all_reduce", 0, "tensor", 2),
+}
+_RING_FACTOR = {"all_gather": 1.0, "reduce_scatter": 1.0, "all_reduce": 2.0}
+_active: list["CommBytes"] = []
+_originals: dict = {}
+
+
+class CommBytes:
+    """Per-collective byte counts of this rank while `counting` is True."""
+
+    def __init__(self):
+        self.counting = False
+        self.calls: dict[tuple[str, str], int] = defaultdict(int)  # (kind, dtype) -> calls
+        self.payload: dict[tuple[str, str], int] = defaultdict(int)  # (kind, dtype) -> full-tensor bytes
+        self.sent: dict[tuple[str, str], float] = defaultdict(float)  # (kind, dtype) -> bytes sent (ring)
+        _install()
+        _active.append(self)
+
+    def close(self) -> None:
+        if self in _active:
+            _active.remove(self)
+
+    def record(self, kind: str, tensor: torch.Tensor, group) -> None:
+        ranks = dist.get_world_size(group) if group is not None else dist.get_world_size()
+        key = (kind, str(tensor.dtype).removeprefix("torch."))
+        self.calls[key] += 1
+        self.payload[key] += tensor.nbytes
+        self.sent[key] += _RING_FACTOR[kind] * tensor.nbytes * (ranks - 1) / ranks
+
+    def sent_bytes(self, kind: str | None = None) -> float:
+        return sum(v for (k, _), v in self.sent.items() if kind is None or k == kind)
+
+    def summary(self, steps: int = 1) -> dict:
+        """{"all_gather/bfloat16": {"calls", "payload_mb", "sent_mb"}, ...} per step."""
+        return {f"{k}/{d}": {"calls": self.calls[(k, d)] / steps, "payload_mb": self.payload[(k, d)] / steps / 2**20,
+                             "sent_mb": self.sent[(k, d)] / steps / 2**20} for k, d in sorted(self.calls)}
+
+    def reset(self) -> None:
+        self.calls.clear()
+        self.payload.clear()
+        self.sent.clear()
+
+
+def _install() -> None:
+    """Wrap the collectives once per process; the wrappers cost a dict update per call."""
+    for name, (kind, index, keyword, group_index) in _COLLECTIVES.items():
+        if name in _originals or not hasattr(dist, name):
+            continue
+        original = _originals[name] = getattr(dist, name)
+        setattr(dist, name, _counted(original, kind, index, keyword, group_index))
+
+
+def _counted(original, kind: str, index: int, keyword: str, group_index: int):
+    @functools.wraps(original)
+    def call(*args, **kwargs):
+        if any(counter.counting for counter in _active):
+            tensor = args[index] if len(args) > index else kwargs[keyword]
+            group = args[group_index] if len(args) > group_index else kwargs.get("group")
+            for counter in _active:
+                if counter.counting:
+                    counter.record(kind, tensor, group)
+        return original(*args, **kwargs)
+    return call
+
+
+def count_ddp(model) -> bool:
+    """Route a DistributedDataParallel model's gradient all-reduce through `dist.all_reduce` (counted).
+
+    Registers torch's default all-reduce hook, which does what DDP's built-in reducer does
+    (divide by the world size, all-reduce the bucket). Returns False for any other model."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.nn.parallel import DistributedDataParallel
+
+    if not isinstance(model, DistributedDataParallel):
+        return False
+    model.register_comm_hook(state=None, hook=default_hooks.allreduce_hook)
+    return True
