@@ -7,8 +7,10 @@ import pytest
 import torch
 
 from stack.data import build_loader
-from stack.data.augment import augment_row, resize_crop, rotate_bev
+from stack.data import augment
+from stack.data.augment import apply_colour, augment_row, nearest_indices, resize_crop, rotate_bev
 from stack.pipeline import AugmentConfig
+from stack.rig import scale_intrinsics
 
 
 def _row(pipeline):
@@ -34,18 +36,62 @@ def _visible_box(row):
     raise AssertionError("no box in view")
 
 
-def test_box_centre_hits_the_same_marked_pixel_after_resize_crop_and_rotation(dataset):
-    pipeline, _ = dataset
-    for seed in range(6):
+def marked_pixel_misses(pipeline, augment, seeds=range(6)) -> list:
+    """Projection consistency: mark the pixels around a visible box centre in the semantics, augment the row
+    with `augment(row, rng)` (resize/crop and rotation at least), project the moved box centre through the
+    updated intrinsics and pose, and list the seeds where it no longer lands on the mark."""
+    misses = []
+    for seed in seeds:
         row = _row(pipeline)
         index, camera, u, v = _visible_box(row)
         row["semantic"][camera] = 0
         row["semantic"][camera, int(v) - 2:int(v) + 3, int(u) - 2:int(u) + 3] = 7
-        rng = np.random.default_rng(seed)
-        resize_crop(row, float(rng.uniform(0.8, 1.25)), rng)
-        rotate_bev(row, math.radians(float(rng.uniform(-30, 30))))
+        augment(row, np.random.default_rng(seed))
         (u2, v2), _ = _project(row, camera, row["boxes"][index, :3])
-        assert row["semantic"][camera, int(v2), int(u2)] == 7, (seed, (u, v), (u2, v2))
+        inside = 0 <= int(v2) < row["semantic"].shape[-2] and 0 <= int(u2) < row["semantic"].shape[-1]
+        if not inside or row["semantic"][camera, int(v2), int(u2)] != 7:
+            misses.append((seed, (u, v), (u2, v2)))
+    return misses
+
+
+def _resize_crop_rotate(row, rng):
+    resize_crop(row, float(rng.uniform(0.8, 1.25)), rng)
+    rotate_bev(row, math.radians(float(rng.uniform(-30, 30))))
+
+
+def test_box_centre_hits_the_same_marked_pixel_after_resize_crop_and_rotation(dataset):
+    pipeline, _ = dataset
+    assert marked_pixel_misses(pipeline, _resize_crop_rotate) == []
+
+
+def test_an_intrinsics_update_without_the_crop_offset_misses_the_marked_pixel(dataset, monkeypatch):
+    pipeline, _ = dataset
+    monkeypatch.setattr(augment, "scale_intrinsics",
+                        lambda k, sx, sy, crop_x=0.0, crop_y=0.0: scale_intrinsics(k, sx, sy))
+    assert len(marked_pixel_misses(pipeline, _resize_crop_rotate)) >= 4
+
+
+def test_nearest_resize_picks_the_pixel_under_each_output_centre():
+    for size_in, size_out in ((64, 57), (128, 141), (256, 230), (256, 315), (7, 3)):
+        centres = (np.arange(size_out) + 0.5) * size_in / size_out
+        for accumulate in (False, True):  # columns and rows (DALI's two float32 orders)
+            index = nearest_indices(size_in, size_out, accumulate).numpy()
+            assert (index <= centres + 1e-4).all() and (centres - index < 1 + 1e-4).all()
+            assert index.min() >= 0 and index.max() <= size_in - 1
+
+
+def test_colour_transform_is_brightness_then_contrast_then_saturation():
+    rng = np.random.default_rng(0)
+    images = torch.from_numpy(rng.integers(0, 256, (2, 3, 8, 8), dtype=np.uint8))
+    b, c, s = 1.2, 0.8, 0.7
+    x = images.float() * b
+    mean = x.mean(dim=(-3, -2, -1), keepdim=True)
+    x = (x - mean) * c + mean
+    grey = x.mean(dim=-3, keepdim=True)
+    expected = ((x - grey) * s + grey).round().clamp(0, 255)
+    row = {"images": images.clone()}
+    apply_colour(row, (b, c, s))
+    assert (row["images"].float() - expected).abs().max() <= 1
 
 
 def test_rotation_moves_boxes_velocities_cameras_and_the_ego_trajectories_together(dataset):
