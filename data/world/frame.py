@@ -43,18 +43,20 @@ class TorchGround:
 
     def classes_at(self, points):
         row, col, inside = self._cells(points)
-        return torch.where(inside, self.classes[row, col], torch.full_like(row, SEG["vegetation"]))
+        cells = self.classes.view(-1).index_select(0, row * self.classes.shape[1] + col)
+        return torch.where(inside, cells, torch.full_like(row, SEG["vegetation"]))
 
     def albedo(self, points, classes):
         """Ground colour with texture: asphalt grain, paving joints, grass patches, yellow centre lines."""
         row, col, inside = self._cells(points)
-        colour = self.palette[classes]
-        fine = self.noise[(points[:, 1] * 8).long() % 256, (points[:, 0] * 8).long() % 256]
-        coarse = self.noise[(points[:, 1] * 0.5).long() % 256, (points[:, 0] * 0.5).long() % 256]
+        colour = self.palette.index_select(0, classes)
+        noise = self.noise.view(-1)
+        fine = noise.index_select(0, (points[:, 1] * 8).long() % 256 * 256 + (points[:, 0] * 8).long() % 256)
+        coarse = noise.index_select(0, (points[:, 1] * 0.5).long() % 256 * 256 + (points[:, 0] * 0.5).long() % 256)
         grain = torch.where(classes == SEG["vegetation"], 0.65 + 0.45 * coarse + 0.2 * fine, 0.85 + 0.15 * coarse + 0.12 * fine)
         joints = (torch.remainder(points[:, 0], 1.5) < 0.06) | (torch.remainder(points[:, 1], 1.5) < 0.06)
         grain = torch.where((classes == SEG["sidewalk"]) & joints, grain * 0.75, grain)
-        yellow = (classes == SEG["lane_marking"]) & self.yellow[row, col] & inside
+        yellow = (classes == SEG["lane_marking"]) & self.yellow.view(-1).index_select(0, row * self.yellow.shape[1] + col) & inside
         colour = torch.where(yellow[:, None], torch.tensor([0.85, 0.68, 0.15], device=points.device), colour)
         return colour * grain[:, None]
 
@@ -72,25 +74,41 @@ def _facade(uv, albedo):
     return torch.where(window[:, None], torch.tensor([0.12, 0.16, 0.22], device=uv.device), albedo)
 
 
+GROUND_CLASSES = (SEG["road"], SEG["lane_marking"], SEG["sidewalk"], SEG["vegetation"])
+
+
 def shade(hits: render.Hits, dirs, ground: TorchGround, sun, shadowed) -> torch.Tensor:
-    """Linear RGB (R, 3) of every ray's hit, before exposure and noise."""
-    is_ground = (hits.instance == 0) & (hits.normal[:, 2] > 0.99) & torch.isin(
-        hits.semantic, torch.tensor([SEG["road"], SEG["lane_marking"], SEG["sidewalk"], SEG["vegetation"]], device=dirs.device))
-    albedo = torch.where(is_ground[:, None], ground.albedo(hits.point, hits.semantic), hits.albedo)
-    albedo = torch.where((hits.material == render.FACADE)[:, None], _facade(hits.facade_uv, albedo), albedo)
-    lambert = (hits.normal @ sun).clamp(min=0.0) * (~shadowed).float()
-    sky_light = 0.35 + 0.15 * hits.normal[:, 2]
-    colour = albedo * (sky_light + 0.95 * lambert)[:, None]
-    glass = hits.material == render.GLASS
-    colour = torch.where(glass[:, None], colour + 0.12 * (1 - dirs[:, 2:3].abs()), colour)
-    haze = 1.0 - torch.exp(-hits.depth.nan_to_num(posinf=render.MAX_RANGE) / 300.0)
-    colour = colour * (1 - haze[:, None]) + HAZE.to(dirs.device) * haze[:, None]
-    unit = dirs / dirs.norm(dim=1, keepdim=True)
+    """Linear RGB (R, 3) of every ray's hit, before exposure and noise.
+
+    Each term is evaluated only on the rays it applies to (ground texture on ground rays, façade windows on
+    façades, the sky gradient on sky rays): the reference evaluated every term on every ray and selected."""
+    colour = torch.empty_like(dirs)
+    finite = torch.isfinite(hits.depth)
+    surface, sky_rays = torch.nonzero(finite).flatten(), torch.nonzero(~finite).flatten()
+
+    def at(values, index=surface):
+        return values.index_select(0, index)
+
+    normal, semantic, material, albedo = at(hits.normal), at(hits.semantic), at(hits.material), at(hits.albedo)
+    on_ground = torch.nonzero((at(hits.instance) == 0) & (normal[:, 2] > 0.99) & torch.isin(
+        semantic, torch.tensor(GROUND_CLASSES, device=dirs.device))).flatten()
+    albedo.index_copy_(0, on_ground, ground.albedo(at(hits.point, at(surface, on_ground)), at(semantic, on_ground)))
+    facade = torch.nonzero(material == render.FACADE).flatten()
+    albedo.index_copy_(0, facade, _facade(at(hits.facade_uv, at(surface, facade)), at(albedo, facade)))
+    lambert = (normal @ sun).clamp(min=0.0) * (~at(shadowed)).float()
+    sky_light = 0.35 + 0.15 * normal[:, 2]
+    lit = albedo * (sky_light + 0.95 * lambert)[:, None]
+    glass = torch.nonzero(material == render.GLASS).flatten()
+    lit.index_copy_(0, glass, at(lit, glass) + 0.12 * (1 - at(dirs, at(surface, glass))[:, 2:3].abs()))
+    haze = 1.0 - torch.exp(-at(hits.depth) / 300.0)
+    colour.index_copy_(0, surface, lit * (1 - haze[:, None]) + HAZE.to(dirs.device) * haze[:, None])
+    sky_dirs = at(dirs, sky_rays)
+    unit = sky_dirs / sky_dirs.norm(dim=1, keepdim=True)
     elevation = unit[:, 2:3].clamp(min=0)
     horizon, zenith = (torch.tensor(c, device=dirs.device) for c in ([0.75, 0.82, 0.9], [0.35, 0.5, 0.8]))
     sky = horizon * (1 - elevation) + zenith * elevation
-    sky = sky + 0.6 * (unit @ sun).clamp(min=0)[:, None] ** 64
-    return torch.where(torch.isfinite(hits.depth)[:, None], colour, sky)
+    colour.index_copy_(0, sky_rays, sky + 0.6 * (unit @ sun).clamp(min=0)[:, None] ** 64)
+    return colour
 
 
 def camera_rays(k: np.ndarray, world_from_cam: np.ndarray, width: int, height: int, device):
@@ -116,40 +134,47 @@ def _boxes_2d(instance: np.ndarray, camera: int) -> list:
 
 def render_frame(scene: Scene, step_index: int, rig: RigConfig, ground: TorchGround,
                  rng: np.random.Generator, device="cpu") -> dict:
-    """All cameras of one key frame plus its object labels (numpy arrays, ready for the shard writer)."""
+    """All cameras of one key frame plus its object labels (numpy arrays, ready for the shard writer).
+
+    The cameras are cast, shadowed, shaded and exposed together (one tensor expression per stage for the
+    whole rig); `raycast_reference.render_frame` is the camera-by-camera original it agrees with."""
     ks, cam_to_ego = rig_matrices(rig)
     pose = ego_pose(scene, step_index)
     prims, major = render.build_primitives(scene.town, scene.agents, step_index, device)
     sun = _sun(scene.light, device)
     height, width = rig.image_height, rig.image_width
-    out = {"images": [], "depth": [], "semantic": [], "instance": []}
-    seen = {kind: torch.zeros(len(getattr(prims, kind)), device=device) for kind in ("boxes", "cylinders", "spheres")}
-    unoccluded = {kind: torch.zeros_like(count) for kind, count in seen.items()}
-    boxes_2d = []
+    cameras, origins, dirs = [], [], []
+    casters = {kind: [] for kind in ("boxes", "spheres")}
     for index in range(len(rig.cameras)):
         world_from_cam = pose @ cam_to_ego[index]
-        origin, dirs = camera_rays(ks[index], world_from_cam, width, height, device)
+        origin, camera_dirs = camera_rays(ks[index], world_from_cam, width, height, device)
         tan_half = (width / 2 / ks[index][0, 0], height / 2 / ks[index][1, 1])
         world_from_cam_t = torch.tensor(world_from_cam, dtype=torch.float32, device=device)
-        rows = render.visible_rows(prims, world_from_cam_t, tan_half)
-        hits, counts = render.cast(origin, dirs, prims, rows, ground, (ks[index], world_from_cam_t, width, height))
-        for kind, (selected, all_hits, nearest) in counts.items():
-            unoccluded[kind].index_add_(0, selected, all_hits.float())
-            seen[kind].index_add_(0, selected, nearest.float())
-        lit = torch.isfinite(hits.depth) & ((hits.normal @ sun) > 0)
-        shadowed = torch.zeros_like(lit)
-        if lit.any():
-            shadowed[lit] = render.in_shadow(hits.point[lit], sun, prims, render.near_rows(prims, origin, 80.0))
-        colour = shade(hits, dirs, ground, sun, shadowed)
-        out["images"].append(_expose(colour, scene.light, rng).reshape(height, width, 3))
-        finite = torch.isfinite(hits.depth)
-        out["depth"].append(torch.where(finite, hits.depth.clamp(max=1000.0), torch.zeros_like(hits.depth))
-                            .reshape(height, width).cpu().numpy().astype(np.float16))
-        out["semantic"].append(hits.semantic.reshape(height, width).cpu().numpy().astype(np.uint8))
-        out["instance"].append(hits.instance.reshape(height, width).cpu().numpy().astype(np.uint16))
-        boxes_2d += _boxes_2d(out["instance"][-1], index)
-    frame = {key: np.stack(value) for key, value in out.items()}
+        cameras.append(render.Camera(ks[index], world_from_cam_t, render.visible_rows(prims, world_from_cam_t, tan_half)))
+        origins.append(origin), dirs.append(camera_dirs)
+        for kind, rows in render.near_rows(prims, origin, 80.0).items():
+            if kind in casters:
+                mask = torch.zeros(len(getattr(prims, kind)), dtype=torch.bool, device=device)
+                casters[kind].append(mask.index_fill_(0, rows, True))
+    origins, dirs = torch.stack(origins), torch.cat(dirs)
+    hits, counts = render.cast_frame(dirs, origins, prims, cameras, ground, (width, height))
+    camera_of_ray = torch.arange(len(cameras), device=device).repeat_interleave(width * height)
+    lit = torch.nonzero(torch.isfinite(hits.depth) & ((hits.normal @ sun) > 0)).flatten()
+    shadowed = torch.zeros(len(dirs), dtype=torch.bool, device=device)
+    shadowed[lit] = render.in_shadow(hits.point[lit], camera_of_ray[lit], sun, prims,
+                                     {kind: torch.stack(masks) for kind, masks in casters.items()})
+    colour = shade(hits, dirs, ground, sun, shadowed)
+    shape = (len(cameras), height, width)
+    finite = torch.isfinite(hits.depth)
+    frame = {"images": _expose(colour, scene.light, rng).reshape(*shape, 3),
+             "depth": torch.where(finite, hits.depth.clamp(max=1000.0), torch.zeros_like(hits.depth))
+             .reshape(shape).cpu().numpy().astype(np.float16),
+             "semantic": hits.semantic.reshape(shape).cpu().numpy().astype(np.uint8),
+             "instance": hits.instance.reshape(shape).cpu().numpy().astype(np.uint16)}
+    seen = {kind: nearest for kind, (_, nearest) in counts.items()}
+    unoccluded = {kind: all_hits for kind, (all_hits, _) in counts.items()}
     frame["boxes"], frame["box_ids"], frame["visibility"] = _object_labels(scene, step_index, major, seen, unoccluded)
+    boxes_2d = [row for index in range(len(cameras)) for row in _boxes_2d(frame["instance"][index], index)]
     frame["boxes2d"] = np.array(boxes_2d, np.float32).reshape(-1, 6)
     frame["intrinsics"], frame["cam_to_ego"] = ks.astype(np.float32), cam_to_ego.astype(np.float32)
     return frame
@@ -159,8 +184,9 @@ def _expose(colour: torch.Tensor, light: np.ndarray, rng: np.random.Generator) -
     """Exposure, white balance, 8-bit quantisation and Gaussian sensor noise."""
     gain = torch.tensor([light[2] * light[3], light[2], light[2] * light[4]], dtype=torch.float32, device=colour.device)
     linear = (colour * gain).clamp(0.0, 1.0).cpu().numpy() * 255.0
-    noisy = linear + rng.normal(0.0, 2.5, size=linear.shape)
-    return np.clip(np.rint(noisy), 0, 255).astype(np.uint8)
+    noisy = rng.normal(0.0, 2.5, size=linear.shape)
+    noisy += linear
+    return np.clip(np.rint(noisy, out=noisy), 0, 255, out=noisy).astype(np.uint8)
 
 
 def _object_labels(scene: Scene, step_index: int, major: dict, seen: dict, unoccluded: dict):

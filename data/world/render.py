@@ -141,87 +141,7 @@ def visible_rows(prims: Primitives, world_from_cam: torch.Tensor, tan_half: tupl
     return out
 
 
-def _hit_boxes(origin, dirs, boxes):
-    """(t (R, B), local hit axis (R, B)) of rays against yaw-rotated boxes; inf where missed.
-
-    `origin` and `dirs` are (R, 3) or (1, 3) and broadcast (camera rays share one
-    origin; shadow rays toward the sun share one direction).
-    """
-    rows = max(len(origin), len(dirs))
-    if not len(boxes):
-        return dirs.new_full((rows, 0), math.inf), None
-    c, s = torch.cos(boxes[:, 6]), torch.sin(boxes[:, 6])
-
-    def local(x, y, z):
-        return torch.stack(torch.broadcast_tensors(c * x + s * y, -s * x + c * y, z), 2)
-
-    rel_x, rel_y = origin[:, 0:1] - boxes[:, 0], origin[:, 1:2] - boxes[:, 1]
-    o_local = local(rel_x, rel_y, origin[:, 2:3] - boxes[:, 2])
-    d_local = local(dirs[:, 0:1], dirs[:, 1:2], dirs[:, 2:3].expand(-1, len(boxes)))
-    inv = 1.0 / torch.where(d_local.abs() < 1e-9, torch.full_like(d_local, 1e-9), d_local)
-    t1 = (-boxes[:, 3:6] - o_local) * inv
-    t2 = (boxes[:, 3:6] - o_local) * inv
-    near, axis = torch.minimum(t1, t2).max(dim=2)
-    far = torch.maximum(t1, t2).amin(dim=2)
-    hit = (near <= far) & (near > 0.05)
-    return torch.where(hit, near, torch.full_like(near, math.inf)).expand(rows, -1), axis
-
-
-def _hit_cylinders(origin, dirs, cyls):
-    rows = max(len(origin), len(dirs))
-    if not len(cyls):
-        return dirs.new_full((rows, 0), math.inf)
-    ox, oy = origin[:, 0:1] - cyls[:, 0], origin[:, 1:2] - cyls[:, 1]
-    dx, dy = dirs[:, 0:1], dirs[:, 1:2]
-    a = dx * dx + dy * dy + 1e-12
-    b = dx * ox + dy * oy
-    cc = ox * ox + oy * oy - cyls[:, 4] ** 2
-    disc = b * b - a * cc
-    t = (-b - disc.clamp(min=0).sqrt()) / a
-    z = origin[:, 2:3] + t * dirs[:, 2:3]
-    hit = (disc > 0) & (t > 0.05) & (z >= cyls[:, 2]) & (z <= cyls[:, 3])
-    return torch.where(hit, t, torch.full_like(t, math.inf)).expand(rows, -1)
-
-
-def _hit_spheres(origin, dirs, sphs):
-    rows = max(len(origin), len(dirs))
-    if not len(sphs):
-        return dirs.new_full((rows, 0), math.inf)
-    rel_x, rel_y, rel_z = (origin[:, k:k + 1] - sphs[:, k] for k in range(3))
-    a = (dirs * dirs).sum(1, keepdim=True)
-    b = dirs[:, 0:1] * rel_x + dirs[:, 1:2] * rel_y + dirs[:, 2:3] * rel_z
-    cc = rel_x * rel_x + rel_y * rel_y + rel_z * rel_z - sphs[:, 3] ** 2
-    disc = b * b - a * cc
-    t = (-b - disc.clamp(min=0).sqrt()) / a
-    hit = (disc > 0) & (t > 0.05)
-    return torch.where(hit, t, torch.full_like(t, math.inf)).expand(rows, -1)
-
-
-def in_shadow(points, sun, prims: Primitives, rows: dict) -> torch.Tensor:
-    """bool (R,) whether points (R, 3) see the sun (unit direction (3,)) blocked by a box or a sphere.
-
-    Shadow rays are parallel, so in a frame looking down the sun direction each
-    caster covers a disc: only the points inside it get an exact ray test.
-    """
-    helper = torch.tensor([0.0, 0.0, 1.0] if abs(float(sun[2])) < 0.9 else [1.0, 0.0, 0.0], device=sun.device)
-    e1 = torch.linalg.cross(sun, helper)
-    e1 = e1 / e1.norm()
-    basis = torch.stack([e1, torch.linalg.cross(sun, e1)], 1)
-    lifted = points + 0.02 * sun
-    q_points, along_points = points @ basis, points @ sun
-    blocked = torch.zeros(len(points), dtype=torch.bool, device=points.device)
-    spheres = _bounding_spheres(prims)
-    for kind in ("boxes", "spheres"):
-        centre, radius = spheres[kind][0][rows[kind]], spheres[kind][1][rows[kind]]
-        if not len(centre):
-            continue
-        q_centre, along_centre = centre @ basis, centre @ sun
-        near = (torch.cdist(q_points, q_centre) < radius) & (along_centre + radius > along_points[:, None])
-        for index in torch.nonzero(near.any(0)).flatten().tolist():
-            candidates = torch.nonzero(near[:, index]).flatten()
-            t = _HIT[kind](lifted[candidates], sun[None], getattr(prims, kind)[rows[kind][index:index + 1]])
-            blocked[candidates] |= torch.isfinite(t[:, 0])
-    return blocked
+KINDS = ("boxes", "cylinders", "spheres")
 
 
 def near_rows(prims: Primitives, origin: torch.Tensor, radius: float) -> dict:
@@ -244,144 +164,337 @@ class Hits:
     facade_uv: torch.Tensor
 
 
-KINDS = ("boxes", "cylinders", "spheres")
+@dataclass
+class Camera:
+    """One camera of a frame: intrinsics K (numpy), world_from_cam (float32 tensor), and its culled rows per kind."""
+
+    k: np.ndarray
+    world_from_cam: torch.Tensor
+    rows: dict
 
 
-def _box_single(o: list, d: torch.Tensor, box: list) -> torch.Tensor:
-    """Ray parameter (...,) of rays from `o` along `d` (..., 3) against one box; inf where missed."""
-    cx, cy, cz, hx, hy, hz, yaw = box
-    c, s = math.cos(yaw), math.sin(yaw)
-    rel_x, rel_y = o[0] - cx, o[1] - cy
-    origin_local = (c * rel_x + s * rel_y, -s * rel_x + c * rel_y, o[2] - cz)
-    dx, dy = d[..., 0], d[..., 1]
-    directions = (dx * c + dy * s, dy * c - dx * s, d[..., 2])
+# -- primary visibility --------------------------------------------------------------------------------
+# Every culled primitive of every camera is tested against the pixels of its projected bounding rectangle
+# only (screen-space binning, exact: the rectangle covers the bounding sphere's projection). All (pixel,
+# primitive) pairs of a frame are enumerated at once and intersected in one tensor expression per kind,
+# then reduced to the nearest hit per pixel, instead of a Python loop over primitives per camera.
+# The arithmetic per pair is the reference's (`raycast_reference._box_single` & co.) operation for operation
+# in float32, with the per-primitive constants it computed in double precision on the host computed the
+# same way and rounded the same way, so depth, semantics and instance ids are bit-identical.
+
+
+def _rects(centre_cam: np.ndarray, radius: np.ndarray, k: np.ndarray, width: int, height: int) -> np.ndarray:
+    """(N, 4) int64 pixel rectangles (v0, v1, u0, u1) covering bounding spheres given in the camera frame.
+
+    Vectorised `raycast_reference.screen_rects` (same float64 arithmetic, same rounding)."""
+    x, y, z = centre_cam[:, 0], centre_cam[:, 1], centre_cam[:, 2]
+    behind = z - radius < 0.1
+    spans = []
+    for value, focal, centre, size in ((x, k[0, 0], k[0, 2], width), (y, k[1, 1], k[1, 2], height)):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            low = np.where(value - radius <= 0, (value - radius) / (z - radius), (value - radius) / (z + radius))
+            high = np.where(value + radius >= 0, (value + radius) / (z - radius), (value + radius) / (z + radius))
+            first = np.floor(centre + focal * np.where(behind, 0.0, low))
+            last = np.ceil(centre + focal * np.where(behind, 0.0, high))
+        spans.append((np.where(behind, 0, np.maximum(first, 0)).astype(np.int64),
+                      np.where(behind, size, np.minimum(last.astype(np.int64) + 1, size))))
+    (u0, u1), (v0, v1) = spans
+    return np.stack([v0, v1, u0, u1], 1)
+
+
+_CORNERS = np.array([[sx, sy, sz] for sx in (-1, 1) for sy in (-1, 1) for sz in (-1, 1)], np.float64)
+
+
+def _box_rects(boxes: np.ndarray, world_from_cam: np.ndarray, k: np.ndarray, width: int, height: int,
+               rects: np.ndarray) -> np.ndarray:
+    """`rects` shrunk, for boxes wholly in front of the camera, to the bounding rectangle of their 8 projected
+    corners (a box is convex, so its image lies inside; a pixel's margin on each side keeps it conservative).
+
+    A long building's bounding sphere covers far more of the screen than the building: this is most of the
+    box tests saved."""
+    c, s = np.cos(boxes[:, 6]), np.sin(boxes[:, 6])
+    local = _CORNERS[None] * boxes[:, None, 3:6]  # (N, 8, 3)
+    world = np.stack([c[:, None] * local[..., 0] - s[:, None] * local[..., 1],
+                      s[:, None] * local[..., 0] + c[:, None] * local[..., 1], local[..., 2]], -1) + boxes[:, None, :3]
+    cam = (world - world_from_cam[:3, 3]) @ world_from_cam[:3, :3]
+    image = cam @ k.T
+    front = (cam[..., 2] > 0.1).all(1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        u, v = image[..., 0] / image[..., 2], image[..., 1] / image[..., 2]
+        tight = np.stack([np.floor(v.min(1)) - 1, np.ceil(v.max(1)) + 1, np.floor(u.min(1)) - 1, np.ceil(u.max(1)) + 1], 1)
+    tight = np.where(front[:, None], tight, np.array([0, height, 0, width]))
+    tight = np.clip(np.nan_to_num(tight), 0, [height, height, width, width]).astype(np.int64)
+    return np.stack([np.maximum(rects[:, 0], tight[:, 0]), np.minimum(rects[:, 1], tight[:, 1]),
+                     np.maximum(rects[:, 2], tight[:, 2]), np.minimum(rects[:, 3], tight[:, 3])], 1)
+
+
+def _rect_pixels(rects: np.ndarray, camera_of: np.ndarray, width: int, height: int) -> tuple[np.ndarray, np.ndarray]:
+    """(owner (P,), pixel (P,)) of every pixel of every rectangle (v0, v1, u0, u1) of camera camera_of[m]:
+    the rectangle's row, and the pixel's index in the frame's rays (camera-major). Host-side bookkeeping
+    (numpy's repeat is ~20x torch's here); rows first, then the run of pixels of each row."""
+    h = np.clip(rects[:, 1] - rects[:, 0], 0, None)
+    w = np.where(h > 0, np.clip(rects[:, 3] - rects[:, 2], 0, None), 0)
+    row_owner = np.repeat(np.arange(len(rects)), h)
+    row_v = rects[row_owner, 0] + np.arange(len(row_owner)) - (np.cumsum(h) - h)[row_owner]
+    row_pixel = camera_of[row_owner] * (width * height) + row_v * width + rects[row_owner, 2]
+    row_len = w[row_owner]
+    pixel = np.repeat(row_pixel - (np.cumsum(row_len) - row_len), row_len) + np.arange(int(row_len.sum()))
+    return np.repeat(row_owner, row_len), pixel
+
+
+def _take(values, index: torch.Tensor) -> torch.Tensor:
+    """values[index] along dim 0 (index_select: several times faster than advanced indexing on the CPU)."""
+    if isinstance(values, np.ndarray):  # host float64 per-rectangle constants, rounded as torch rounds a scalar
+        values = torch.from_numpy(np.ascontiguousarray(values, np.float64).astype(np.float32)).to(index.device)
+    return values.index_select(0, index)
+
+
+def _box_pairs(o: np.ndarray, geometry: np.ndarray, owner: torch.Tensor, d: list) -> torch.Tensor:
+    """Ray parameter (P,) of pixel rays (d: x, y, z components (P,)) against their rectangle's box; inf if missed.
+
+    o (M,3) and geometry (M,7) are float64 per rectangle (camera origin, box); `owner` maps pixel -> rectangle.
+    Operation for operation `raycast_reference._box_single`."""
+    cx, cy, cz, hx, hy, hz, yaw = geometry.T
+    c, s = np.array([math.cos(v) for v in yaw]), np.array([math.sin(v) for v in yaw])
+    rel_x, rel_y = o[:, 0] - cx, o[:, 1] - cy
+    origin_local = (c * rel_x + s * rel_y, -s * rel_x + c * rel_y, o[:, 2] - cz)
+    c32, s32 = _take(c, owner), _take(s, owner)
+    dx, dy = d[0], d[1]
+    directions = (dx * c32 + dy * s32, dy * c32 - dx * s32, d[2])
     near = far = None
     for o_axis, d_axis, half in zip(origin_local, directions, (hx, hy, hz)):
         inv = 1.0 / torch.where(d_axis.abs() < 1e-9, torch.full_like(d_axis, 1e-9), d_axis)
-        t1, t2 = (-half - o_axis) * inv, (half - o_axis) * inv
+        t1, t2 = _take(-half - o_axis, owner) * inv, _take(half - o_axis, owner) * inv
         low, high = torch.minimum(t1, t2), torch.maximum(t1, t2)
         near = low if near is None else torch.maximum(near, low)
         far = high if far is None else torch.minimum(far, high)
     return near.masked_fill_((near > far) | (near <= 0.05), math.inf)
 
 
-def _cylinder_single(o: list, d: torch.Tensor, cyl: list) -> torch.Tensor:
-    cx, cy, z0, z1, radius = cyl
-    ox, oy = o[0] - cx, o[1] - cy
-    dx, dy = d[..., 0], d[..., 1]
+def _cylinder_pairs(o: np.ndarray, geometry: np.ndarray, owner: torch.Tensor, d: list) -> torch.Tensor:
+    """As `_box_pairs` for vertical cylinders (`raycast_reference._cylinder_single`)."""
+    cx, cy, z0, z1, radius = geometry.T
+    ox, oy = o[:, 0] - cx, o[:, 1] - cy
+    dx, dy = d[0], d[1]
     a = dx * dx + dy * dy + 1e-12
-    b = dx * ox + dy * oy
-    disc = b * b - a * (ox * ox + oy * oy - radius * radius)
+    b = dx * _take(ox, owner) + dy * _take(oy, owner)
+    disc = b * b - a * _take(ox * ox + oy * oy - radius * radius, owner)
     t = (-b - disc.clamp(min=0).sqrt()) / a
-    z = o[2] + t * d[..., 2]
-    return t.masked_fill_((disc <= 0) | (t <= 0.05) | (z < z0) | (z > z1), math.inf)
+    z = _take(o[:, 2], owner) + t * d[2]
+    return t.masked_fill_((disc <= 0) | (t <= 0.05) | (z < _take(z0, owner)) | (z > _take(z1, owner)), math.inf)
 
 
-def _sphere_single(o: list, d: torch.Tensor, sphere: list) -> torch.Tensor:
-    cx, cy, cz, radius = sphere
-    rx, ry, rz = o[0] - cx, o[1] - cy, o[2] - cz
-    a = (d * d).sum(-1)
-    b = d[..., 0] * rx + d[..., 1] * ry + d[..., 2] * rz
-    disc = b * b - a * (rx * rx + ry * ry + rz * rz - radius * radius)
+def _sphere_pairs(o: np.ndarray, geometry: np.ndarray, owner: torch.Tensor, d: list) -> torch.Tensor:
+    """As `_box_pairs` for spheres (`raycast_reference._sphere_single`)."""
+    cx, cy, cz, radius = geometry.T
+    rx, ry, rz = o[:, 0] - cx, o[:, 1] - cy, o[:, 2] - cz
+    a = torch.stack(d, 1).square().sum(-1)
+    b = d[0] * _take(rx, owner) + d[1] * _take(ry, owner) + d[2] * _take(rz, owner)
+    disc = b * b - a * _take(rx * rx + ry * ry + rz * rz - radius * radius, owner)
     t = (-b - disc.clamp(min=0).sqrt()) / a
     return t.masked_fill_((disc <= 0) | (t <= 0.05), math.inf)
 
 
-_SINGLE = {"boxes": _box_single, "cylinders": _cylinder_single, "spheres": _sphere_single}
-_HIT = {"boxes": lambda o, d, p: _hit_boxes(o, d, p)[0], "cylinders": _hit_cylinders, "spheres": _hit_spheres}
+_PAIRS = {"boxes": _box_pairs, "cylinders": _cylinder_pairs, "spheres": _sphere_pairs}
 
 
-def screen_rects(centre_cam: torch.Tensor, radius: torch.Tensor, k: np.ndarray, width: int, height: int) -> list:
-    """Conservative pixel rectangles (v0, v1, u0, u1) covering bounding spheres given in the camera frame."""
-    rects = []
-    for (x, y, z), r in zip(centre_cam.tolist(), radius.tolist()):
-        if z - r < 0.1:
-            rects.append((0, height, 0, width))
-            continue
-        span = []
-        for value, focal, centre, size in ((x, k[0, 0], k[0, 2], width), (y, k[1, 1], k[1, 2], height)):
-            low = (value - r) / (z - r) if value - r <= 0 else (value - r) / (z + r)
-            high = (value + r) / (z - r) if value + r >= 0 else (value + r) / (z + r)
-            span += [max(int(math.floor(centre + focal * low)), 0), min(int(math.ceil(centre + focal * high)) + 1, size)]
-        rects.append((span[2], span[3], span[0], span[1]))
-    return rects
+def _kind_pairs(kind: str, prims: Primitives, cameras: list, size: tuple):
+    """(owner, pixel, rows, origins) of one kind: every (rectangle pixel, primitive) pair of every camera.
+
+    rows (M,) and origins (M,3, float64) are per rectangle (one per camera and culled primitive)."""
+    width, height = size
+    centre, radius = _bounding_spheres(prims)[kind]
+    geometry = getattr(prims, kind).cpu().double().numpy()
+    rects, rows, origins = [], [], []
+    for camera in cameras:
+        selected = camera.rows[kind]
+        centre_cam = (centre[selected] - camera.world_from_cam[:3, 3]) @ camera.world_from_cam[:3, :3]
+        camera_rects = _rects(centre_cam.cpu().double().numpy(), radius[selected].cpu().double().numpy(),
+                              camera.k, width, height)
+        if kind == "boxes":
+            camera_rects = _box_rects(geometry[selected.cpu().numpy()], camera.world_from_cam.cpu().double().numpy(),
+                                      camera.k, width, height, camera_rects)
+        rects.append(camera_rects)
+        rows.append(selected.cpu().numpy())
+        origins.append(np.repeat(camera.world_from_cam[None, :3, 3].cpu().double().numpy(), len(selected), 0))
+    camera_of = np.repeat(np.arange(len(cameras)), [len(c.rows[kind]) for c in cameras])
+    owner, pixel = _rect_pixels(np.concatenate(rects), camera_of, width, height)
+    return owner, pixel, np.concatenate(rows), np.concatenate(origins)
 
 
-def cast(origin, dirs, prims: Primitives, rows: dict, ground, camera: tuple) -> tuple[Hits, dict]:
-    """Nearest hits of one camera's rays (H*W, shared origin) and per-kind (rows, all-hit, nearest-hit) counts.
+def cast_frame(dirs: torch.Tensor, origins: torch.Tensor, prims: Primitives, cameras: list, ground,
+               size: tuple) -> tuple[Hits, dict]:
+    """Nearest hits of all cameras' rays (N*H*W, 3; camera n's origin origins[n]) and per-kind visibility counts.
 
-    Each culled primitive is tested only against the pixels inside its projected
-    bounding rectangle (`camera` = (K, world_from_cam tensor, width, height)), so
-    the work follows screen coverage rather than pixels x primitives.
+    counts[kind] = (pixels where the primitive is hit at all, pixels where it is the nearest hit), summed over
+    cameras (pixels where it is hit at all are counted for road users only, as the reference does).
     """
-    k, world_from_cam, width, height = camera
-    depth = torch.where(dirs[:, 2] < -1e-6, -origin[2] / dirs[:, 2].clamp(max=-1e-6), torch.full_like(dirs[:, 2], math.inf))
-    depth_image, dirs_image = depth.view(height, width), dirs.view(height, width, 3)
-    winner = torch.full((height, width), -1, dtype=torch.long, device=dirs.device)
-    counts, offset, origin_list = {}, 0, origin.tolist()
+    width, height = size
+    device, total = dirs.device, len(prims.boxes) + len(prims.cylinders) + len(prims.spheres)
+    columns = list(dirs.t().contiguous())
+    ground_depth = torch.where(dirs[:, 2] < -1e-6, (-origins[:, 2:3] / dirs[:, 2].view(len(cameras), -1)
+                                                    .clamp(max=-1e-6)).flatten(), torch.full_like(dirs[:, 2], math.inf))
+    pixels, ids, ts, offset = [], [], [], 0
     for kind in KINDS:
-        selected = getattr(prims, kind)[rows[kind]]
-        centre, radius = _bounding_spheres(prims)[kind]
-        centre_cam = (centre[rows[kind]] - world_from_cam[:3, 3]) @ world_from_cam[:3, :3]
-        all_hits = torch.zeros(len(selected), device=dirs.device)
-        is_agent = (prims.attributes[kind][rows[kind], 1] > 0).tolist()
-        for index, (v0, v1, u0, u1) in enumerate(screen_rects(centre_cam, radius[rows[kind]], k, width, height)):
-            if v0 >= v1 or u0 >= u1:
-                continue
-            t = _SINGLE[kind](origin_list, dirs_image[v0:v1, u0:u1], selected[index].tolist())
-            if is_agent[index]:
-                all_hits[index] = torch.isfinite(t).sum()
-            window = depth_image[v0:v1, u0:u1]
-            closer = t < window
-            torch.minimum(t, window, out=t)
-            window.copy_(t)
-            winner[v0:v1, u0:u1].masked_fill_(closer, offset + index)
-        counts[kind] = (rows[kind], all_hits, offset)
-        offset += len(selected)
-    winner = winner.flatten()
+        owner, pixel, rows, rect_origins = _kind_pairs(kind, prims, cameras, size)
+        owner_t, pixel_t = torch.from_numpy(owner).to(device), torch.from_numpy(pixel).to(device)
+        geometry = getattr(prims, kind).cpu().double().numpy()[rows]
+        ts.append(_PAIRS[kind](rect_origins, geometry, owner_t, [c.index_select(0, pixel_t) for c in columns]))
+        pixels.append(pixel_t), ids.append(torch.from_numpy((rows + offset)[owner]).to(device))
+        offset += len(getattr(prims, kind))
+    pixel, gid, t = torch.cat(pixels), torch.cat(ids), torch.cat(ts)
+    all_hits = torch.bincount(gid, weights=torch.isfinite(t).float(), minlength=total).float()
+    depth = ground_depth.clone().scatter_reduce_(0, pixel, t, "amin")
+    # the reference keeps the first primitive (kind order, then row) at the minimum, and the ground on ties
+    best = (t == depth.index_select(0, pixel)) & (t < ground_depth.index_select(0, pixel))
+    winner = torch.full_like(ground_depth, total, dtype=torch.long).scatter_reduce_(
+        0, pixel, torch.where(best, gid, total), "amin")
+    winner = torch.where(winner == total, -1, winner)
+    agent = torch.cat([prims.attributes[kind][:, 1] > 0 for kind in KINDS])
+    nearest = torch.bincount(winner + 1, minlength=total + 1)[1:].float()
+    counts, start = {}, 0
     for kind in KINDS:
-        selected_rows, all_hits, start = counts[kind]
-        counts[kind] = (selected_rows, all_hits, _nearest_counts(winner, start, len(all_hits)))
-    point = origin + dirs * torch.where(torch.isfinite(depth), depth, torch.zeros_like(depth))[:, None]
-    return _shade_inputs(point, depth, winner, prims, rows, ground), counts
+        stop = start + len(getattr(prims, kind))
+        counts[kind] = ((all_hits * agent)[start:stop], nearest[start:stop])
+        start = stop
+    distance = torch.where(torch.isfinite(depth), depth, torch.zeros_like(depth))
+    point = (origins[:, None, :] + (dirs * distance[:, None]).view(len(cameras), -1, 3)).view(-1, 3)
+    return _shade_inputs(point, depth, winner, prims, ground), counts
 
 
-def _nearest_counts(winner, start, count):
-    inside = (winner >= start) & (winner < start + count)
-    return torch.bincount(winner[inside] - start, minlength=count)
+def _shade_inputs(point, depth, winner, prims, ground) -> Hits:
+    """Per-ray surface attributes of the winners (global primitive ids; -1 ground or sky).
 
-
-def _shade_inputs(point, depth, winner, prims, rows, ground) -> Hits:
-    rays = len(point)
+    One gather from a table whose row 0 is the sky (class sky, instance 0) replaces per-kind masked writes."""
     normal = torch.zeros_like(point)
     normal[:, 2] = 1.0
-    semantic = torch.full((rays,), SEG["sky"], dtype=torch.long, device=point.device)
-    instance = torch.zeros(rays, dtype=torch.long, device=point.device)
-    albedo = torch.zeros_like(point)
-    material = torch.zeros(rays, dtype=torch.long, device=point.device)
-    facade_uv = torch.zeros(rays, 2, device=point.device)
+    facade_uv = torch.zeros(len(point), 2, device=point.device)
+    sky = torch.tensor([[SEG["sky"], 0, 0.0, 0.0, 0.0, 0]], device=point.device)
+    table = torch.cat([sky] + [prims.attributes[kind] for kind in KINDS]).index_select(0, winner + 1)
+    semantic, instance, material = table[:, 0].long(), table[:, 1].long(), table[:, 5].long()
+    albedo = table[:, 2:5]
     is_ground = (winner < 0) & torch.isfinite(depth)
-    semantic[is_ground] = ground.classes_at(point[is_ground])
+    semantic = torch.where(is_ground, ground.classes_at(point), semantic)
     start = 0
     for kind in KINDS:
-        count = len(rows[kind])
-        mask = (winner >= start) & (winner < start + count)
-        local_index = winner[mask] - start
+        count = len(getattr(prims, kind))
+        mine = torch.nonzero((winner >= start) & (winner < start + count)).flatten()
+        geometry, p = getattr(prims, kind).index_select(0, winner.index_select(0, mine) - start), point.index_select(0, mine)
         start += count
-        if not mask.any():
+        if not len(mine):
             continue
-        attrs = prims.attributes[kind][rows[kind][local_index]]
-        semantic[mask], instance[mask] = attrs[:, 0].long(), attrs[:, 1].long()
-        albedo[mask], material[mask] = attrs[:, 2:5], attrs[:, 5].long()
-        geometry, p = getattr(prims, kind)[rows[kind][local_index]], point[mask]
         if kind == "boxes":
-            normal[mask], facade_uv[mask] = _box_normal(geometry, p)
+            box_normal, uv = _box_normal(geometry, p)
+            normal.index_copy_(0, mine, box_normal), facade_uv.index_copy_(0, mine, uv)
         elif kind == "cylinders":
             radial = p[:, :2] - geometry[:, :2]
-            normal[mask] = torch.nn.functional.pad(radial / radial.norm(dim=1, keepdim=True).clamp(min=1e-6), (0, 1))
+            normal.index_copy_(0, mine, torch.nn.functional.pad(radial / radial.norm(dim=1, keepdim=True).clamp(min=1e-6), (0, 1)))
         else:
-            normal[mask] = (p - geometry[:, :3]) / geometry[:, 3:4]
+            normal.index_copy_(0, mine, (p - geometry[:, :3]) / geometry[:, 3:4])
     return Hits(depth, point, normal, semantic, instance, albedo, material, facade_uv)
+
+
+# -- sun shadows -----------------------------------------------------------------------------------------
+
+
+class _PointGrid:
+    """Points (R, 2) of a plane binned in a uniform grid (counting sort by cell, on the host)."""
+
+    MAX_CELLS = 65535
+    """Cell keys fit 16 bits, so numpy's stable argsort is a radix sort."""
+
+    def __init__(self, q_points: torch.Tensor, cell: float = 2.0):
+        q = q_points.cpu().double().numpy()
+        self.low, span = q.min(0), np.ptp(q, 0)
+        self.cell = max(cell, float(np.sqrt((span[0] + cell) * (span[1] + cell) / self.MAX_CELLS)) * 1.01)
+        cells = np.floor((q - self.low) / self.cell).astype(np.int64)
+        self.columns, rows = int(cells[:, 0].max()) + 1, int(cells[:, 1].max()) + 1
+        key = (cells[:, 1] * self.columns + cells[:, 0]).astype(np.uint16)
+        self.order = np.argsort(key, kind="stable")
+        self.per_cell = np.bincount(key, minlength=self.columns * rows)
+        self.first = np.cumsum(self.per_cell) - self.per_cell
+        self.shape = np.array([self.columns, rows])
+
+    def near(self, q_centre: np.ndarray, radius: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(point, disc) pairs of the points in the cells that the discs' bounding squares touch."""
+        lo = np.maximum(np.floor((q_centre - radius[:, None] - self.low) / self.cell), 0).astype(np.int64)
+        hi = np.minimum(np.floor((q_centre + radius[:, None] - self.low) / self.cell), self.shape - 1).astype(np.int64)
+        span = np.clip(hi - lo + 1, 0, None)
+        row_owner = np.repeat(np.arange(len(q_centre)), span[:, 1])  # one entry per (disc, cell row)
+        row = lo[row_owner, 1] + np.arange(len(row_owner)) - (np.cumsum(span[:, 1]) - span[:, 1])[row_owner]
+        first_cell = row * self.columns + lo[row_owner, 0]
+        # the cells of one grid row are contiguous in the sorted order: one run of points per (disc, row)
+        run_start = self.first[first_cell]
+        run_end = self.first[first_cell + span[row_owner, 0] - 1] + self.per_cell[first_cell + span[row_owner, 0] - 1]
+        length = np.where(span[row_owner, 0] > 0, run_end - run_start, 0)
+        position = np.repeat(run_start - (np.cumsum(length) - length), length) + np.arange(int(length.sum()))
+        return self.order[position], np.repeat(row_owner, length)
+
+
+def _box_hit_toward(origin: torch.Tensor, sun: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
+    """bool (P,): the ray from each origin (P,3) toward the sun meets its box (P,7) (the reference's `_hit_boxes`)."""
+    c, s = torch.cos(boxes[:, 6]), torch.sin(boxes[:, 6])
+    rel_x, rel_y = origin[:, 0] - boxes[:, 0], origin[:, 1] - boxes[:, 1]
+    o_local = torch.stack([c * rel_x + s * rel_y, -s * rel_x + c * rel_y, origin[:, 2] - boxes[:, 2]], 1)
+    d_local = torch.stack([c * sun[0] + s * sun[1], -s * sun[0] + c * sun[1], sun[2].expand_as(c)], 1)
+    inv = 1.0 / torch.where(d_local.abs() < 1e-9, torch.full_like(d_local, 1e-9), d_local)
+    t1, t2 = (-boxes[:, 3:6] - o_local) * inv, (boxes[:, 3:6] - o_local) * inv
+    near, far = torch.minimum(t1, t2).amax(1), torch.maximum(t1, t2).amin(1)
+    return (near <= far) & (near > 0.05)
+
+
+def _sphere_hit_toward(origin: torch.Tensor, sun: torch.Tensor, spheres: torch.Tensor) -> torch.Tensor:
+    rel_x, rel_y, rel_z = (origin[:, k] - spheres[:, k] for k in range(3))
+    a = (sun * sun).sum()
+    b = sun[0] * rel_x + sun[1] * rel_y + sun[2] * rel_z
+    cc = rel_x * rel_x + rel_y * rel_y + rel_z * rel_z - spheres[:, 3] ** 2
+    disc = b * b - a * cc
+    t = (-b - disc.clamp(min=0).sqrt()) / a
+    return (disc > 0) & (t > 0.05)
+
+
+_TOWARD = {"boxes": _box_hit_toward, "spheres": _sphere_hit_toward}
+
+
+def in_shadow(points: torch.Tensor, camera_of_point: torch.Tensor, sun: torch.Tensor, prims: Primitives,
+              casters: dict) -> torch.Tensor:
+    """bool (R,) whether points (R, 3) see the sun (unit direction (3,)) blocked by a box or a sphere.
+
+    casters[kind] is a (cameras, rows) bool mask: the rows that may shadow camera n's points (the reference
+    culls casters per camera to those within 80 m). Shadow rays are parallel, so in a frame looking down the
+    sun direction each caster covers a disc: only the points inside it (found through a grid of the points,
+    all cameras at once) that lie below the caster's top along the sun get an exact ray test.
+    """
+    helper = torch.tensor([0.0, 0.0, 1.0] if abs(float(sun[2])) < 0.9 else [1.0, 0.0, 0.0], device=sun.device)
+    e1 = torch.linalg.cross(sun, helper)
+    e1 = e1 / e1.norm()
+    basis = torch.stack([e1, torch.linalg.cross(sun, e1)], 1)
+    blocked = torch.zeros(len(points), dtype=torch.bool, device=points.device)
+    if not len(points):
+        return blocked
+    lifted = points + 0.02 * sun
+    q_points, along_points = points @ basis, points @ sun
+    grid = _PointGrid(q_points)
+    spheres = _bounding_spheres(prims)
+    for kind in ("boxes", "spheres"):
+        rows = torch.nonzero(casters[kind].any(0)).flatten()
+        if not len(rows):
+            continue
+        centre, radius = spheres[kind][0].index_select(0, rows), spheres[kind][1].index_select(0, rows)
+        q_centre = centre @ basis
+        point, disc = (torch.from_numpy(a).to(points.device) for a in grid.near(
+            q_centre.cpu().double().numpy(), radius.cpu().double().numpy()))
+        inside = (q_points.index_select(0, point) - q_centre.index_select(0, disc)).square().sum(1) \
+            < radius.index_select(0, disc).square()
+        below = (centre @ sun + radius).index_select(0, disc) > along_points.index_select(0, point)
+        allowed = casters[kind][:, rows].flatten().index_select(
+            0, camera_of_point.index_select(0, point) * len(rows) + disc)
+        keep = torch.nonzero(inside & below & allowed).flatten()
+        point = point.index_select(0, keep)
+        geometry = getattr(prims, kind).index_select(0, rows.index_select(0, disc.index_select(0, keep)))
+        hit = _TOWARD[kind](lifted.index_select(0, point), sun, geometry)
+        blocked[point[hit]] = True
+    return blocked
 
 
 def _box_normal(boxes, p):
