@@ -2,12 +2,13 @@
 
 Every `train.checkpoint_every_n_steps` (and when fitting ends) the full training state
 — model, optimizer, LR schedule, step, loop and loader position, RNG, and the
-resolved pipeline — is written to a temporary name beside the target and renamed
-into place only when every rank has finished writing. Under FSDP2 the checkpoint is
-a folder of shards (torch.distributed.checkpoint, one file per rank); otherwise one
-`.ckpt` file. `checkpoints/latest` names the newest complete checkpoint and is itself
-replaced atomically; only then are checkpoints beyond `train.keep_checkpoints`
-deleted. A crash at any moment leaves the previous checkpoint and `latest` intact.
+resolved pipeline — is staged into CPU memory and written in the background while
+training continues (`stack.train.dcp_io`: torch.distributed.checkpoint, one folder of
+shards for any number of ranks, DDP or FSDP2). The folder is written under a temporary
+name and renamed into place only once every file is durable; `checkpoints/latest` then
+names it (replaced atomically), and only then are checkpoints beyond
+`train.keep_checkpoints` deleted. A crash at any moment, also mid-write, leaves the
+previous checkpoint and `latest` intact.
 
 When fitting ends, rank 0 also writes `model.pt` — the full network weights with the
 pipeline (`stack.checkpoint.save_model_checkpoint`) — which `stack export` and
@@ -23,29 +24,38 @@ and `prepare_out_dir` refuses to start a fresh run over an earlier one unless as
 
 from __future__ import annotations
 
-import os
 import shutil
+import sys
 from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
 
 from stack.errors import StackError
-from stack.failpoints import fail_point
+from stack.train.dcp_io import LATEST, AsyncCheckpointWriter, CheckpointWriteFailed, ShardedCheckpointIO, read_checkpoint_safely
 
-LATEST = "latest"
+__all__ = ["LATEST", "RollingCheckpoints", "ShardedCheckpointIO", "check_resume", "prepare_out_dir", "resolve_resume"]
 RUN_OUTPUTS = ("checkpoints", "model.pt", "csv", "tensorboard", "pipeline.yaml")
 """What a run writes under train.out_dir (and what train.overwrite=true deletes)."""
 
 
 class RollingCheckpoints(pl.Callback):
-    """Atomic resumable checkpoints every `every` steps, keeping the newest `keep`."""
+    """Atomic resumable checkpoints every `every` steps, keeping the newest `keep`, written while training runs on.
+
+    `save` and `wait` are also what a preemption handler calls: `save(trainer, module, blocking=True)` returns once
+    the checkpoint is `latest`. Both are collective (every rank calls them at the same step)."""
 
     def __init__(self, out_dir: str | Path, every: int, keep: int):
         self.out_dir = Path(out_dir)
         self.directory = self.out_dir / "checkpoints"
         self.every, self.keep = every, keep
         self._saved_step = -1
+        self.writer = AsyncCheckpointWriter(self.directory, keep)
+        self._module = None  # the LightningModule whose last_good_checkpoint names the newest good checkpoint
+        self._committed: str | None = None  # the newest checkpoint known complete
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        self.writer.use_own_process_group()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if trainer.global_step % self.every == 0 and trainer.global_step != self._saved_step:
@@ -57,39 +67,47 @@ class RollingCheckpoints(pl.Callback):
         self.wait()
         self._write_model_weights(trainer, pl_module)
 
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        """Ctrl-C or an error: let the write in flight finish (it becomes `latest` if it completes)."""
+        try:
+            self.wait()
+        except Exception as exc:  # noqa: BLE001 - the original exception is the one to report
+            print(f"checkpoint write in flight failed too: {exc}", file=sys.stderr)
+
+    def teardown(self, trainer, pl_module, stage: str) -> None:
+        self.writer.wait(raise_errors=False)
+
     def wait(self) -> None:
-        """Finish any checkpoint write still in flight (writes are synchronous for now: nothing to wait for)."""
+        """Finish any checkpoint write still in flight; on rank 0 it is then `latest`."""
+        try:
+            done = self.writer.wait()
+        except CheckpointWriteFailed:
+            if self._module is not None:
+                self._module.last_good_checkpoint = self._committed
+            raise
+        if done is not None:
+            self._committed = str(done)
 
     def save(self, trainer, pl_module, blocking: bool = False) -> Path:
-        """Checkpoint the training state at this step; `blocking=True` returns only once it is `latest`
+        """Checkpoint the training state at this step: stage it to CPU memory and write it in the background
+        (after the previous write has finished). `blocking=True` returns only once it is `latest` on disk
         (what a preemption handler needs before the process exits)."""
+        self._module = pl_module
         self.wait()
         _stop_unless_finite(trainer, pl_module)
-        final = self.directory / f"step-{trainer.global_step:07d}.ckpt"
-        temp = self.directory / f".{final.name}.partial"
         if trainer.is_global_zero:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            _remove(temp)
+            self.writer.clear_partial(trainer.global_step)
         trainer.strategy.barrier("checkpoint-start")
-        # weights_only=False: the full training state (optimizer, schedule, loops) that resume needs; said explicitly
-        # so Lightning does not log its "defaulting to False" line at every checkpoint
-        trainer.save_checkpoint(temp, weights_only=False)  # collective: every rank writes its part
-        fail_point("checkpoint-write")
-        trainer.strategy.barrier("checkpoint-written")
-        if trainer.is_global_zero:
-            _remove(final)
-            os.replace(temp, final)
-            _write_atomically(self.directory / LATEST, final.name + "\n")
-            self._prune(final)
-        trainer.strategy.barrier("checkpoint-done")
+        # weights_only=False: the full training state (optimizer, schedule, loops) that resume needs
+        checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
+        final = self.writer.start(checkpoint, trainer.global_step, trainer.is_global_zero)
         self._saved_step = trainer.global_step
+        # finite, staged and being written: an error from here on waits for it (on_exception) before reporting it
         pl_module.last_good_checkpoint = str(final)
+        if blocking:
+            self.wait()
+            trainer.strategy.barrier("checkpoint-done")
         return final
-
-    def _prune(self, newest: Path) -> None:
-        done = sorted(p for p in self.directory.glob("step-*.ckpt") if p != newest)
-        for old in done[: max(0, len(done) - (self.keep - 1))]:
-            _remove(old)
 
     def _write_model_weights(self, trainer, pl_module) -> None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
@@ -141,12 +159,6 @@ def _remove(path: Path) -> None:
         shutil.rmtree(path)
     elif path.exists():
         path.unlink()
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    temp = path.with_name(f".{path.name}.partial")
-    temp.write_text(text)
-    os.replace(temp, path)
 
 
 def resolve_resume(path: str | Path) -> Path:
@@ -202,8 +214,11 @@ def _inside(path: Path, folder: Path) -> bool:
 
 def read_resume_checkpoint(path: Path) -> dict:
     """The training state at `path` (`.ckpt` file, or a sharded folder's meta.pt), loaded with weights_only=True;
-    a truncated, garbage or unsafe file is a StackError naming it."""
-    source = path / "meta.pt" if path.is_dir() else path
+    a truncated, garbage or unsafe file is a StackError naming it. A folder is read whole (every shard), which
+    also checks each of its files before Lightning reads them."""
+    if path.is_dir():
+        return read_checkpoint_safely(path)
+    source = path
     try:
         state = torch.load(source, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any failure to read is the same answer to the user
@@ -223,13 +238,13 @@ def check_resume(path: Path, pipeline, model: torch.nn.Module) -> dict:
     state = read_resume_checkpoint(path)
     differ = _differing_model_keys(state.get("pipeline_yaml"), pipeline, str(path))
     weights = state.get("state_dict")
-    if isinstance(weights, dict):
+    if isinstance(weights, dict):  # every tensor whole, also from a sharded checkpoint
         current = {f"model.{k}": tuple(v.shape) for k, v in model.state_dict().items()}
         stored = {k: tuple(v.shape) for k, v in weights.items() if isinstance(v, torch.Tensor)}
         shapes = [f"{k}: {stored.get(k)} vs {current.get(k)}" for k in sorted(set(current) | set(stored))
                   if stored.get(k) != current.get(k)]
-    else:  # sharded: the shapes live in the shards; the pipeline's model section decides
-        shapes = ["(sharded checkpoint)"] if differ else []
+    else:
+        shapes = ["(no weights in the checkpoint)"] if differ else []
     if shapes:
         keys = "; ".join(differ) or "no model.* key (the network code changed)"
         raise StackError(

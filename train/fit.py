@@ -1,7 +1,8 @@
 """`fit(pipeline)`: everything `stack train` does on each rank, in one place.
 
 The Trainer is assembled from the pipeline alone: strategy (`stack.train.parallel`),
-precision, loggers (TensorBoard + CSV under `train.out_dir`), the rich progress bar,
+precision, loggers (TensorBoard + CSV under `train.out_dir`, MLflow per `train.tracking_uri`:
+`stack.train.tracking`), the rich progress bar,
 step statistics, atomic rolling checkpoints, and the resumable loaders. Lightning
 starts the other local ranks itself (re-running the same command) or, under SLURM
 and torchrun, picks up the ranks their launchers created.
@@ -33,11 +34,14 @@ from torch import nn
 from stack.errors import StackError
 from stack.pipeline import Pipeline
 from stack.train.callbacks import LoaderPosition, StepStats
-from stack.train.checkpoints import LATEST, RollingCheckpoints, check_resume, prepare_out_dir, resolve_resume
+from stack.train.checkpoints import (LATEST, RollingCheckpoints, ShardedCheckpointIO, check_resume, prepare_out_dir,
+                                    resolve_resume)
 from stack.train.data import LoaderFactory, PipelineData
 from stack.train.module import TrainModule
 from stack.train.parallel import accelerator_name, build_strategy
 from stack.train.precision import for_this_hardware
+from stack.train.preemption import RequeueOnSignal, resume_after_requeue, slurm_environment
+from stack.train.tracking import LineageCallback, start_tracking
 
 
 class TrainingInterrupted(StackError):
@@ -86,11 +90,12 @@ def keep_rows_before(path: Path, step: int) -> None:
     os.replace(temp, path)
 
 def build_trainer(pipeline: Pipeline, progress: bool = True, validate: bool = True,
-                  resume_step: int | None = None) -> tuple[pl.Trainer, StepStats]:
+                  resume_step: int | None = None, tracker=None) -> tuple[pl.Trainer, StepStats]:
     """The Lightning Trainer for `pipeline.train`, and its step-statistics callback.
 
     `resume_step`: the global step a resumed run starts at; TensorBoard hides the earlier
-    run's events from that step on (`purge_step`), which this run writes again."""
+    run's events from that step on (`purge_step`), which this run writes again. `tracker`: the MLflow
+    logger (`stack.train.tracking.start_tracking`; rank 0 only, None elsewhere or when tracking is off)."""
     from lightning.pytorch.callbacks import RichProgressBar
     from lightning.pytorch.loggers import TensorBoardLogger
 
@@ -100,7 +105,11 @@ def build_trainer(pipeline: Pipeline, progress: bool = True, validate: bool = Tr
     stats = StepStats(train.log_every_n_steps, train.peak_tflops, train.precision,
                       print_lines=progress and not sys.stdout.isatty())
     callbacks = [LoaderPosition(), stats,
-                 RollingCheckpoints(out, train.checkpoint_every_n_steps, train.keep_checkpoints)]
+                 RollingCheckpoints(out, train.checkpoint_every_n_steps, train.keep_checkpoints),
+                 LineageCallback(pipeline, tracker)]
+    environment = slurm_environment(pipeline)  # explicit: Lightning's default would checkpoint mid-step on SIGUSR1
+    if environment is not None and train.slurm_requeue:  # stop, checkpoint and requeue on SLURM's signal
+        callbacks.append(RequeueOnSignal(next(c for c in callbacks if isinstance(c, RollingCheckpoints))))
     progress_bar = progress and sys.stdout.isatty()
     if progress_bar:
         callbacks.append(RichProgressBar(leave=True))
@@ -109,11 +118,12 @@ def build_trainer(pipeline: Pipeline, progress: bool = True, validate: bool = Tr
         strategy=build_strategy(train), precision=train.precision,
         max_epochs=train.max_epochs, max_steps=train.max_steps,
         logger=[TensorBoardLogger(out, name="tensorboard", version="", purge_step=resume_step),
-                AppendingCSVLogger(out, name="csv", version="", flush_logs_every_n_steps=train.log_every_n_steps)],
+                AppendingCSVLogger(out, name="csv", version="", flush_logs_every_n_steps=train.log_every_n_steps)]
+        + ([tracker] if tracker is not None else []),
         callbacks=callbacks, enable_checkpointing=False, enable_progress_bar=progress_bar,
         log_every_n_steps=train.log_every_n_steps, use_distributed_sampler=False,
         num_sanity_val_steps=0, limit_val_batches=1.0 if validate else 0, deterministic=False,
-        enable_model_summary=False,
+        enable_model_summary=False, plugins=[ShardedCheckpointIO(), *([environment] if environment is not None else [])],  # resume reads checkpoint folders through DCP
     )
     return trainer, stats
 
@@ -123,16 +133,20 @@ def fit(pipeline: Pipeline, model: Callable[[Pipeline], nn.Module] | None = None
     """Train the network `model(pipeline)` builds (default: `stack.models.build_model`) on `loaders`
     (default: `stack.data`). The network is built after seeding, so its initial weights follow train.seed."""
     pipeline = for_this_hardware(pipeline)
+    pipeline = resume_after_requeue(pipeline)  # a requeued SLURM job continues from its own latest checkpoint
     first_rank = _launching_rank_zero()
     prepare_out_dir(pipeline, first_rank)
     resume = resolve_resume(pipeline.train.resume) if pipeline.train.resume else None
     _quiet_known_warnings()
     pl.seed_everything(pipeline.train.seed, workers=True, verbose=False)
     module = TrainModule(pipeline, model(pipeline) if model is not None else None)
-    resume_step = int(check_resume(resume, pipeline, module.model)["global_step"]) if resume else None
+    resume_state = check_resume(resume, pipeline, module.model) if resume else None
+    resume_step = int(resume_state["global_step"]) if resume_state else None
     if resume_step is not None and first_rank:
         keep_rows_before(Path(pipeline.train.out_dir) / "csv" / "metrics.csv", resume_step)
-    trainer, stats = build_trainer(pipeline, progress=progress, validate=True, resume_step=resume_step)
+    tracker = start_tracking(pipeline, resume_state) if first_rank else None  # MLflow: the launching rank only
+    trainer, stats = build_trainer(pipeline, progress=progress, validate=True, resume_step=resume_step,
+                                   tracker=tracker)
     _write_pipeline(pipeline, trainer)
     try:
         trainer.fit(module, datamodule=PipelineData(pipeline, loaders), ckpt_path=str(resume) if resume else None,

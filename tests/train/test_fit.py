@@ -15,6 +15,7 @@ from standin import TinyMultiTask, synthetic_loaders, tiny_pipeline  # noqa: E40
 from stack.checkpoint import load_model_checkpoint
 from stack.errors import StackError
 from stack.train.checkpoints import resolve_resume
+from stack.train.dcp_io import load_sharded_checkpoint
 from stack.train.fit import fit
 from stack.train.module import TrainingDiverged
 
@@ -55,7 +56,7 @@ def test_run_leaves_checkpoints_weights_and_logs(reference):
     names = sorted(p.name for p in (reference / "checkpoints").iterdir())
     assert names == ["latest", "step-0000008.ckpt", "step-0000012.ckpt"]  # keep_checkpoints=2
     assert resolve_resume(reference) == reference / "checkpoints" / "step-0000012.ckpt"
-    ckpt = torch.load(reference / "checkpoints" / "step-0000012.ckpt", weights_only=False)
+    ckpt = load_sharded_checkpoint(reference / "checkpoints" / "step-0000012.ckpt")
     assert ckpt["global_step"] == 12 and "pipeline_yaml" in ckpt and ckpt["optimizer_states"]
     pipeline, state, meta = load_model_checkpoint(reference / "model.pt")
     assert pipeline.train.seed == 7 and set(state) == set(TinyMultiTask(pipeline).state_dict())
@@ -76,27 +77,27 @@ def test_non_finite_loss_stops_naming_step_and_term_and_keeps_last_good_checkpoi
     with pytest.raises(TrainingDiverged, match=r"step 5: loss term depth=nan, total=nan is not finite.*step-0000004\.ckpt"):
         run(tmp_path, nan_at=5)
     assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "step-0000004.ckpt"
-    assert torch.load(tmp_path / "checkpoints" / "step-0000004.ckpt", weights_only=False)["global_step"] == 4
+    assert load_sharded_checkpoint(tmp_path / "checkpoints" / "step-0000004.ckpt")["global_step"] == 4
     assert not (tmp_path / "model.pt").exists()
 
 
 def test_failed_checkpoint_write_keeps_the_previous_one(tmp_path, monkeypatch):
-    from lightning.pytorch import Trainer
+    from stack.train import dcp_io
 
-    original, calls = Trainer.save_checkpoint, []
+    original, calls = dcp_io._FencedWriter.write_data, []
 
-    def failing(self, filepath, *args, **kwargs):
-        calls.append(filepath)
-        original(self, filepath, *args, **kwargs)
-        if len(calls) == 2:  # the file is written but the run dies before it is complete
-            Path(filepath).write_bytes(Path(filepath).read_bytes()[:100])
+    def failing(self, plan, planner):  # runs in the background writer, while training goes on
+        calls.append(self.path)
+        if len(calls) == 2:  # the disk fills up while the second checkpoint (step 4) is written
             raise OSError("No space left on device")
+        return original(self, plan, planner)
 
-    monkeypatch.setattr(Trainer, "save_checkpoint", failing)
-    with pytest.raises(OSError, match="No space"):
+    monkeypatch.setattr(dcp_io._FencedWriter, "write_data", failing)
+    with pytest.raises(StackError, match=r"step-0000004\.ckpt could not be written .*No space left on device.*"
+                                         r"still names the previous complete one"):
         run(tmp_path, "train.checkpoint_every_n_steps=2")
     assert resolve_resume(tmp_path).name == "step-0000002.ckpt"
-    assert torch.load(resolve_resume(tmp_path), weights_only=False)["global_step"] == 2
+    assert load_sharded_checkpoint(resolve_resume(tmp_path))["global_step"] == 2
 
 
 def test_resume_from_nothing_is_a_clear_error(tmp_path):

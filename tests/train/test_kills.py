@@ -1,5 +1,6 @@
 """SIGKILL at named points of `stack train` (stack.failpoints): the previous checkpoint stays intact and a
-resume from it reproduces the uninterrupted run's losses, with every log row kept once."""
+resume from it reproduces the uninterrupted run's losses, with every log row kept once. The checkpoint points
+fire in the background writer while training has gone on (checkpoints are written asynchronously)."""
 
 import csv
 import os
@@ -8,7 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
+
+from stack.train.dcp_io import load_sharded_checkpoint
 
 SCRIPT = Path(__file__).resolve().parent / "run_tiny.py"
 REPO = Path(__file__).resolve().parents[2]
@@ -41,14 +43,15 @@ def uninterrupted(tmp_path_factory):
 @pytest.mark.parametrize("point, kept", [
     ("train-step:7", "step-0000004.ckpt"),        # epoch 1, first batch: one checkpoint behind
     ("train-step:11", "step-0000008.ckpt"),       # epoch 1, mid-epoch
-    ("checkpoint-write:2", "step-0000004.ckpt"),  # step 8's checkpoint written but not yet renamed into place
+    ("checkpoint-write:2", "step-0000004.ckpt"),   # step 8's shards written, DCP's .metadata not yet
+    ("checkpoint-commit:2", "step-0000004.ckpt"),  # step 8 complete and durable, not yet renamed into place
 ])
 def test_sigkill_keeps_the_last_checkpoint_and_resume_reproduces_the_run(uninterrupted, tmp_path, point, kept):
     killed = train(tmp_path, fail_at=point)
     assert killed.returncode == -9, killed.stderr[-3000:]
     checkpoints = tmp_path / "checkpoints"
     assert (checkpoints / "latest").read_text().strip() == kept
-    assert torch.load(checkpoints / kept, weights_only=True)["global_step"] == int(kept[5:12])
+    assert load_sharded_checkpoint(checkpoints / kept)["global_step"] == int(kept[5:12])
     assert not (tmp_path / "model.pt").exists()
     resumed = train(tmp_path, f"train.resume={tmp_path}")
     assert resumed.returncode == 0, resumed.stderr[-3000:]

@@ -16,6 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from standin import TinyMultiTask, synthetic_loaders, tiny_pipeline  # noqa: E402
 
 from stack.errors import StackError
+from stack.train.dcp_io import load_sharded_checkpoint
 from stack.train.fit import fit
 from stack.train.module import TrainingDiverged, TrainModule
 
@@ -120,27 +121,29 @@ def test_weights_made_non_finite_by_an_update_are_never_called_good(tmp_path, mo
         run(tmp_path, "train.checkpoint_every_n_steps=2")
     assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "step-0000004.ckpt"
     assert not (tmp_path / "checkpoints" / "step-0000006.ckpt").exists()
-    state = torch.load(tmp_path / "checkpoints" / "step-0000004.ckpt", weights_only=True)
+    state = load_sharded_checkpoint(tmp_path / "checkpoints" / "step-0000004.ckpt")
     assert all(torch.isfinite(v).all() for v in state["state_dict"].values() if v.is_floating_point())
     monkeypatch.undo()
     run(tmp_path, f"train.resume={tmp_path}", "train.lr=0.001", "train.checkpoint_every_n_steps=2")
-    assert torch.load(tmp_path / "checkpoints" / "step-0000012.ckpt", weights_only=True)["global_step"] == 12
+    assert load_sharded_checkpoint(tmp_path / "checkpoints" / "step-0000012.ckpt")["global_step"] == 12
     assert all(torch.isfinite(torch.tensor(loss)) for _, loss in rows(tmp_path))
 
 
-@pytest.mark.parametrize("damage", ["truncated", "garbage", "missing latest target"])
+@pytest.mark.parametrize("damage", ["truncated shard", "garbage metadata", "garbage meta.pt", "missing latest target"])
 def test_an_unreadable_resume_checkpoint_is_refused_before_training(finished, tmp_path, damage):
     out = tmp_path / "run"
     shutil.copytree(finished, out)
     ckpt = out / "checkpoints" / "step-0000012.ckpt"
-    if damage == "truncated":
-        ckpt.write_bytes(ckpt.read_bytes()[: ckpt.stat().st_size // 2])
-        expected = r"step-0000012\.ckpt is not a readable training checkpoint"
-    elif damage == "garbage":
-        ckpt.write_bytes(os.urandom(4096))
-        expected = r"step-0000012\.ckpt is not a readable training checkpoint"
+    expected = r"step-0000012\.ckpt is not a readable training checkpoint"
+    if damage == "truncated shard":
+        shard = ckpt / "__0_0.distcp"
+        shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    elif damage == "garbage metadata":
+        (ckpt / ".metadata").write_bytes(os.urandom(4096))
+    elif damage == "garbage meta.pt":
+        (ckpt / "meta.pt").write_bytes(os.urandom(4096))
     else:
-        ckpt.unlink()
+        shutil.rmtree(ckpt)
         expected = r"latest names step-0000012\.ckpt, which does not exist \(checkpoints there: step-0000008\.ckpt\)"
     with pytest.raises(StackError, match=expected):
         run(tmp_path / "new", f"train.resume={out}")
@@ -174,7 +177,7 @@ def test_ctrl_c_exits_130_naming_the_last_checkpoint(tmp_path):
     assert process.returncode == 130, err
     named = latest.read_text().strip()
     assert f"interrupted; last checkpoint {tmp_path / 'checkpoints' / named}" in err and "Traceback" not in err
-    assert torch.load(tmp_path / "checkpoints" / named, weights_only=True)["global_step"] >= 3
+    assert load_sharded_checkpoint(tmp_path / "checkpoints" / named)["global_step"] >= 3
 
 
 class _Payload:
