@@ -53,7 +53,7 @@ def test_ddp_runs_two_ranks_in_step(ddp_run):
     ranks = summaries(ddp_run)
     assert [s["world_size"] for s in ranks] == [2, 2] and [s["global_step"] for s in ranks] == [4, 4]
     assert [s["loaders"] for s in ranks] == [[["train", 0, 2], ["val", 0, 2]], [["train", 1, 2], ["val", 1, 2]]]
-    assert (ddp_run / "checkpoints" / "step-0000004.ckpt").is_file() and (ddp_run / "model.pt").is_file()
+    assert (ddp_run / "checkpoints" / "step-0000004.ckpt" / ".metadata").is_file() and (ddp_run / "model.pt").is_file()
 
 
 @pytest.mark.slow
