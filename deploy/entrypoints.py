@@ -91,7 +91,7 @@ def deploy_checkpoint(pipeline, state_dict: dict, checkpoint: str, target_name: 
         evaluator=make_evaluator(pipeline, accuracy), budgets=head_budgets(target, pipeline),
         sensitivity_feeds=[f for b in samples.sensitivity for f in batch_feeds(b)], sample_ids=samples.ids,
         reference=training_path_network(pipeline, state_dict, cameras),
-        samples_source=source, checkpoint=str(checkpoint), pipeline_name=pipeline.name,
+        samples_source=source, data_root=pipeline.data.root, checkpoint=str(checkpoint), pipeline_name=pipeline.name,
         pipeline_hash=pipeline_hash(pipeline), closed_loop=_closed_loop_gate(pipeline),
         extra_files={"pipeline.yaml": pipeline_to_yaml(pipeline), CALIBRATION_FILE: cameras.to_yaml()})
     return run_deploy(spec, target_name, target, pipeline.export, folder, log)

@@ -54,6 +54,8 @@ class DeploySpec:
     """accuracy.Evaluator over `accuracy_feeds`."""
     budgets: list
     samples_source: str
+    data_root: str = ""
+    """The dataset the calibration and accuracy samples come from (its fingerprint goes into gate.json)."""
     checkpoint: str = ""
     pipeline_name: str = ""
     pipeline_hash: str = ""
@@ -87,6 +89,7 @@ def run_deploy(spec: DeploySpec, name: str, target, export_cfg, folder: Path, lo
     if "calibration_hash" in spec.metadata:  # the camera calibration baked into the BEV pooling
         result["camera_calibration"] = {"name": spec.metadata.get("calibration", {}).get("name", ""),
                                         "hash": spec.metadata["calibration_hash"]}
+    result.update(_lineage(spec, log))
     for file_name, content in spec.extra_files.items():
         (folder / file_name).write_text(content)
     fp32_path = _export_step(spec, folder, export_cfg, result, log)
@@ -106,7 +109,38 @@ def run_deploy(spec: DeploySpec, name: str, target, export_cfg, folder: Path, lo
     log(f"{name}: {'PASS' if result['passed'] else 'FAIL'} -> {final / 'report.md'}")
     for reason in result["failures"]:
         log(f"  {reason}")
+    _attach(result, name, final, log)
     return result
+
+
+def _lineage(spec: DeploySpec, log) -> dict:
+    """gate.json's lineage: the dataset the bundle was calibrated and gated on, the one its checkpoint trained on,
+    and the MLflow run of that checkpoint; warns (stack.lineage) when the two datasets differ."""
+    from stack.checkpoint import read_lineage
+    from stack.lineage import DATASET_KEY, TRACKING_KEY, data_warning, dataset_fingerprint
+
+    if not spec.checkpoint or not Path(spec.checkpoint).is_file():
+        return {}
+    seen = read_lineage(spec.checkpoint)
+    given = dataset_fingerprint(spec.data_root) if spec.data_root else None
+    message = data_warning(seen[DATASET_KEY], given, spec.checkpoint, spec.data_root, "calibrated and gated on")
+    if message:
+        log(message)
+    trained_on = {k: seen[DATASET_KEY][k] for k in ("root", "hash")} if seen[DATASET_KEY] else None
+    return {DATASET_KEY: given, "trained_on": trained_on, TRACKING_KEY: seen[TRACKING_KEY]}
+
+
+def _attach(result: dict, name: str, bundle: Path, log) -> None:
+    """The deploy's verdict, figures, gate.json and report.md into the MLflow run of its checkpoint, if tracked."""
+    from stack.lineage import attach_to_run
+
+    fps = result.get("fps") or {}
+    metrics = {f"deploy/{name}/passed": float(result["passed"])}
+    metrics.update({f"deploy/{name}/{key}": value for key, value in fps.items()
+                    if key in ("median_ms", "p99_ms", "fps", "budget_ms") and isinstance(value, (int, float))})
+    attach_to_run(result.get("tracking"), metrics,
+                  [(bundle / "gate.json", f"deploy/{name}"), (bundle / "report.md", f"deploy/{name}")],
+                  {f"stack.deploy.{name}": "PASS" if result["passed"] else "FAIL"}, log)
 
 
 def _export_step(spec: DeploySpec, folder: Path, cfg, result: dict, log) -> Path:

@@ -95,6 +95,18 @@ def load_model_checkpoint(path: str | Path) -> tuple[Pipeline, dict, dict]:
     return pipeline, state_dict, {"pipeline_hash": stored_hash, "format": kind, "extra": extra, **_lineage(raw)}
 
 
+def read_lineage(path: str | Path) -> dict:
+    """The `dataset` and `tracking` records of the checkpoint at `path` (None each where absent or unreadable),
+    without reading its weights (memory-mapped, weights-only)."""
+    import torch
+
+    try:
+        raw = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # noqa: BLE001 - the caller already loaded (and vouched for) this file; lineage is extra
+        raw = {}
+    return _lineage(raw if isinstance(raw, dict) else {})
+
+
 def load_for_deploy(path: str | Path, files: list, overrides: list) -> tuple[Pipeline, dict, dict]:
     """The checkpoint with the pipeline a deploy command runs under.
 

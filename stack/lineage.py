@@ -91,8 +91,8 @@ def dataset_differences(seen: dict, given: dict) -> list[str]:
         if a is None or b is None:
             found.append(f"split {split} only in the {'model' if b is None else 'given'}'s data")
         elif (a["samples"], a["shards"]) != (b["samples"], b["shards"]):
-            found.append(f"{split} split {a['samples']} samples in {a['shards']} shards vs "
-                         f"{b['samples']} in {b['shards']}")
+            found.append(f"{split} split: {a['samples']} samples in {a['shards']} shards vs "
+                         f"{b['samples']} in {b['shards']} shards")
         elif a["hash"] != b["hash"]:
             found.append(f"{split} split: same {a['samples']} samples, other content (shard checksums differ)")
     return found or ["the manifests differ (same splits and shard checksums)"]
@@ -179,6 +179,13 @@ def attach_to_run(record: dict | None, metrics: dict, files: list, tags: dict, l
     return False
 
 
+def metric_name(key: str) -> str:
+    """`key` in the characters MLflow allows in a metric name ("AP_car@0.5m" -> "AP_car_at_0.5m")."""
+    import re
+
+    return re.sub(r"[^A-Za-z0-9_\-. :/]", "_", key.replace("@", "_at_"))
+
+
 def _log_to_run(record: dict, metrics: dict, files: list, tags: dict) -> None:
     import math
     import time
@@ -190,7 +197,7 @@ def _log_to_run(record: dict, metrics: dict, files: list, tags: dict) -> None:
     client = MlflowClient(record["uri"])
     client.get_run(record["run_id"])  # a deleted or unknown run fails here, before anything is logged
     now = int(time.time() * 1000)
-    values = [Metric(key, float(value), now, 0) for key, value in sorted(metrics.items())
+    values = [Metric(metric_name(key), float(value), now, 0) for key, value in sorted(metrics.items())
               if isinstance(value, (int, float)) and math.isfinite(float(value))]
     for start in range(0, max(len(values), 1), 500):
         client.log_batch(record["run_id"], metrics=values[start:start + 500],

@@ -16,7 +16,9 @@ project sets for a trained model:
 - segmentation: mIoU at least twice the majority-class predictor's;
 - detection: mAP above 0.2 (the empty detector scores 0).
 
-Results go to `<checkpoint folder>/eval/metrics.json` and a bar chart `heads.png`.
+Results go to `<checkpoint folder>/eval/metrics.json` and a bar chart `heads.png`, and into the
+MLflow run that trained the checkpoint when it was tracked (`stack.lineage`). A dataset other
+than the one the checkpoint trained on gets a warning naming both and what differs.
 """
 
 from __future__ import annotations
@@ -97,6 +99,7 @@ def evaluate_checkpoint(checkpoint: Path, pipeline: Pipeline | None, progress: b
 
     stored, state, meta = load_model_checkpoint(checkpoint)
     pipeline = pipeline or stored
+    given = warn_on_other_data(meta, pipeline, checkpoint, f"evaluated ({split} split) on")
     model = build_model(stored)
     model.load_state_dict(state)
     device = torch.device("cuda" if accelerator_name(pipeline.train) == "gpu" else "cpu")
@@ -110,7 +113,39 @@ def evaluate_checkpoint(checkpoint: Path, pipeline: Pipeline | None, progress: b
     out.mkdir(parents=True, exist_ok=True)
     (out / "metrics.json").write_text(json.dumps(metrics, indent=1, sort_keys=True) + "\n")
     plot_verdicts(verdicts(metrics), out / "heads.png")
+    attach_eval(meta.get("tracking"), metrics, out, given)
     return metrics, out
+
+
+def warn_on_other_data(meta: dict, pipeline: Pipeline, checkpoint: Path, what: str) -> dict | None:
+    """Print (stderr) the lineage warning when `pipeline`'s dataset is not the one the checkpoint trained on;
+    returns the given dataset's fingerprint (`stack.lineage`)."""
+    import sys
+
+    from stack.lineage import data_warning, dataset_fingerprint
+
+    given = dataset_fingerprint(pipeline.data.root)
+    message = data_warning(meta.get("dataset"), given, str(checkpoint), pipeline.data.root, what)
+    if message:
+        print(message, file=sys.stderr, flush=True)
+    return given
+
+
+def attach_eval(record: dict | None, metrics: dict, out: Path, given: dict | None) -> None:
+    """Log the eval into the MLflow run that trained the checkpoint: metrics under `<out folder>/` (eval/ or
+    eval-train/), metrics.json and heads.png as artifacts, the verdict and the data hash as tags."""
+    import sys
+
+    from stack.lineage import attach_to_run
+
+    prefix = out.name
+    named = {f"{prefix}/{key.removeprefix('eval/')}": value for key, value in metrics.items()}
+    rows = verdicts(metrics)
+    named.update({f"{prefix}/{row.head}/passed": float(row.passed) for row in rows})
+    tags = {f"stack.{prefix}.verdict": "PASS" if all(row.passed for row in rows) else "FAIL",
+            f"stack.{prefix}.data_hash": (given or {}).get("hash", "none")}
+    attach_to_run(record, named, [(out / "metrics.json", prefix), (out / "heads.png", prefix)], tags,
+                  log=lambda line: print(line, file=sys.stderr, flush=True))
 
 
 def _with_progress(loader, progress: bool):

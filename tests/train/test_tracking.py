@@ -112,3 +112,100 @@ def test_tracking_uri_refuses_the_retired_file_store_and_unknown_schemes():
     for value in ("file:///tmp/mlruns", "ftp://host/x"):
         with pytest.raises(ConfigError, match="tracking_uri"):
             tiny_pipeline(f"train.tracking_uri={value}")
+
+
+# ------------------------------------------------------------------ lineage: stack eval on the data the model saw
+
+SMALL = ["data.rig.image_width=64", "data.rig.image_height=32", "data.world.scenes=2", "data.world.frames_per_scene=2",
+         "data.world.agents_per_scene=4", "data.samples_per_shard=2", "data.world.val_fraction=0.5",
+         "data.batch_size=1", "data.num_workers=0", "data.world.workers=1", "model.backbone=resnet10t",
+         "model.neck_channels=16", "model.bev_channels=16", "model.bev.cell_size=3.2", "model.depth.bins=8",
+         "model.max_boxes=8", "train.accelerator=cpu"]
+
+
+def small(root, *extra):
+    from stack.config import load_pipeline
+
+    return load_pipeline(overrides=[*SMALL, f"data.root={root}", *extra])
+
+
+@pytest.fixture(scope="module")
+def two_datasets(tmp_path_factory):
+    """Two rendered datasets of the same size from different world seeds, and a byte copy of the first."""
+    import shutil
+
+    from stack.data.make import make_dataset
+
+    roots = [tmp_path_factory.mktemp("world_seed0"), tmp_path_factory.mktemp("world_seed1")]
+    for seed, root in enumerate(roots):
+        make_dataset(small(root, f"data.world.seed={seed}"), log=lambda *_: None)
+    copy = tmp_path_factory.mktemp("copy") / "world"
+    shutil.copytree(roots[0], copy)
+    return roots[0], roots[1], copy
+
+
+@pytest.fixture
+def tracked_model(two_datasets, tmp_path):
+    """An (untrained) model.pt of the small network, saved as training on the first dataset in a tracked run."""
+    from mlflow.tracking import MlflowClient
+
+    from stack.checkpoint import save_model_checkpoint
+    from stack.lineage import set_active_run
+    from stack.models import build_model
+
+    uri = f"sqlite:///{tmp_path / 'mlruns.db'}"
+    client = MlflowClient(uri)
+    run = client.create_run(client.create_experiment("stack", (tmp_path / "mlartifacts").as_uri()))
+    pipeline = small(two_datasets[0])
+    set_active_run({"uri": uri, "run_id": run.info.run_id, "experiment": "stack"})
+    try:
+        path = save_model_checkpoint(tmp_path / "train" / "model.pt", pipeline, build_model(pipeline).state_dict())
+    finally:
+        set_active_run(None)
+    return path, client, run.info.run_id
+
+
+def test_eval_on_other_data_warns_naming_both_datasets_and_what_differs(two_datasets, tracked_model, capsys):
+    from stack.train.evaluate import evaluate_checkpoint
+
+    seen, other, _ = two_datasets
+    path, client, run_id = tracked_model
+    evaluate_checkpoint(path, small(other), progress=False)
+    err = capsys.readouterr().err
+    assert "warning:" in err and str(seen) in err and str(other) in err and "seed 0 vs 1" in err
+    # the eval landed in the run that trained the model
+    run = client.get_run(run_id)
+    assert "eval/planning/L2_at_3s" in run.data.metrics and run.data.tags["stack.eval.verdict"] in ("PASS", "FAIL")
+    assert run.data.tags["stack.eval.data_hash"] != dataset_fingerprint(seen)["hash"]
+    assert {a.path for a in client.list_artifacts(run_id, "eval")} == {"eval/metrics.json", "eval/heads.png"}
+
+
+def test_eval_on_the_same_data_is_silent_wherever_it_lies(two_datasets, tracked_model, capsys):
+    from stack.train.evaluate import evaluate_checkpoint
+
+    seen, _, copy = two_datasets
+    path, _, _ = tracked_model
+    for root in (seen, copy):  # the same bytes in another folder are the same data
+        evaluate_checkpoint(path, small(root), progress=False)
+        assert "warning" not in capsys.readouterr().err
+
+
+def test_fingerprint_tells_what_differs():
+    from stack.lineage import dataset_differences
+
+    base = {"hash": "a", "seed": 0, "layout": "frames", "cameras": ["front"], "image_size": [32, 64],
+            "splits": {"train": {"shards": 1, "samples": 8, "hash": "t"}, "val": {"shards": 1, "samples": 4, "hash": "v"}}}
+    fewer = {**base, "hash": "b", "splits": {**base["splits"], "val": {"shards": 1, "samples": 2, "hash": "w"}}}
+    edited = {**base, "hash": "c", "splits": {**base["splits"], "val": {"shards": 1, "samples": 4, "hash": "x"}}}
+    assert dataset_differences(base, dict(base, root="/elsewhere")) == []
+    assert dataset_differences(base, fewer) == ["val split: 4 samples in 1 shards vs 2 in 1 shards"]
+    assert dataset_differences(base, edited) == ["val split: same 4 samples, other content (shard checksums differ)"]
+    assert dataset_differences(base, {**base, "hash": "d", "cameras": ["front", "back"]})[0].startswith("cameras")
+
+
+def test_a_shard_edited_in_place_changes_the_fingerprint(tmp_path):
+    root = fake_dataset(tmp_path / "data")
+    before = dataset_fingerprint(root)
+    (root / "val" / "frames-000000.sums").write_text("val edited\n")
+    after = dataset_fingerprint(root)
+    assert before["hash"] != after["hash"] and before["splits"]["train"] == after["splits"]["train"]
