@@ -27,6 +27,13 @@ SLURM_PARTITION = re.compile(r"[A-Za-z0-9_.-]+(,[A-Za-z0-9_.-]+)*")
 SLURM_OPTION = re.compile(r"--[A-Za-z][A-Za-z0-9-]*(=[A-Za-z0-9_.,:=@%+/~-]+)?")
 """A long sbatch option with an optional value: `--account=perception`, `--exclusive`, `--mem=64G`."""
 
+SLURM_MEM = re.compile(r"[0-9]+[KMGT]?")
+"""sbatch --mem: a count, megabytes unless a K/M/G/T suffix says otherwise; 0 asks for all of the node's memory."""
+CONTAINER_MOUNT_PATH = re.compile(r"/[^,:]*")
+"""A path on either side of a pyxis mount: absolute; `,` separates mounts and `:` source, target and flags."""
+CONTAINER_MOUNT_FLAGS = re.compile(r"[a-z]+(\+[a-z]+)*")
+"""pyxis/enroot mount flags: `ro`, `rw`, `rbind`, ... joined with `+` (`ro+rbind`)."""
+
 
 def control_characters(value: str) -> str | None:
     """Control characters are refused in every string of the pipeline."""
@@ -63,6 +70,33 @@ def slurm_option(value: str) -> str | None:
         return None
     return (f"got {_short(value)}; expected a long sbatch option `--name` or `--name=value` (value of letters, "
             f"digits and _.,:=@%+/~-, no spaces or quotes), e.g. --account=perception")
+
+
+def slurm_mem(value: str) -> str | None:
+    if value == "" or SLURM_MEM.fullmatch(value):
+        return None
+    return (f"got {_short(value)}; expected sbatch memory per node: a whole number with an optional K, M, G or T "
+            f"suffix (megabytes without one), e.g. 256G or 64000; empty leaves it to the cluster")
+
+
+def container_image(value: str) -> str | None:
+    """A pyxis image: a registry reference (`nvcr.io#nvidia/pytorch:24.05-py3`) or a squashfs path; the
+    script quotes it, so spaces and `;` are fine, but it must name something."""
+    if value == "" or (value.strip() == value and not value.startswith("-")):
+        return None
+    return (f"got {_short(value)}; expected an image reference (e.g. nvcr.io#nvidia/pytorch:24.05-py3) or a "
+            f".sqsh path, without leading or trailing spaces or a leading '-'")
+
+
+def container_mount(value: str) -> str | None:
+    """One pyxis `--container-mounts` entry, `SRC[:DST[:FLAGS]]`: pyxis splits the option at `,` and each entry
+    at `:`, so a path holding either would become another mount, which quoting cannot prevent."""
+    parts = value.split(":")
+    if (len(parts) <= 3 and all(CONTAINER_MOUNT_PATH.fullmatch(p) for p in parts[:2])
+            and (len(parts) < 3 or CONTAINER_MOUNT_FLAGS.fullmatch(parts[2]))):
+        return None
+    return (f"got {_short(value)}; expected SRC[:DST[:FLAGS]] with absolute paths that hold no ',' or ':' "
+            f"(pyxis splits mounts there) and flags such as ro, e.g. /data:/data:ro")
 
 
 def _short(value: str, limit: int = 80) -> str:

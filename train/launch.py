@@ -55,12 +55,51 @@ def sbatch_script(pipeline: Pipeline, program: Sequence[str], workdir: str | Pat
         lines.append(_sbatch("--gpus-per-node", train.devices))
     if train.slurm_partition:
         lines.append(_sbatch("--partition", train.slurm_partition))
+    lines += _resource_lines(train)
     lines += [_sbatch(*option.split("=", 1)) for option in train.slurm_extra]
-    lines += ["", "set -euo pipefail", f"cd {shlex.quote(str(Path(workdir or os.getcwd()).resolve()))}",
+    folder = str(Path(workdir or os.getcwd()).resolve())
+    lines += ["", "set -euo pipefail", f"cd {shlex.quote(folder)}",
               "export PYTHONUNBUFFERED=1",
               "# One task per rank; Lightning's SLURMEnvironment reads the ranks from srun.",
-              "srun --kill-on-bad-exit=1 " + shlex.join(program), ""]
+              shlex.join(["srun", *_srun_options(train, folder), *_in_container(train, program)]), ""]
     return "\n".join(lines)
+
+
+def _resource_lines(train) -> list[str]:
+    """--requeue/--signal (stack.train.preemption), --open-mode, --cpus-per-task and --mem.
+
+    `--signal=USR1@N` without `B:` goes to every task of the running step (each rank), not to the
+    batch shell, which would have to trap it and forward it to srun's tasks itself; the ranks
+    then agree on the step to stop at. `scancel --signal=USR1 JOB` reaches the same processes.
+    `--open-mode=append` keeps the first attempt's log when the requeued job writes slurm-%j.out again."""
+    lines = [_sbatch("--open-mode", "append")]
+    if train.slurm_requeue:
+        lines += [_sbatch("--requeue"), _sbatch("--signal", f"USR1@{train.slurm_signal_seconds}")]
+    if train.slurm_cpus_per_task:
+        lines.append(_sbatch("--cpus-per-task", train.slurm_cpus_per_task))
+    if train.slurm_mem:
+        lines.append(_sbatch("--mem", train.slurm_mem))
+    return lines
+
+
+def _srun_options(train, folder: str) -> list[str]:
+    """srun's own options. Since Slurm 22.05 srun no longer inherits sbatch's --cpus-per-task, so it is
+    repeated; the pyxis options put the ranks (not the batch shell) into the container."""
+    options = ["--kill-on-bad-exit=1"]
+    if train.slurm_cpus_per_task:
+        options.append(f"--cpus-per-task={train.slurm_cpus_per_task}")
+    if train.slurm_container_image:
+        options += [f"--container-image={train.slurm_container_image}", f"--container-workdir={folder}"]
+        if train.slurm_container_mounts:
+            options.append(f"--container-mounts={','.join(train.slurm_container_mounts)}")
+    return options
+
+
+def _in_container(train, program: Sequence[str]) -> list[str]:
+    """`program`, with the host's interpreter path replaced by the image's `python` inside a container."""
+    if train.slurm_container_image and program and program[0] == sys.executable:
+        return ["python", *program[1:]]
+    return list(program)
 
 
 def _sbatch(option: str, value: object = None) -> str:

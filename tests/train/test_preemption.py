@@ -1,0 +1,212 @@
+"""Preemption-safe SLURM: the script's requeue/signal/resource lines, their quoting, the restart rule, and a real
+job on the one-node cluster that is signalled, requeued twice and ends with the weights of an uninterrupted run."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from slurm_cluster import OneNodeCluster, missing_tools  # noqa: E402
+from standin import tiny_pipeline  # noqa: E402
+
+from stack.cli import main as stack_main
+from stack.errors import ConfigError
+from stack.train import preemption
+from stack.train.launch import sbatch_script
+
+HERE = Path(__file__).resolve().parent
+
+
+def _lines(pipeline, tmp_path):
+    return sbatch_script(pipeline, ["python", "x.py"], workdir=tmp_path).splitlines()
+
+
+def test_the_script_asks_for_requeue_and_a_signal_before_the_time_limit(tmp_path):
+    lines = _lines(tiny_pipeline("train.slurm_signal_seconds=600"), tmp_path)
+    for expected in ("#SBATCH --requeue", "#SBATCH --signal=USR1@600", "#SBATCH --open-mode=append"):
+        assert expected in lines, expected
+    off = _lines(tiny_pipeline("train.slurm_requeue=false"), tmp_path)
+    assert not any(line.startswith(("#SBATCH --requeue", "#SBATCH --signal")) for line in off)
+    assert "#SBATCH --open-mode=append" in off
+
+
+def test_cpus_and_memory_reach_sbatch_and_srun(tmp_path):
+    lines = _lines(tiny_pipeline("train.slurm_cpus_per_task=8", "train.slurm_mem=256G"), tmp_path)
+    assert "#SBATCH --cpus-per-task=8" in lines and "#SBATCH --mem=256G" in lines
+    srun = next(line for line in lines if line.startswith("srun "))
+    assert "--cpus-per-task=8" in srun  # Slurm >= 22.05: srun no longer inherits it from sbatch
+    plain = "\n".join(_lines(tiny_pipeline(), tmp_path))
+    assert "--cpus-per-task" not in plain and "--mem" not in plain and "--container" not in plain
+
+
+def _srun_argv(script: str, tmp_path: Path) -> list[str]:
+    """Run the script with bash, a stand-in `srun` on PATH recording the arguments it was given."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    record = tmp_path / "srun-argv.json"
+    fake = bin_dir / "srun"
+    fake.write_text(f"#!{sys.executable}\nimport json, sys\njson.dump(sys.argv[1:], open({str(record)!r}, 'w'))\n")
+    fake.chmod(0o755)
+    body = "\n".join(line for line in script.splitlines() if not line.startswith("#SBATCH"))
+    subprocess.run(["bash", "-c", body], env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}, check=True,
+                   cwd=tmp_path)
+    return json.loads(record.read_text())
+
+
+def test_a_container_path_with_spaces_and_semicolons_stays_one_argument(tmp_path):
+    image = str(tmp_path / "images dir; touch pwned" / "torch $(id).sqsh")
+    mounts = [f"{tmp_path}/data set;x:/data:ro", "/scratch:/scratch"]
+    pipeline = tiny_pipeline(f"train.slurm_container_image={json.dumps(image)}",
+                             f"train.slurm_container_mounts={json.dumps(mounts)}", "train.slurm_cpus_per_task=2")
+    program = [sys.executable, "-m", "stack", "train", "-c", "/cfg dir/p;1.yaml", "train.launcher=local"]
+    argv = _srun_argv(sbatch_script(pipeline, program, workdir=tmp_path), tmp_path)
+    assert argv == ["--kill-on-bad-exit=1", "--cpus-per-task=2", f"--container-image={image}",
+                    f"--container-workdir={tmp_path}", f"--container-mounts={','.join(mounts)}",
+                    "python", "-m", "stack", "train", "-c", "/cfg dir/p;1.yaml", "train.launcher=local"]
+    assert not (tmp_path / "pwned").exists()
+
+
+@pytest.mark.parametrize("override, key", [
+    ("train.slurm_mem='2 G'", "train.slurm_mem"),
+    ("train.slurm_mem=16GB", "train.slurm_mem"),
+    ("train.slurm_cpus_per_task=-1", "train.slurm_cpus_per_task"),
+    ("train.slurm_signal_seconds=0", "train.slurm_signal_seconds"),
+    ("train.slurm_container_image=--privileged", "train.slurm_container_image"),
+    ("train.slurm_container_mounts=[data:/data]", "train.slurm_container_mounts.0"),
+    ("train.slurm_container_mounts=['/a,/etc:/etc']", "train.slurm_container_mounts.0"),
+    ("train.slurm_container_mounts=['/a:/b:ro:x']", "train.slurm_container_mounts.0"),
+])
+def test_malformed_slurm_values_are_refused_with_exit_2(override, key, capsys):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        tiny_pipeline(override)
+    assert stack_main(["train", "train.launcher=slurm", override, "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert f"{key}: got" in err  # the key, what was found, and (after it) what is expected
+
+
+def _run_with_latest(tmp_path: Path, step: int) -> Path:
+    out = tmp_path / "run"
+    (out / "checkpoints").mkdir(parents=True)
+    (out / "checkpoints" / f"step-{step:07d}.ckpt").write_bytes(b"")
+    (out / "checkpoints" / "latest").write_text(f"step-{step:07d}.ckpt\n")
+    return out
+
+
+def test_a_restarted_job_resumes_its_own_latest_and_never_overwrites_it(tmp_path, monkeypatch):
+    out = _run_with_latest(tmp_path, 12)
+    pipeline = tiny_pipeline(f"train.out_dir={out}", "train.overwrite=true", f"train.resume={tmp_path / 'other'}")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "2")
+    resumed = preemption.resume_after_requeue(pipeline)
+    assert resumed.train.resume == str(out) and resumed.train.overwrite is False
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
+    assert preemption.resume_after_requeue(pipeline) is pipeline  # a first run decides for itself, as before
+    monkeypatch.delenv("SLURM_RESTART_COUNT")
+    assert preemption.resume_after_requeue(pipeline) is pipeline
+
+
+def test_a_restarted_job_without_a_checkpoint_starts_as_it_first_did(tmp_path, monkeypatch):
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    pipeline = tiny_pipeline(f"train.out_dir={tmp_path / 'empty'}")
+    assert preemption.resume_after_requeue(pipeline) is pipeline
+
+
+def test_a_failed_requeue_is_reported_not_hidden(tmp_path, monkeypatch):
+    fake = tmp_path / "scontrol"
+    fake.write_text("#!/bin/sh\necho 'Requested operation is presently disabled for job 7' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    monkeypatch.delenv("SLURM_ARRAY_JOB_ID", raising=False)
+    done, message = preemption._requeue()
+    assert not done and "presently disabled" in message and "Resubmit" in message
+    monkeypatch.setenv("SLURM_JOB_ID", "7; rm -rf /")
+    assert preemption._requeue()[0] is False
+
+
+# ----------------------------------------------------------------------------- the real cluster
+
+STEPS, EVERY = 24, 4
+OVERRIDES = ["train.max_epochs=10", f"train.max_steps={STEPS}", f"train.checkpoint_every_n_steps={EVERY}",
+             "train.log_every_n_steps=1", "train.keep_checkpoints=2"]
+
+
+def _latest_step(out: Path) -> int:
+    pointer = out / "checkpoints" / "latest"
+    try:
+        return int(pointer.read_text().strip()[len("step-"):-len(".ckpt")])
+    except (OSError, ValueError):
+        return -1
+
+
+def _wait(condition, timeout: float, what: str, log: Path) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"gave up waiting for {what}; log:\n{log.read_text()[-3000:] if log.exists() else '(none)'}")
+
+
+def _job(cluster: OneNodeCluster, job: str) -> dict:
+    shown = subprocess.run(["scontrol", "show", "job", job, "-o"], env=cluster.env, capture_output=True, text=True).stdout
+    return dict(item.split("=", 1) for item in shown.split() if "=" in item)
+
+
+def _start_now_when_requeued(cluster: OneNodeCluster, job: str, restarts: int, log: Path) -> None:
+    """SLURM holds a requeued job for 2 minutes (BeginTime); the test lets it start at once."""
+    _wait(lambda: _job(cluster, job).get("Restarts") == str(restarts) and _job(cluster, job).get("JobState") == "PENDING",
+          60, f"the job to be requeued ({restarts})", log)
+    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=cluster.env, check=True)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(bool(missing_tools()), reason=f"needs SLURM and munge (make slurm); missing: {missing_tools()}")
+def test_a_signalled_and_requeued_job_resumes_by_itself_to_the_uninterrupted_weights(tmp_path):
+    """SIGUSR1 (as before the time limit): checkpoint, `scontrol requeue` from inside; then an outside `scontrol
+    requeue` (SIGTERM, as preemption): checkpoint, SLURM requeues. Both restarts resume from `latest` with no
+    flag, and the final weights equal, bit for bit, those of the same run trained without a stop."""
+    reference = tmp_path / "reference"  # trained while the cluster starts
+    uninterrupted = subprocess.Popen([sys.executable, str(HERE / "run_tiny.py"), f"train.out_dir={reference}",
+                                      *OVERRIDES], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    out = tmp_path / "run"
+    out.mkdir()
+    overrides = [f"train.out_dir={out}", *OVERRIDES, "train.slurm_time=10:00"]
+    script = tmp_path / "job.sbatch"
+    script.write_text(sbatch_script(tiny_pipeline(*overrides),
+                                    [sys.executable, str(HERE / "run_preemptible.py"), *overrides, "train.launcher=local"]))
+    cluster = OneNodeCluster(tmp_path / "cluster").start()
+    try:
+        job = subprocess.run(["sbatch", "--parsable", str(script)], env=cluster.env, capture_output=True, text=True,
+                             check=True).stdout.strip().split(";")[0]
+        log = out / f"slurm-{job}.out"
+        _wait(lambda: _latest_step(out) >= EVERY, 90, "the first checkpoint", log)
+        subprocess.run(["scancel", "--signal=USR1", job], env=cluster.env, check=True)
+        _start_now_when_requeued(cluster, job, 1, log)
+        first_stop = _latest_step(out)
+        _wait(lambda: _latest_step(out) > first_stop, 90, "a checkpoint after the first restart", log)
+        subprocess.run(["scontrol", "requeue", job], env=cluster.env, check=True)
+        _start_now_when_requeued(cluster, job, 2, log)
+        second_stop = _latest_step(out)
+        _wait(lambda: _job(cluster, job).get("JobState") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"), 120,
+              "the job to finish", log)
+        state = _job(cluster, job)
+    finally:
+        cluster.stop()
+        _, errors = uninterrupted.communicate(timeout=300)
+    assert uninterrupted.returncode == 0, errors[-3000:]
+    text = log.read_text()
+    assert state["JobState"] == "COMPLETED", text[-3000:]
+    assert text.count("stopped at step") == 2 and "on SIGUSR1 before the time limit" in text and "on SIGTERM" in text
+    assert "SLURM restart 1 of job" in text and "SLURM restart 2 of job" in text, text[-3000:]
+    assert EVERY <= first_stop < second_stop < STEPS, (first_stop, second_stop)
+    assert json.loads((out / "summary-rank0.json").read_text())["global_step"] == STEPS
+    mine = torch.load(out / "model.pt", weights_only=True)["state_dict"]
+    theirs = torch.load(reference / "model.pt", weights_only=True)["state_dict"]
+    assert mine.keys() == theirs.keys()
+    assert all(torch.equal(mine[k], theirs[k]) for k in mine), [k for k in mine if not torch.equal(mine[k], theirs[k])]

@@ -1,0 +1,162 @@
+"""Preemption-safe training under SLURM: stop at a step boundary, checkpoint, requeue, resume with no flag.
+
+The sbatch script (`stack.train.launch`) asks for `--requeue` and `--signal=USR1@N`: SLURM
+sends SIGUSR1 to every task of the job N seconds before the time limit (`scancel
+--signal=USR1 JOB` sends the same). When a run is preempted, or requeued from outside
+(`scontrol requeue`), the tasks get SIGTERM and, `KillWait`/`GraceTime` seconds later, SIGKILL.
+
+Lightning's `SLURMEnvironment(auto_requeue=True, requeue_signal=SIGUSR1)` is what reads the
+ranks and owns SIGTERM (its handler notes the signal and keeps the process alive). Its own
+SIGUSR1 handler is *not* used: it calls `trainer.save_checkpoint(hpc_ckpt_N.ckpt)` from
+inside the signal handler, that is between any two bytecodes of the step (half-way through
+`optimizer.step()`, or, with several ranks, while another rank waits in a gradient
+all-reduce, where the save's barrier deadlocks); it writes to `default_root_dir` (the
+working folder, shared by every run started there) without the atomic rename, the finite
+check or `checkpoints/latest`; and the requeued job then loads that file behind
+`train.resume`'s checks. Lightning keeps a SIGUSR1 handler that is already installed, so
+`RequeueOnSignal` installs one that only records the request; at the end of the step every
+rank agrees (a max all-reduce, so a signal that reached one rank a moment before the others
+stops all of them at the same step), the rolling checkpoint is written blocking
+(`RollingCheckpoints.save(..., blocking=True)`, the same file and `latest` as every other
+checkpoint) and rank 0 runs `scontrol requeue $SLURM_JOB_ID`. On SIGTERM the same
+checkpoint is written but the job is not requeued from here: under preemption with
+`PreemptMode=REQUEUE` SLURM requeues a `--requeue` job itself, and a SIGTERM from the user's
+`scancel` means stop, which a requeue would undo.
+
+The requeued job runs the same script with `SLURM_RESTART_COUNT` > 0; `resume_after_requeue`
+then makes `train.resume` the out_dir's `latest` (and turns `train.overwrite` off, which
+would otherwise delete the progress the job came back for).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import lightning.pytorch as pl
+import torch
+
+from stack.errors import StackError
+from stack.pipeline import Pipeline
+from stack.train.checkpoints import LATEST, RollingCheckpoints
+
+REQUEUE_SIGNAL = signal.SIGUSR1
+"""What `#SBATCH --signal` asks for before the time limit (Lightning's default requeue signal too)."""
+
+
+class TrainingRequeued(StackError):
+    """Training stopped on SLURM's signal after writing a checkpoint. Exit 0 when this job requeued itself;
+    143 (128 + SIGTERM, as a terminated process) when it stopped without requeueing."""
+
+    def __init__(self, message: str, requeued: bool):
+        super().__init__(message)
+        self.exit_code = 0 if requeued else 143
+
+
+def restart_count() -> int:
+    """How many times SLURM has restarted this job (0 on its first run, or outside SLURM)."""
+    value = os.environ.get("SLURM_RESTART_COUNT", "0")
+    return int(value) if value.isdigit() else 0
+
+
+def resume_after_requeue(pipeline: Pipeline) -> Pipeline:
+    """The pipeline a requeued SLURM job trains: resuming from its own out_dir's `latest`, if it wrote one.
+
+    A first run (`SLURM_RESTART_COUNT` unset or 0) is returned unchanged, so starting over an
+    existing run still needs train.resume or train.overwrite. A restarted job that wrote no
+    checkpoint before it stopped starts again from the beginning, as it first did."""
+    count = restart_count()
+    train = pipeline.train
+    latest = Path(train.out_dir) / "checkpoints" / LATEST
+    if count == 0 or not latest.is_file():
+        return pipeline
+    print(f"SLURM restart {count} of job {os.environ.get('SLURM_JOB_ID', '?')}: resuming from {latest.parent / latest.read_text().strip()}"
+          f"{f' (instead of train.resume={train.resume})' if train.resume else ''}", file=sys.stderr, flush=True)
+    return replace(pipeline, train=replace(train, resume=str(train.out_dir), overwrite=False))
+
+
+def slurm_environment(pipeline: Pipeline):
+    """Lightning's SLURM cluster environment for this job (None outside a SLURM job step).
+
+    Passed explicitly because the one Lightning detects on its own has auto_requeue on with
+    its mid-step hpc checkpoint (see the module docstring), even when train.slurm_requeue is off."""
+    from lightning.fabric.plugins.environments import SLURMEnvironment
+
+    if not SLURMEnvironment.detect():
+        return None
+    return SLURMEnvironment(auto_requeue=pipeline.train.slurm_requeue, requeue_signal=REQUEUE_SIGNAL)
+
+
+class RequeueOnSignal(pl.Callback):
+    """On SIGUSR1 (time limit near) or SIGTERM (preemption), stop every rank at the same step boundary
+    with a complete checkpoint as `latest`; after SIGUSR1 rank 0 also requeues the job."""
+
+    def __init__(self, checkpoints: RollingCheckpoints):
+        self.checkpoints = checkpoints
+        self.requested: int | None = None
+        self._previous = None
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        # runs before Lightning registers its handlers; it keeps a SIGUSR1 handler that is already set
+        self._previous = signal.signal(REQUEUE_SIGNAL, self._record)
+
+    def teardown(self, trainer, pl_module, stage: str) -> None:
+        if self._previous is not None:
+            signal.signal(REQUEUE_SIGNAL, self._previous)
+            self._previous = None
+
+    def _record(self, signum, frame) -> None:
+        self.requested = signum
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        reason = self._agreed_reason(trainer, pl_module)
+        if reason is None:
+            return
+        checkpoint = self._checkpoint(trainer, pl_module)
+        step = trainer.global_step
+        if reason == "SIGTERM":
+            raise TrainingRequeued(f"stopped at step {step} on SIGTERM (preemption or scancel); checkpoint "
+                                   f"{checkpoint}. A requeued job resumes from it by itself; otherwise resume with "
+                                   f"train.resume={self.checkpoints.out_dir}", requeued=False)
+        done, what = _requeue() if trainer.is_global_zero else (True, "; rank 0 requeues the job")
+        raise TrainingRequeued(f"stopped at step {step} on {reason} before the time limit; checkpoint {checkpoint}"
+                               f"{what}", requeued=done)
+
+    def _agreed_reason(self, trainer, pl_module) -> str | None:
+        """'SIGUSR1'/'SIGTERM' when any rank got that signal (every rank gets the same answer), else None."""
+        code = 2.0 if trainer.received_sigterm else 1.0 if self.requested is not None else 0.0
+        flag = torch.tensor([code], device=pl_module.device)
+        if trainer.world_size > 1:
+            flag = trainer.strategy.reduce(flag, reduce_op="max")
+        return {0.0: None, 1.0: signal.Signals(REQUEUE_SIGNAL).name, 2.0: "SIGTERM"}[float(flag.item())]
+
+    def _checkpoint(self, trainer, pl_module) -> str:
+        """This step's checkpoint, complete and `latest` on disk (the periodic one may be in flight at this step)."""
+        if self.checkpoints._saved_step != trainer.global_step:
+            self.checkpoints.save(trainer, pl_module, blocking=True)
+        self.checkpoints.wait()
+        trainer.strategy.barrier("preemption-checkpoint")
+        return str(pl_module.last_good_checkpoint)
+
+
+def _requeue() -> tuple[bool, str]:
+    """`scontrol requeue` this job (rank 0, after the checkpoint is complete): whether it worked, and what
+    happened, for the message."""
+    array, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
+    job = f"{array}_{task}" if array and task else os.environ.get("SLURM_JOB_ID", "")
+    if not re.fullmatch(r"[0-9]+(_[0-9]+)?", job):
+        return False, f"; not requeued: SLURM_JOB_ID is {job!r}, not a job id. Resubmit the job to resume from it"
+    try:
+        result = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return False, f"; `scontrol requeue {job}` failed ({exc}). Resubmit the job to resume from it"
+    if result.returncode != 0:
+        return False, (f"; `scontrol requeue {job}` failed: {(result.stderr or result.stdout).strip()[:300]}. "
+                "Resubmit the job (it resumes from this checkpoint)")
+    print(f"requeued SLURM job {job}; it resumes from the checkpoint when it starts again", file=sys.stderr, flush=True)
+    return True, f"; requeued SLURM job {job}"
