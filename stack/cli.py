@@ -27,6 +27,7 @@ COMMANDS = {
     "export": "export a checkpoint to ONNX (standard ops, metadata) and check it against PyTorch",
     "deploy": "quantize, gate (accuracy per head, FPS measured or predicted) and bundle for a target",
     "drive": "closed loop: a checkpoint or deployed bundle drives held-out scenarios beside the baselines",
+    "runs": "tracked runs (MLflow) side by side: metrics, hashes, eval and deploy verdicts; `compare A B`",
 }
 """Command name -> one-line help. Add a command here only when it works end to end."""
 

@@ -1,0 +1,112 @@
+"""`stack runs` and `stack runs compare A B` on a local MLflow store (built here the way training, eval and deploy
+fill it), and their bad input: a missing store, unknown or ambiguous runs, stray words (exit 2)."""
+
+import time
+
+import pytest
+
+from stack.cli import main
+
+
+def log_run(client, experiment, name, lr, data_hash, loss, steps, deploy=None, eval_l2=None):
+    from mlflow.entities import Metric, Param, RunTag
+
+    run = client.create_run(experiment, run_name=name)
+    now = int(time.time() * 1000)
+    params = {"train.lr": str(lr), "train.seed": "0", "model.backbone": "resnet18", "train.out_dir": f"runs/{name}"}
+    tags = {"stack.pipeline_hash": f"{hash((name, lr)) & 0xffffffffffff:012x}", "stack.data_hash": data_hash,
+            "stack.data_root": f"/data/{data_hash}", "stack.git_commit": "abc123", "stack.steps": str(steps),
+            "stack.host": "node1"}
+    if deploy:
+        tags[f"stack.deploy.{deploy[0]}"] = deploy[1]
+    metrics = [Metric("loss", value, now, step) for step, value in enumerate(loss)]
+    metrics += [Metric("val/loss_total", loss[-1] * 1.1, now, steps)]
+    if eval_l2 is not None:
+        metrics.append(Metric("eval/planning/L2_at_3s", eval_l2, now, 0))
+        tags["stack.eval.verdict"] = "PASS"
+    client.log_batch(run.info.run_id, metrics=metrics, params=[Param(k, v) for k, v in params.items()],
+                     tags=[RunTag(k, v) for k, v in tags.items()])
+    client.set_terminated(run.info.run_id)
+    return run.info.run_id
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    from mlflow.tracking import MlflowClient
+
+    folder = tmp_path_factory.mktemp("store")
+    client = MlflowClient(f"sqlite:///{folder / 'mlruns.db'}")
+    experiment = client.create_experiment("tiny", (folder / "mlartifacts").as_uri())
+    first = log_run(client, experiment, "baseline", 0.002, "d" * 64, [3.0, 2.0, 1.5], 684, ("ci-cpu", "PASS"), 0.61)
+    second = log_run(client, experiment, "higher-lr", 0.004, "e" * 64, [3.0, 1.8, 1.2], 684, ("orin", "FAIL"))
+    return folder / "mlruns.db", first, second
+
+
+def runs(capsys, *words):
+    code = main(["runs", *words])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_lists_runs_with_hashes_steps_losses_eval_and_deploy_verdicts(store, capsys):
+    path, first, second = store
+    code, out, _ = runs(capsys, f"train.tracking_uri={path}")
+    assert code == 0
+    rows = {line.split(" | ")[0].strip("| "): line for line in out.splitlines() if line.startswith("| ")}
+    assert set(rows) >= {first[:8], second[:8]}
+    assert "| dddddddd | 684 | 1.5 | 1.65 | 0.61 |" in rows[first[:8]] and "ci-cpu:PASS" in rows[first[:8]]
+    assert "| eeeeeeee | 684 | 1.2 |" in rows[second[:8]] and "orin:FAIL" in rows[second[:8]]
+    assert out.index(second[:8]) < out.index(first[:8])  # newest first
+    assert f"mlflow ui --backend-store-uri sqlite:///{path}" in out
+
+
+def test_compare_shows_the_keys_data_and_metrics_that_differ(store, capsys):
+    path, first, second = store
+    code, out, _ = runs(capsys, "compare", first[:6], "higher-lr", f"train.tracking_uri={path}")
+    assert code == 0
+    assert "| train.lr | 0.002 | 0.004 |" in out and "| train.out_dir | runs/baseline | runs/higher-lr |" in out
+    assert "train.seed" not in out and "model.backbone" not in out  # equal keys are left out
+    assert "(DIFFERENT data)" in out and f"| data hash | {'d' * 64} | {'e' * 64} |" in out
+    assert "| loss | 1.5 | 1.2 | -0.3 (0.8x) |" in out
+    assert "| eval/planning/L2_at_3s | 0.61 |  | only in A |" in out
+    assert "| ci-cpu | PASS | - |" in out and "| orin | - | FAIL |" in out
+
+
+@pytest.mark.parametrize("words, message", [
+    (["compare", "ffffffff", "baseline"], "no run 'ffffffff'"),
+    (["compare", "baseline"], "expected nothing (list the runs) or `compare A B`"),
+    (["show", "x", "y"], "expected nothing"),
+])
+def test_bad_run_words_are_bad_input(store, capsys, words, message):
+    path, _, _ = store
+    code, out, err = runs(capsys, *words, f"train.tracking_uri={path}")
+    assert code == 2 and message in err and "Traceback" not in err
+
+
+def test_an_ambiguous_name_lists_the_runs_it_names(store, capsys):
+    from mlflow.tracking import MlflowClient
+
+    path, _, _ = store
+    client = MlflowClient(f"sqlite:///{path}")
+    twin = log_run(client, client.get_experiment_by_name("tiny").experiment_id, "baseline", 0.002, "d" * 64,
+                   [1.0], 1)
+    code, _, err = runs(capsys, "compare", "baseline", "higher-lr", f"train.tracking_uri={path}")
+    assert code == 2 and "names 2 runs" in err and twin[:12] in err
+    client.delete_run(twin)
+
+
+def test_a_missing_store_or_tracking_off_is_bad_input(tmp_path, capsys):
+    code, _, err = runs(capsys, f"train.tracking_uri={tmp_path / 'nothing.db'}")
+    assert code == 2 and "no MLflow store at" in err and not (tmp_path / "nothing.db").exists()
+    code, _, err = runs(capsys, "train.tracking_uri=off")
+    assert code == 2 and "tracking_uri is off" in err
+
+
+def test_an_unreachable_server_is_bad_input(capsys):
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    code, _, err = runs(capsys, f"train.tracking_uri=http://127.0.0.1:{port}")
+    assert code == 2 and "unreachable" in err
