@@ -1,4 +1,10 @@
-"""DDP and FSDP2 on 2 CPU processes (gloo), launched by Lightning exactly as `stack train` does."""
+"""DDP and FSDP2 on 2 CPU processes (gloo), launched by Lightning exactly as `stack train` does.
+
+FSDP2 runs as torchtitan checks it: the loss curve of FSDP2 equals DDP's from the same
+seed (fp32: to 1e-4; bf16-mixed: to 2e-2, the gathers and reductions round differently
+from DDP's autocast casts), bf16-mixed all-gathers bf16 parameters and reduces fp32
+gradients (measured at the collectives), and HSDP meshes 1x2 (pure sharding) and 2x1
+(pure replication) hold the training state each mesh implies."""
 
 import csv
 import json
@@ -42,10 +48,30 @@ def ddp_run(tmp_path_factory):
 @pytest.fixture(scope="module")
 def fsdp_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("fsdp")
-    result = train(out, "train.strategy=fsdp", "train.fsdp_units=[backbone.*.*,planning_head]",
-                   "train.activation_checkpointing=[backbone.*]")
+    result = train(out, "train.strategy=fsdp", *FSDP_UNITS)
     assert result.returncode == 0, result.stderr[-3000:]
     return out
+
+
+FSDP_UNITS = ["train.fsdp_units=[backbone.*.*,planning_head]", "train.activation_checkpointing=[backbone.*]"]
+
+
+@pytest.fixture(scope="module")
+def bf16_runs(tmp_path_factory):
+    """(DDP, FSDP2) runs under bf16-mixed, otherwise as ddp_run / fsdp_run."""
+    outs = []
+    for strategy in ("ddp", "fsdp"):
+        out = tmp_path_factory.mktemp(f"{strategy}-bf16")
+        result = train(out, f"train.strategy={strategy}", "train.precision=bf16-mixed",
+                       *(FSDP_UNITS if strategy == "fsdp" else []))
+        assert result.returncode == 0, result.stderr[-3000:]
+        outs.append(out)
+    return outs
+
+
+def comm(out: Path, rank: int = 0) -> dict:
+    """The bytes `rank` sent per step in the last window, by collective and dtype."""
+    return summaries(out)[rank]["stats"][-1]["comm"]
 
 
 @pytest.mark.slow
@@ -88,3 +114,46 @@ def test_divergence_on_one_rank_stops_both_with_the_step(tmp_path):
     assert "training diverged at step 2: loss term depth=nan" in result.stderr
     assert "Last good checkpoint: " in result.stderr and "step-0000002.ckpt" in result.stderr
     assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "step-0000002.ckpt"
+
+
+@pytest.mark.slow
+def test_bf16_fsdp2_gathers_bf16_reduces_fp32_and_matches_ddp(fsdp_run, bf16_runs):
+    ddp_bf16, fsdp_bf16 = bf16_runs
+    # torchtitan's convergence check, in bf16: same seed and data, same curve within bf16 rounding.
+    assert curve(fsdp_bf16) == pytest.approx(curve(ddp_bf16), rel=2e-2)
+    assert curve(fsdp_bf16) != pytest.approx(curve(fsdp_run), rel=1e-6), "bf16-mixed trained in fp32"
+    fp32, bf16 = comm(fsdp_run), comm(fsdp_bf16)
+    assert set(fp32) >= {"all_gather/float32", "reduce_scatter/float32"} and "all_gather/bfloat16" not in fp32
+    # Parameters gathered in bf16 (the norm layers' few stay fp32), gradients reduced in fp32.
+    gathered = {dtype: bf16.get(f"all_gather/{dtype}", {}).get("payload_mb", 0) for dtype in ("bfloat16", "float32")}
+    assert gathered["bfloat16"] > 5 * gathered["float32"]
+    assert sum(gathered.values()) < 0.6 * fp32["all_gather/float32"]["payload_mb"]
+    assert "reduce_scatter/bfloat16" not in bf16
+    assert bf16["reduce_scatter/float32"]["payload_mb"] == pytest.approx(fp32["reduce_scatter/float32"]["payload_mb"])
+    # DDP all-reduces every fp32 gradient: twice the bytes a rank sends in a reduce-scatter of them.
+    ddp = comm(ddp_bf16)
+    assert ddp["all_reduce/float32"]["sent_mb"] >= 1.9 * bf16["reduce_scatter/float32"]["sent_mb"]
+
+
+@pytest.mark.slow
+def test_hsdp_meshes_1x2_shard_and_2x1_replicate(ddp_run, fsdp_run, tmp_path):
+    replicated = tmp_path / "2x1"
+    result = train(replicated, "train.strategy=fsdp", "train.fsdp_replicate=2", *FSDP_UNITS)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert curve(replicated) == pytest.approx(curve(ddp_run), rel=1e-4)
+    state = {name: max(s["stats"][-1]["perf/train_state_mb"] for s in summaries(out))
+             for name, out in (("ddp", ddp_run), ("1x2", fsdp_run), ("2x1", replicated))}
+    assert state["2x1"] == pytest.approx(state["ddp"], rel=0.02), state  # every rank holds everything
+    assert state["1x2"] <= 0.6 * state["2x1"], state  # each rank holds about half
+    # 2x1: the shard groups are single ranks (FSDP2 issues no gather), gradients all-reduced
+    # across the two replicas; 1x2: parameters gathered and gradients reduce-scattered between the ranks.
+    two_by_one, one_by_two = comm(replicated), comm(fsdp_run)
+    assert "all_gather/float32" not in two_by_one and two_by_one["all_reduce/float32"]["sent_mb"] > 0
+    assert one_by_two["all_gather/float32"]["sent_mb"] > 0 and one_by_two["reduce_scatter/float32"]["sent_mb"] > 0
+
+
+def test_cpu_offload_is_refused_on_cpu_ranks(tmp_path):
+    result = train(tmp_path, "train.strategy=fsdp", "train.fsdp_cpu_offload=true")
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "train.fsdp_cpu_offload=true needs train.strategy=fsdp on GPUs" in result.stderr
+    assert "Traceback" not in result.stderr and not (tmp_path / "checkpoints").exists()

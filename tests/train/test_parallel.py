@@ -11,7 +11,7 @@ from standin import TinyMultiTask, synthetic_batch, tiny_pipeline  # noqa: E402
 
 from stack.errors import ConfigError
 from stack.train.module import warmup_cosine
-from stack.train.parallel import apply_activation_checkpointing, build_strategy, match_modules
+from stack.train.parallel import apply_activation_checkpointing, build_strategy, fsdp_policies, match_modules, replicas
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +55,32 @@ def test_strategy_choice(pipeline):
     assert isinstance(build_strategy(tiny_pipeline("train.strategy=fsdp").train), ModelParallelStrategy)
     assert isinstance(build_strategy(tiny_pipeline("train.strategy=ddp").train), DDPStrategy)
     assert build_strategy(pipeline.train) == "auto"
+
+
+def test_fsdp_policies_gather_bf16_and_reduce_fp32_only_under_bf16_mixed():
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
+
+    bf16 = fsdp_policies(tiny_pipeline("train.strategy=fsdp", "train.precision=bf16-mixed").train)
+    assert (bf16.units.param_dtype, bf16.units.reduce_dtype) == (torch.bfloat16, torch.float32)
+    assert bf16.norms == MixedPrecisionPolicy()  # norms, their buffers and gradients stay fp32
+    assert fsdp_policies(tiny_pipeline("train.strategy=fsdp").train).units == MixedPrecisionPolicy()
+    offload = fsdp_policies(tiny_pipeline("train.strategy=fsdp", "train.accelerator=gpu",
+                                          "train.fsdp_cpu_offload=true").train).offload
+    assert isinstance(offload, CPUOffloadPolicy) and offload.pin_memory
+
+
+def test_cpu_offload_is_refused_without_gpus():
+    for overrides in (["train.strategy=fsdp"], ["train.strategy=ddp", "train.accelerator=gpu"]):
+        with pytest.raises(ConfigError, match="train.fsdp_cpu_offload=true needs train.strategy=fsdp on GPUs"):
+            build_strategy(tiny_pipeline("train.fsdp_cpu_offload=true", *overrides).train)
+
+
+def test_hsdp_replicas_default_to_one_per_node_and_must_divide_the_ranks():
+    assert replicas(tiny_pipeline("train.devices=4", "train.num_nodes=2").train) == 2
+    assert replicas(tiny_pipeline("train.devices=2", "train.fsdp_replicate=2").train) == 2
+    for bad in ("3", "0", "two"):
+        with pytest.raises(ConfigError, match=f"train.fsdp_replicate: got '{bad}'; use auto .* divisor of the 2 ranks"):
+            tiny_pipeline("train.devices=2", f"train.fsdp_replicate={bad}")
 
 
 def test_warmup_then_cosine_decay():

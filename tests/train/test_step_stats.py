@@ -154,3 +154,63 @@ def test_a_grouped_convolution_step_counts_three_forwards():
     with step_flop_counter() as counter:
         conv(images).sum().backward()
     assert counter.get_total_flops() == 3 * forward  # forward, input gradient, weight gradient
+
+
+# MFU counts the model's FLOPs, HFU what the hardware runs (recomputation included).
+
+def test_activation_checkpointing_raises_hfu_not_mfu(tmp_path):
+    runs = {}
+    for name, extra in (("plain", []), ("recomputed", ["train.activation_checkpointing=[backbone.*]"])):
+        pipeline = tiny_pipeline("train.max_steps=2", "train.log_every_n_steps=2", f"train.out_dir={tmp_path / name}",
+                                 *extra)
+        _, _, runs[name] = fit(pipeline, TinyMultiTask, synthetic_loaders(pipeline, 4), progress=False)
+    plain, recomputed = runs["plain"], runs["recomputed"]
+    assert recomputed.model_flops == plain.model_flops == plain.step_flops  # the same model work
+    assert recomputed.step_flops > 1.2 * recomputed.model_flops  # the backbone's forward runs twice
+    row = recomputed.history[-1]
+    assert row["perf/hfu"] > row["perf/mfu"]
+    assert row["perf/mfu"] / row["perf/hfu"] == pytest.approx(recomputed.model_flops / recomputed.step_flops)
+    assert plain.history[-1]["perf/mfu"] == plain.history[-1]["perf/hfu"]
+    assert ", HFU " in row["mfu_text"]
+
+
+def gpu_module(monkeypatch, name: str):
+    """fake_module on a CUDA device called `name` (no GPU touched)."""
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: None)
+    return SimpleNamespace(**{**vars(fake_module()), "device": torch.device("cuda", 0)})
+
+
+@pytest.mark.parametrize("name, precision, peak, label", [
+    ("NVIDIA H100 80GB HBM3", "bf16-mixed", 989.4, "datasheet H100 SXM bf16 dense peak"),
+    ("NVIDIA H100 PCIe", "bf16-mixed", 756.5, "datasheet H100 PCIe bf16 dense peak"),
+    ("NVIDIA A100-SXM4-80GB", "32-true", 19.5, "datasheet A100 fp32 dense peak"),
+    ("NVIDIA L4", "16-mixed", 121.0, "datasheet L4 fp16 dense peak"),
+    ("Orin", "bf16-mixed", 42.5, "datasheet Jetson AGX Orin 64GB bf16 dense peak"),
+])
+def test_known_gpus_use_their_datasheet_peak(monkeypatch, name, precision, peak, label):
+    calls = peaks_measured(monkeypatch)
+    stats = StepStats(every=2, precision=precision)
+    stats.on_train_start(fake_trainer(), gpu_module(monkeypatch, name))
+    assert stats.peak_tflops == peak and stats.peak_source.startswith(label) and not calls
+
+
+def test_an_unknown_gpu_falls_back_to_a_labelled_measured_peak(monkeypatch):
+    calls = peaks_measured(monkeypatch, 50.0)
+    said: list[str] = []
+    monkeypatch.setattr(callbacks, "rank_zero_info", said.append)
+    stats = StepStats(every=2, precision="bf16-mixed")
+    stats.on_train_start(fake_trainer(), gpu_module(monkeypatch, "NVIDIA H100 NVL"))  # not in the table
+    assert calls == [torch.bfloat16] and stats.peak_tflops == 50.0
+    assert said == ["MFU/HFU peak: 50 TFLOP/s, measured matmul peak (bfloat16; 'NVIDIA H100 NVL' is not in the "
+                    "datasheet table)"]
+
+
+def test_a_datasheet_peak_is_never_re_measured_and_clamps(monkeypatch, capsys):
+    calls = peaks_measured(monkeypatch)
+    stats = StepStats(every=2, precision="bf16-mixed", print_lines=True)
+    stats.on_train_start(fake_trainer(), gpu_module(monkeypatch, "NVIDIA A100-PCIE-40GB"))
+    with pytest.warns(UserWarning, match="datasheet A100 bf16 dense peak"):
+        rows = [log_window(stats, rate) for rate in (400.0, 156.0)]
+    assert not calls and [row["perf/mfu"] for row in rows] == pytest.approx([1.0, 0.5])
+    assert "MFU >100% (datasheet peak too low)" in capsys.readouterr().out
