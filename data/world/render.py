@@ -420,6 +420,7 @@ class _PointGrid:
         lo = np.maximum(np.floor((q_centre - radius[:, None] - self.low) / self.cell), 0).astype(np.int64)
         hi = np.minimum(np.floor((q_centre + radius[:, None] - self.low) / self.cell), self.shape - 1).astype(np.int64)
         span = np.clip(hi - lo + 1, 0, None)
+        span[(span == 0).any(1)] = 0  # a disc wholly off the grid touches no cell
         row_owner = np.repeat(np.arange(len(q_centre)), span[:, 1])  # one entry per (disc, cell row)
         row = lo[row_owner, 1] + np.arange(len(row_owner)) - (np.cumsum(span[:, 1]) - span[:, 1])[row_owner]
         first_cell = row * self.columns + lo[row_owner, 0]
