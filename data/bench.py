@@ -245,6 +245,8 @@ def run(pipeline: Pipeline, args) -> int:
     """Print the side-by-side table (markdown) for BENCHMARKS.md."""
     import os
 
+    from stack.data.world import render_bench
+
     with tempfile.TemporaryDirectory() as folder:
         bench = copy.deepcopy(pipeline)
         bench.data.root = folder
@@ -252,6 +254,7 @@ def run(pipeline: Pipeline, args) -> int:
         bench.data.world.val_fraction = 0.0
         rate, cpu_rate, images = _generator(bench)
         print(f"generator: {images} camera images in {images / rate:.1f} s", flush=True)
+        renderers = render_bench.side_by_side(bench, log=lambda line: print(line, flush=True))
         dali = copy.deepcopy(bench)
         dali.data.backend = "dali"
         jpegs = _jpeg_lists(bench)
@@ -275,9 +278,11 @@ def run(pipeline: Pipeline, args) -> int:
           f"{data.world.workers} render processes")
     print("\n| what | rate | floor / reference | ratio |\n|---|---|---|---|")
     cores = min(data.world.workers, os.cpu_count() or 1)
-    print(f"| generator (make, end to end) | {rate:.1f} camera images/s | goal 40 images/s | {rate / 40:.2f}x goal |")
+    goal = render_bench.GOAL_IMAGES_PER_S
+    print(f"| generator (make, end to end) | {rate:.1f} camera images/s | goal {goal:.0f} images/s | {rate / goal:.2f}x goal |")
     print(f"| generator per CPU second (load-independent) | {cpu_rate:.1f} images/CPU-s | x {cores} idle cores = "
-          f"{cpu_rate * cores:.1f} images/s | {cpu_rate * cores / 40:.2f}x goal |")
+          f"{cpu_rate * cores:.1f} images/s | {cpu_rate * cores / goal:.2f}x goal |")
+    print("\n".join(render_bench.rows(renderers, cores)))
     print(f"| torch loader | {torch_rate:.1f} samples/s | PIL bare decode {pil_floor:.1f} samples/s | "
           f"{pil_floor / torch_rate:.2f}x slower than floor |")
     print(f"| dali loader (cpu) | {dali_rate:.1f} samples/s | DALI bare decode {dali_floor:.1f} samples/s | "
