@@ -209,3 +209,41 @@ def test_a_shard_edited_in_place_changes_the_fingerprint(tmp_path):
     (root / "val" / "frames-000000.sums").write_text("val edited\n")
     after = dataset_fingerprint(root)
     assert before["hash"] != after["hash"] and before["splits"]["train"] == after["splits"]["train"]
+
+
+# ------------------------------------------------------------------ ranks, resume, the CLI's view of a real run
+
+@pytest.mark.slow
+def test_two_ddp_ranks_make_one_run_logged_by_rank_zero(tmp_path):
+    import os
+    import subprocess
+
+    data = fake_dataset(tmp_path / "data")
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
+    result = subprocess.run([sys.executable, str(Path(__file__).resolve().parent / "run_tiny.py"),
+                             f"train.out_dir={tmp_path / 'run' / 'train'}", f"data.root={data}", "train.devices=2",
+                             "train.strategy=ddp", "train.max_steps=3", "train.log_every_n_steps=1", "train.seed=3"],
+                            cwd=Path(__file__).resolve().parents[2], env=env, capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    client = client_for(tmp_path / "run" / "mlruns.db")
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert len(runs) == 1 and runs[0].data.tags["stack.devices"].startswith("1x2")
+    assert [m.step for m in client.get_metric_history(runs[0].info.run_id, "train/loss_total")] == [0, 1, 2]
+
+
+def test_a_resumed_run_continues_its_mlflow_run_and_stack_runs_lists_it(tmp_path, capsys):
+    from stack.cli import main
+
+    train(tmp_path)
+    middle = tmp_path / "run" / "train" / "checkpoints" / "step-0000003.ckpt"
+    first = load_model_checkpoint(tmp_path / "run" / "train" / "model.pt")[2]["tracking"]["run_id"]
+    train(tmp_path, f"train.resume={middle}", "train.overwrite=true")
+    client = client_for(tmp_path / "run" / "mlruns.db")
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert [r.info.run_id for r in runs] == [first]  # the same out_dir: the same run, not a second one
+    assert load_model_checkpoint(tmp_path / "run" / "train" / "model.pt")[2]["tracking"]["run_id"] == first
+    capsys.readouterr()
+    assert main(["runs", f"train.out_dir={tmp_path / 'run' / 'train'}"]) == 0
+    out = capsys.readouterr().out
+    assert f"| {first[:8]} | train |" in out and "| 6 |" in out
