@@ -32,7 +32,8 @@ import lightning.pytorch as pl
 import torch
 
 from stack.errors import StackError
-from stack.train.dcp_io import LATEST, AsyncCheckpointWriter, CheckpointWriteFailed, ShardedCheckpointIO, read_checkpoint_safely
+from stack.train.dcp_io import (LATEST, AsyncCheckpointWriter, CheckpointWriteFailed, ShardedCheckpointIO,
+                               read_checkpoint_safely)
 
 __all__ = ["LATEST", "RollingCheckpoints", "ShardedCheckpointIO", "check_resume", "prepare_out_dir", "resolve_resume"]
 RUN_OUTPUTS = ("checkpoints", "model.pt", "csv", "tensorboard", "pipeline.yaml")

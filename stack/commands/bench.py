@@ -19,6 +19,7 @@ BENCHMARKS: dict[str, str] = {
     "infer": "stack.deploy.bench:infer",
     "latency": "stack.deploy.bench:latency",
     "drive": "stack.deploy.closedloop.bench:run",
+    "checkpoint": "stack.train.checkpoint_bench:run",
 }
 """Benchmark name -> "module:function". Add an entry when the benchmark works."""
 

@@ -68,7 +68,7 @@ def test_two_task_job_on_a_one_node_slurm_cluster(tmp_path):
     assert job["JobState"] == "COMPLETED", log.read_text()[-3000:] if log.exists() else job
     ranks = [json.loads((out / f"summary-rank{r}.json").read_text()) for r in (0, 1)]
     assert [r["world_size"] for r in ranks] == [2, 2] and [r["global_step"] for r in ranks] == [3, 3]
-    assert (out / "checkpoints" / "step-0000003.ckpt").is_file()
+    assert (out / "checkpoints" / "step-0000003.ckpt" / ".metadata").is_file()
     assert len([r for r in csv.DictReader(open(out / "csv" / "metrics.csv")) if r.get("train/loss_total")]) == 3
 
 

@@ -49,7 +49,7 @@ def test_real_network_trains_on_rendered_shards(shards, tmp_path, backend):
     curve = losses(tmp_path)
     assert len(curve) == 4 and all(value == value for value in curve)
     assert stats.history and 0 < stats.history[-1]["perf/mfu"] < 1
-    assert (tmp_path / "model.pt").is_file() and (tmp_path / "checkpoints" / "step-0000004.ckpt").is_file()
+    assert (tmp_path / "model.pt").is_file() and (tmp_path / "checkpoints" / "step-0000004.ckpt" / ".metadata").is_file()
 
 
 @pytest.mark.slow

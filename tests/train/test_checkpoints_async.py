@@ -1,0 +1,159 @@
+"""Asynchronous checkpoints: training goes on while a checkpoint is written, `latest` only ever names a complete
+one, a blocking save is `latest` when it returns, and a crafted checkpoint folder runs no code on resume.
+(SIGKILL during the background write: tests/train/test_kills.py.)"""
+
+import os
+import pickle
+import sys
+import time
+from pathlib import Path
+
+import lightning.pytorch as pl
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from standin import TinyMultiTask, synthetic_loaders, tiny_pipeline  # noqa: E402
+
+import stack.train.fit as fit_module
+from stack.errors import StackError
+from stack.train import dcp_io
+from stack.train.checkpoints import RollingCheckpoints
+from stack.train.dcp_io import load_sharded_checkpoint
+
+RECIPE = ["train.max_epochs=2", "train.log_every_n_steps=1", "train.checkpoint_every_n_steps=4", "train.seed=7"]
+
+
+def run(out, *overrides, watch: pl.Callback | None = None, monkeypatch=None):
+    pipeline = tiny_pipeline(*RECIPE, f"train.out_dir={out}", *overrides)
+    if watch is not None:
+        original = fit_module.build_trainer
+
+        def with_watch(*args, **kwargs):
+            trainer, stats = original(*args, **kwargs)
+            trainer.callbacks.append(watch)
+            return trainer, stats
+        monkeypatch.setattr(fit_module, "build_trainer", with_watch)
+    return fit_module.fit(pipeline, TinyMultiTask, synthetic_loaders(pipeline, 6), progress=False)
+
+
+def complete(folder: Path) -> bool:
+    return (folder / ".metadata").is_file() and (folder / "meta.pt").is_file()
+
+
+class Watch(pl.Callback):
+    """Records, at every step's end, whether a checkpoint write was running then and what `latest` named."""
+
+    def __init__(self, writes: list):
+        self.writes, self.steps, self.latest_complete = writes, [], []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        now = time.monotonic()
+        self.steps.append((trainer.global_step, any(start <= now and (end is None or now <= end)
+                                                     for start, end in self.writes)))
+        checkpoints = Path(pl_module.pipeline.train.out_dir) / "checkpoints"
+        if (checkpoints / "latest").is_file():
+            self.latest_complete.append(complete(checkpoints / (checkpoints / "latest").read_text().strip()))
+
+
+@pytest.fixture
+def slow_disk(monkeypatch):
+    """Every checkpoint's shard write takes 1.5 s longer (a slow shared file system); records when each ran."""
+    original, writes = dcp_io._FencedWriter.write_data, []
+
+    def slow(self, plan, planner):
+        writes.append([time.monotonic(), None])
+        time.sleep(1.5)
+        try:
+            return original(self, plan, planner)
+        finally:
+            writes[-1][1] = time.monotonic()
+    monkeypatch.setattr(dcp_io._FencedWriter, "write_data", slow)
+    return writes
+
+
+def test_training_goes_on_while_a_checkpoint_is_written_and_ends_with_the_same_weights(tmp_path, slow_disk,
+                                                                                      monkeypatch):
+    watch = Watch(slow_disk)
+    run(tmp_path / "slow", watch=watch, monkeypatch=monkeypatch)
+    assert [step for step, _ in watch.steps] == list(range(1, 13))
+    during_a_write = [step for step, writing in watch.steps if writing]
+    assert during_a_write, f"no training step ran while a checkpoint was written: {watch.steps}"  # synchronous save
+    assert watch.latest_complete and all(watch.latest_complete)  # latest never named an unfinished checkpoint
+    checkpoints = tmp_path / "slow" / "checkpoints"
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["latest", "step-0000008.ckpt", "step-0000012.ckpt"]
+    monkeypatch.undo()
+    run(tmp_path / "plain")
+    for step in (8, 12):  # the staged copy is the state at that step, not at the step the write finished
+        slow, plain = (load_sharded_checkpoint(tmp_path / name / "checkpoints" / f"step-{step:07d}.ckpt")
+                       for name in ("slow", "plain"))
+        assert slow["global_step"] == plain["global_step"] == step
+        assert slow["state_dict"].keys() == plain["state_dict"].keys()
+        assert all(torch.equal(slow["state_dict"][k], plain["state_dict"][k]) for k in plain["state_dict"])
+        assert all(torch.equal(slow["optimizer_states"][0]["state"][i][name], value)
+                   for i, state in plain["optimizer_states"][0]["state"].items() for name, value in state.items())
+
+
+class SaveBlockingAt(pl.Callback):
+    """What a preemption handler does: save(blocking=True) at one step, then look at the disk right away."""
+
+    def __init__(self, step: int):
+        self.step, self.seen = step, None
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step == self.step:
+            rolling = next(c for c in trainer.callbacks if isinstance(c, RollingCheckpoints))
+            path = rolling.save(trainer, pl_module, blocking=True)
+            latest = (path.parent / "latest").read_text().strip()
+            self.seen = (path.name, latest, complete(path), load_sharded_checkpoint(path)["global_step"])
+
+
+def test_a_blocking_save_is_latest_and_complete_when_it_returns(tmp_path, slow_disk, monkeypatch):
+    saver = SaveBlockingAt(step=6)
+    run(tmp_path, watch=saver, monkeypatch=monkeypatch)
+    assert saver.seen == ("step-0000006.ckpt", "step-0000006.ckpt", True, 6)
+
+
+class _Payload:
+    """Unpickling this runs a command: what a crafted checkpoint would do."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.mark.parametrize("planted_in", [".metadata", "meta.pt"])
+def test_a_crafted_checkpoint_folder_is_refused_without_running_its_code(tmp_path, planted_in):
+    run(tmp_path / "run", "train.max_epochs=1")
+    folder = tmp_path / "run" / "checkpoints" / "step-0000006.ckpt"
+    marker = tmp_path / "pwned"
+    if planted_in == ".metadata":
+        (folder / ".metadata").write_bytes(pickle.dumps(_Payload(marker)))
+    else:
+        torch.save({"global_step": 6, "payload": _Payload(marker)}, folder / "meta.pt")
+    with pytest.raises(StackError, match=r"step-0000006\.ckpt is not a readable training checkpoint"):
+        run(tmp_path / "new", f"train.resume={folder}")
+    assert not marker.exists()
+
+
+def test_the_checkpoint_bench_misses_its_goal_when_the_save_blocks(tmp_path, monkeypatch, capsys):
+    """`stack bench checkpoint` exits 1 when the 'asynchronous' save stalls the loop for the whole write, as a
+    writer that waits inside `start` (a synchronous save under another name) does."""
+    from argparse import Namespace
+
+    from stack.train import checkpoint_bench
+
+    original = dcp_io.AsyncCheckpointWriter.start
+
+    def blocking_start(self, checkpoint, step, rank_zero):
+        final = original(self, checkpoint, step, rank_zero)
+        self.wait()
+        return final
+    monkeypatch.setattr(dcp_io.AsyncCheckpointWriter, "start", blocking_start)
+    monkeypatch.setattr(checkpoint_bench, "ROUNDS", 2)
+    pipeline = tiny_pipeline(f"train.out_dir={tmp_path / 'train'}")
+    assert checkpoint_bench.run(pipeline, Namespace()) == 1
+    assert "(goal <= 0.1x): MISSED" in capsys.readouterr().out
+    assert not list(tmp_path.glob("checkpoint-bench-*"))  # its scratch folder is removed
