@@ -247,3 +247,52 @@ def test_a_resumed_run_continues_its_mlflow_run_and_stack_runs_lists_it(tmp_path
     assert main(["runs", f"train.out_dir={tmp_path / 'run' / 'train'}"]) == 0
     out = capsys.readouterr().out
     assert f"| {first[:8]} | train |" in out and "| 6 |" in out
+
+
+def test_deploy_on_other_data_warns_records_lineage_in_gate_json_and_logs_into_the_run(tmp_path):
+    import dataclasses
+
+    import torch
+    from mlflow.tracking import MlflowClient
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "deploy"))
+    from deploy_fixture_net import example_inputs, make_net, make_samples, segmentation_error
+
+    from stack.checkpoint import save_model_checkpoint
+    from stack.config import load_pipeline, load_target
+    from stack.deploy.accuracy import HeadBudget
+    from stack.deploy.bundle import verify_bundle
+    from stack.deploy.orchestrate import DeploySpec, run_deploy
+    from stack.lineage import set_active_run
+
+    seen, other = fake_dataset(tmp_path / "seen", seed=0), fake_dataset(tmp_path / "other", seed=1, val_samples=2)
+    uri = f"sqlite:///{tmp_path / 'mlruns.db'}"
+    client = MlflowClient(uri)
+    run_id = client.create_run(client.create_experiment("stack", (tmp_path / "art").as_uri())).info.run_id
+    set_active_run({"uri": uri, "run_id": run_id, "experiment": "stack"})
+    try:
+        checkpoint = save_model_checkpoint(tmp_path / "model.pt", tiny_pipeline(f"data.root={seen}"),
+                                           {"w": torch.zeros(1)})
+    finally:
+        set_active_run(None)
+    net, feeds = make_net(seed=0), make_samples(12, seed=3)
+    pipeline = load_pipeline(["configs/pipeline.yaml"], ["export.calibration_samples=8", "export.timing_runs=20",
+                                                         "export.timing_warmup=1", "export.keep_fp32=[bev_pool]"])
+    target = dataclasses.replace(load_target("cpu", pipeline), min_fps=0.1, max_p99_latency_ms=1e6)
+    spec = DeploySpec(net, example_inputs(), ["segmentation", "speed"], {"pipeline_hash": "test"}, feeds[:8],
+                      feeds[8:], segmentation_error(net, feeds[8:]), [HeadBudget("segmentation", "seg_rel_error", 0.05,
+                                                                                 False)],
+                      "fixture samples", data_root=str(other), checkpoint=str(checkpoint))
+    lines = []
+    result = run_deploy(spec, "cpu", target, pipeline.export, tmp_path / "bundle", log=lines.append)
+    warning = next(line for line in lines if line.startswith("warning:"))
+    assert str(seen) in warning and str(other) in warning and "seed 0 vs 1" in warning and "val split" in warning
+    gate = verify_bundle(tmp_path / "bundle")  # the lineage fields are part of a gate.json that still verifies
+    assert gate["dataset"]["hash"] == dataset_fingerprint(other)["hash"]
+    assert gate["trained_on"] == {"root": str(seen.resolve()), "hash": dataset_fingerprint(seen)["hash"]}
+    assert gate["tracking"]["run_id"] == run_id
+    run = client.get_run(run_id)
+    assert run.data.tags["stack.deploy.cpu"] == ("PASS" if result["passed"] else "FAIL")
+    assert run.data.metrics["deploy/cpu/passed"] == float(result["passed"]) and "deploy/cpu/median_ms" in run.data.metrics
+    assert {a.path for a in client.list_artifacts(run_id, "deploy/cpu")} == {"deploy/cpu/gate.json",
+                                                                            "deploy/cpu/report.md"}
