@@ -73,6 +73,7 @@ recipe: $(RECIPE_MODEL)
 gate: $(RECIPE_MODEL)
 	$(BIN)/stack deploy --target ci-cpu $(RECIPE_MODEL) $(TINY)
 	$(BIN)/stack deploy --target orin $(RECIPE_MODEL) $(TINY)
+	-$(BIN)/stack runs $(TINY)  # the tracked runs (MLflow, runs/tiny/mlruns.db) with their eval and deploy verdicts
 
 # SLURM + munge for the trainer's one-node cluster test (Debian packages; installed once).
 slurm:

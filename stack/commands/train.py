@@ -52,3 +52,9 @@ def _summary(pipeline, trainer, stats) -> None:
     print(f"trained {trainer.global_step} steps (epoch {trainer.current_epoch}); last window: {speed}")
     print(f"weights: {out / 'model.pt'}\ncheckpoints: {out / 'checkpoints'}\n"
           f"logs: tensorboard --logdir {out / 'tensorboard'}  |  {out / 'csv' / 'metrics.csv'}")
+    from stack.lineage import active_run
+
+    run = active_run()
+    if run:
+        print(f"tracked: MLflow run {run['run_id']} in {run['uri']} (`stack runs` lists it; "
+              f"mlflow ui --backend-store-uri {run['uri']})")
