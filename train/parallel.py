@@ -8,7 +8,7 @@ patterns, one glob per `.`-separated level: `backbone` is the backbone,
 FSDP2 runs through Lightning's `ModelParallelStrategy` (Lightning's `strategy="fsdp"`
 is FSDP1 and refuses the CPU); the same code uses gloo on CPU ranks and NCCL on
 GPUs. FSDP2 paper: https://arxiv.org/abs/2304.11277 (FSDP), API: torch.distributed.fsdp.fully_shard;
-the choices below follow torchtitan (torchtitan/models/llama3/infra/parallelize.py).
+the choices below follow torchtitan's `apply_fsdp` (its defaults: parameters bf16, reductions fp32).
 
 Mixed precision under `bf16-mixed` (`fsdp_policies`): FSDP2's `MixedPrecisionPolicy`
 all-gathers the parameters in bf16 (half the bytes of an fp32 gather) and reduce-scatters
