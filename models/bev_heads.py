@@ -103,6 +103,10 @@ class CrossAttentionLayer(nn.Module):
 class PlanningHead(nn.Module):
     """BEV features + ego status (B, 3) + command (B,) → trajectories (B, K, T, 2) and mode logits (B, K)."""
 
+    keep_fp32 = ("waypoints", "score")
+    """Children that run in fp32 under mixed precision (autocast off in `forward`): FSDP2
+    gathers their weights in fp32 too (`stack.train.parallel.fp32_modules`)."""
+
     def __init__(self, channels: int, grid: tuple[int, int], modes: int, steps: int, commands: int, layers: int = 2):
         super().__init__()
         self.modes, self.steps = modes, steps

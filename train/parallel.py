@@ -13,9 +13,9 @@ the choices below follow torchtitan's `apply_fsdp` (its defaults: parameters bf1
 Mixed precision under `bf16-mixed` (`fsdp_policies`): FSDP2's `MixedPrecisionPolicy`
 all-gathers the parameters in bf16 (half the bytes of an fp32 gather) and reduce-scatters
 the gradients in fp32, as torchtitan does by default; the optimizer keeps fp32 shards.
-Norm layers are sharded as their own units with no cast, so their weights, the BatchNorm
-running statistics (buffers, never cast by FSDP2) and their gradients stay fp32
-(pytorch/pytorch#75478). Lightning's `ModelParallelStrategy` pairs `bf16-mixed` with its
+Norm layers (and the children a module runs in fp32, its `keep_fp32`) are sharded as their
+own units with no cast, so their weights, the BatchNorm running statistics (buffers, never
+cast by FSDP2) and their gradients stay fp32 (pytorch/pytorch#75478). Lightning's `ModelParallelStrategy` pairs `bf16-mixed` with its
 autocast plugin, which stays on: the input images arrive as fp32 and the losses ask for
 fp32, and autocast casts only fp32 tensors, so the weights FSDP2 already gathered in bf16
 are not cast a second time (a `bf16-true` plugin would instead make the master weights bf16).
@@ -129,6 +129,15 @@ def fsdp_mesh(train: TrainConfig, device_type: str):
     return mesh["shard"] if replicate == 1 else mesh
 
 
+def fp32_modules(model: nn.Module) -> list[nn.Module]:
+    """Modules whose weights stay fp32 under mixed precision: norm layers, and the children a module
+    names in its `keep_fp32` (those it runs with autocast off, e.g. the planner's waypoint layer)."""
+    found = [m for m in model.modules() if isinstance(m, NORMS)]
+    for module in model.modules():
+        found += [getattr(module, name) for name in getattr(module, "keep_fp32", ())]
+    return [m for m in dict.fromkeys(found) if any(p.requires_grad for p in m.parameters())]
+
+
 def apply_fsdp(model: nn.Module, train: TrainConfig, device_type: str) -> list[str]:
     """`fully_shard` the norm layers, each `train.fsdp_units` match (innermost first), then the whole model.
 
@@ -139,12 +148,11 @@ def apply_fsdp(model: nn.Module, train: TrainConfig, device_type: str) -> list[s
 
     mesh, policies = fsdp_mesh(train, device_type), fsdp_policies(train)
     named = match_modules(model, train.fsdp_units, "train.fsdp_units")
-    norms = [m for m in model.modules() if isinstance(m, NORMS) and any(p.requires_grad for p in m.parameters())]
-    if policies.units != policies.norms:
-        for norm in norms:
-            fully_shard(norm, mesh=mesh, mp_policy=policies.norms, offload_policy=policies.offload)
+    uncast = fp32_modules(model) if policies.units != policies.norms else []
+    for module in uncast:
+        fully_shard(module, mesh=mesh, mp_policy=policies.norms, offload_policy=policies.offload)
     for _, module in sorted(named, key=lambda item: -item[0].count(".")):
-        if any(p.requires_grad for p in module.parameters()) and not (module in norms and policies.units != policies.norms):
+        if any(p.requires_grad for p in module.parameters()) and not any(module is m for m in uncast):
             fully_shard(module, mesh=mesh, mp_policy=policies.units, offload_policy=policies.offload)
     fully_shard(model, mesh=mesh, mp_policy=policies.units, offload_policy=policies.offload)
     return [name for name, _ in named]

@@ -89,3 +89,38 @@ def test_warmup_then_cosine_decay():
     assert factor(4) == pytest.approx(1.0)
     assert factor(12) == pytest.approx(0.05 + 0.95 * 0.5)
     assert factor(20) == pytest.approx(0.05) and factor(40) == pytest.approx(0.05)
+
+
+@pytest.fixture
+def one_rank_group(tmp_path):
+    """A gloo process group of this process alone (FSDP2 needs one to shard over)."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_the_real_network_trains_with_bf16_gathers_and_its_fp32_layers_kept(one_rank_group):
+    """The planner runs its waypoint layer with autocast off: FSDP2 must gather it in fp32 (a bf16
+    weight meets an fp32 input there: 'mat1 and mat2 must have the same dtype')."""
+    from stack.config import load_pipeline
+    from stack.models import build_model
+    from stack.models.testing import random_batch
+    from stack.train.parallel import apply_fsdp
+
+    pipeline = load_pipeline(["configs/pipeline.yaml", "configs/presets/tiny.yaml"],
+                             ["train.strategy=fsdp", "train.precision=bf16-mixed", "data.batch_size=1"])
+    torch.manual_seed(0)
+    model = build_model(pipeline).train()
+    apply_fsdp(model, pipeline.train, "cpu")
+    seen = {}
+    for name in ("planning_head.waypoints", "planning_head.ego.0"):
+        model.get_submodule(name).register_forward_pre_hook(
+            lambda module, args, name=name: seen.setdefault(name, module.weight.dtype) and None)
+    batch = random_batch(pipeline, 1, seed=0)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = model.loss(model.forward_batch(batch), batch)["total"]
+    loss.backward()
+    assert seen == {"planning_head.waypoints": torch.float32, "planning_head.ego.0": torch.bfloat16}
+    assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in model.parameters() if p.requires_grad)
