@@ -19,7 +19,10 @@
    Python) splits that cost between label bytes and Python.
    Each of these is measured REPEATS times, interleaved, and the best kept, so
    a busy machine disturbs the ratios less.
-4. Consumption: samples/s of one training step (forward + backward) of the
+4. Augmentation on the DALI loader (the pipeline's data.augment): in the graph
+   (`stack.data.dali_augment`) against the loader's previous way, `augment_row` on
+   every decoded row in Python, and against no augmentation, interleaved with the rest.
+5. Consumption: samples/s of one training step (forward + backward) of the
    pipeline's model (`stack.models.build_model`; a timm resnet10t on the same
    images if the model cannot be built), so loader / step says whether data
    loading can keep up with training on this machine.
@@ -63,19 +66,35 @@ def _generator(pipeline: Pipeline) -> tuple[float, float, int]:
     return images / seconds, images / cpu, images
 
 
-def _loader_rate(pipeline: Pipeline, verify: bool = True) -> float:
+def _loader_rate(pipeline: Pipeline, verify: bool = True, augment: bool = False, per_row=None) -> float:
+    """Samples/s of one epoch; `per_row(batch, rng)` is extra work per batch (the old per-row augmentation)."""
     from stack.data.loader import build_loader
 
-    loader = build_loader(pipeline, "train", 0, 1, shuffle=True, augment=False, verify=verify)
-    for _ in loader:  # warm-up epoch (page cache, imports)
+    loader = build_loader(pipeline, "train", 0, 1, shuffle=True, augment=augment, verify=verify)
+    rng = np.random.default_rng(0)
+    batches = loader if per_row is None else (per_row(batch, rng) for batch in loader)
+    for _ in batches:  # warm-up epoch (page cache, imports)
         pass
+    batches = loader if per_row is None else (per_row(batch, rng) for batch in loader)
     start, samples = None, 0
-    for batch in loader:  # steady state: from the first batch on (worker start / DALI build excluded)
+    for batch in batches:  # steady state: from the first batch on (worker start / DALI build excluded)
         if start is None:
             start = time.perf_counter()
             continue
         samples += batch.images.shape[0]
     return samples / (time.perf_counter() - start)
+
+
+def _augment_rows_in_python(pipeline: Pipeline):
+    """What the DALI loader did before the graph augmented: `augment_row` on every decoded row, then collate."""
+    from stack.data.augment import augment_row
+    from stack.data.samples import collate
+
+    def per_row(batch, rng):
+        rows = [{name: getattr(batch, name)[i] for name in batch.__dataclass_fields__}
+                for i in range(batch.images.shape[0])]
+        return collate([augment_row(row, pipeline.data.augment, rng) for row in rows])
+    return per_row
 
 
 def _jpeg_lists(pipeline: Pipeline) -> list:
@@ -262,12 +281,15 @@ def run(pipeline: Pipeline, args) -> int:
                     "pil": lambda: _pil_floor(bench, jpegs), "dali_floor": lambda: _dali_floor(bench),
                     "dali_graph": lambda: _dali_graph_rate(bench),
                     "torch_unverified": lambda: _loader_rate(bench, verify=False),
-                    "dali_unverified": lambda: _loader_rate(dali, verify=False)}
+                    "dali_unverified": lambda: _loader_rate(dali, verify=False),
+                    "dali_augment_graph": lambda: _loader_rate(dali, augment=True),
+                    "dali_augment_python": lambda: _loader_rate(dali, per_row=_augment_rows_in_python(dali))}
         best = {name: 0.0 for name in measures}
         for _ in range(REPEATS):  # interleaved, best of REPEATS: other processes only ever slow a run down
             for name, measure in measures.items():
                 best[name] = max(best[name], measure())
-        torch_rate, dali_rate, pil_floor, dali_floor, dali_graph, torch_unverified, dali_unverified = best.values()
+        torch_rate, dali_rate, pil_floor, dali_floor, dali_graph, torch_unverified, dali_unverified = \
+            (best[name] for name in list(measures)[:7])
         xxh_rate, crc_rate = _hash_rates(jpegs)
         check_ms, decode_ms = _verify_cost(bench)
         step_rate, step_what = _training_step_rate(bench)
@@ -297,6 +319,12 @@ def run(pipeline: Pipeline, args) -> int:
           f"(JPEGs, npy, Batch row) {decode_ms:.2f} ms | check = {100 * check_ms / decode_ms:.2f}% of decode |")
     print(f"| xxh3_64 of the JPEG members, one core | {xxh_rate / 2**20:.0f} MiB/s | zlib CRC-32 of the same bytes "
           f"{crc_rate / 2**20:.0f} MiB/s | {xxh_rate / crc_rate:.1f}x |")
+    augment = pipeline.data.augment
+    print(f"| dali loader, augmented in the graph (resize {augment.resize_scale}, rotation {augment.bev_rotate_deg} deg, "
+          f"jitter {augment.color_jitter}) | {best['dali_augment_graph']:.1f} samples/s | same loader, augment_row per "
+          f"row in Python {best['dali_augment_python']:.1f} samples/s; not augmented {dali_rate:.1f} samples/s | "
+          f"graph/python {best['dali_augment_graph'] / best['dali_augment_python']:.2f}x, "
+          f"graph/off {best['dali_augment_graph'] / dali_rate:.2f} |")
     print(f"| training step: {step_what} | {step_rate:.1f} samples/s | torch / step, dali / step | "
           f"{torch_rate / step_rate:.1f}x, {dali_rate / step_rate:.1f}x |")
     return 0

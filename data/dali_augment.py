@@ -41,6 +41,7 @@ class GraphAugment:
         self.config, self.height, self.width = config, height, width
         self.resizes = tuple(config.resize_scale) != (1.0, 1.0)
         self.jitters = config.color_jitter > 0
+        self.used = ()
 
     def draw(self, rng: np.random.Generator, count: int) -> list:
         """`count` samples' AugmentParams, drawn as the torch backend draws them for `count` rows."""
@@ -54,12 +55,14 @@ class GraphAugment:
                   [matrix for matrix, _ in colours],
                   [np.array(shift, np.float32) for _, shift in colours])
         for name, batch in zip(INPUTS, values):
-            pipe.feed_input(name, batch)
+            if name in self.used:  # DALI prunes the sources of augmentations that are off
+                pipe.feed_input(name, batch)
 
     def apply(self, fn, types, images: list, depth, semantic):
         """Graph ops for HWC uint8 `images` (one node per camera), (camera, H, W) `depth` (float16) and
         `semantic` (uint8, already class-mapped); returns the augmented (images, depth, semantic)."""
         size, anchor, matrix, shift = (fn.external_source(name=name, batch=True) for name in INPUTS)
+        self.used = (INPUTS[:2] if self.resizes else ()) + (INPUTS[2:] if self.jitters else ())
         if self.resizes:
             images = [self._place(fn, fn.resize(image, size=size, interp_type=types.INTERP_LINEAR, antialias=True),
                                   anchor, 0) for image in images]
