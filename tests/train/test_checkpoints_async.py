@@ -157,3 +157,18 @@ def test_the_checkpoint_bench_misses_its_goal_when_the_save_blocks(tmp_path, mon
     assert checkpoint_bench.run(pipeline, Namespace()) == 1
     assert "(goal <= 0.1x): MISSED" in capsys.readouterr().out
     assert not list(tmp_path.glob("checkpoint-bench-*"))  # its scratch folder is removed
+
+
+@pytest.mark.slow  # two 2-rank DDP launches (~1 min on 2 busy cores)
+def test_ddp_ranks_write_one_checkpoint_folder_and_resume_from_it_exactly(tmp_path):
+    """Two DDP ranks write each checkpoint asynchronously over their own gloo group into one folder (a replicated
+    tensor once); a run resumed from step 2 on two ranks logs the uninterrupted run's losses from there on."""
+    from test_distributed import curve, train
+
+    full = tmp_path / "full"
+    assert train(full, "train.strategy=ddp").returncode == 0
+    folder = full / "checkpoints" / "step-0000002.ckpt"
+    assert sorted(p.name for p in folder.iterdir())[:1] == [".metadata"] and (folder / "meta.pt").is_file()
+    resumed = train(tmp_path / "resumed", "train.strategy=ddp", f"train.resume={folder}")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert curve(tmp_path / "resumed") == pytest.approx(curve(full)[2:], rel=1e-5)
