@@ -5,23 +5,25 @@ sends SIGUSR1 to every task of the job N seconds before the time limit (`scancel
 --signal=USR1 JOB` sends the same). When a run is preempted, or requeued from outside
 (`scontrol requeue`), the tasks get SIGTERM and, `KillWait`/`GraceTime` seconds later, SIGKILL.
 
-Lightning's `SLURMEnvironment(auto_requeue=True, requeue_signal=SIGUSR1)` is what reads the
-ranks and owns SIGTERM (its handler notes the signal and keeps the process alive). Its own
-SIGUSR1 handler is *not* used: it calls `trainer.save_checkpoint(hpc_ckpt_N.ckpt)` from
-inside the signal handler, that is between any two bytecodes of the step (half-way through
-`optimizer.step()`, or, with several ranks, while another rank waits in a gradient
-all-reduce, where the save's barrier deadlocks); it writes to `default_root_dir` (the
-working folder, shared by every run started there) without the atomic rename, the finite
-check or `checkpoints/latest`; and the requeued job then loads that file behind
-`train.resume`'s checks. Lightning keeps a SIGUSR1 handler that is already installed, so
-`RequeueOnSignal` installs one that only records the request; at the end of the step every
-rank agrees (a max all-reduce, so a signal that reached one rank a moment before the others
+Lightning's `SLURMEnvironment(auto_requeue=True, requeue_signal=SIGUSR1)` reads the ranks and
+registers the signal handlers, but neither of its handlers is kept:
+- its SIGUSR1 handler calls `trainer.save_checkpoint(hpc_ckpt_N.ckpt)` inside the signal handler,
+  that is between any two bytecodes of the step (half-way through `optimizer.step()`, or while
+  another rank waits in a gradient all-reduce, where the save's barrier deadlocks), into
+  `default_root_dir` (the working folder, shared by every run started there) without the atomic
+  rename, the finite check or `checkpoints/latest`, and the requeued job loads it behind
+  `train.resume`'s checks;
+- its SIGTERM handler broadcasts inside the handler, which fails or hangs when a peer has exited
+  or is inside another collective (Lightning issue 20806, PR 20825).
+Lightning keeps a SIGUSR1 handler that is already installed, and SIGTERM's is replaced once
+training starts, so `RequeueOnSignal`'s handlers only record the signal. At the end of the step
+every rank agrees (a max all-reduce, so a signal that reached one rank a moment before the others
 stops all of them at the same step), the rolling checkpoint is written blocking
-(`RollingCheckpoints.save(..., blocking=True)`, the same file and `latest` as every other
-checkpoint) and rank 0 runs `scontrol requeue $SLURM_JOB_ID`. On SIGTERM the same
-checkpoint is written but the job is not requeued from here: under preemption with
-`PreemptMode=REQUEUE` SLURM requeues a `--requeue` job itself, and a SIGTERM from the user's
-`scancel` means stop, which a requeue would undo.
+(`RollingCheckpoints.save(..., blocking=True)`: the same files and `latest` as every other
+checkpoint), and rank 0 runs `scontrol requeue $SLURM_JOB_ID`. On SIGTERM the same checkpoint is
+written but the job is not requeued from here: under preemption with `PreemptMode=REQUEUE` SLURM
+requeues a `--requeue` job itself, and a SIGTERM from the user's `scancel` means stop, which a
+requeue would undo.
 
 The requeued job runs the same script with `SLURM_RESTART_COUNT` > 0; `resume_after_requeue`
 then makes `train.resume` the out_dir's `latest` (and turns `train.overwrite` off, which
@@ -94,31 +96,54 @@ def slurm_environment(pipeline: Pipeline):
 
 class RequeueOnSignal(pl.Callback):
     """On SIGUSR1 (time limit near) or SIGTERM (preemption), stop every rank at the same step boundary
-    with a complete checkpoint as `latest`; after SIGUSR1 rank 0 also requeues the job."""
+    with a complete checkpoint as `latest`; after SIGUSR1 rank 0 also requeues the job.
+
+    The handlers only record the signal. The decision and the checkpoint come at the end of a step
+    (`on_train_batch_end`); the stop itself at the start of the next hook, after Lightning has
+    written that step's metrics (they would be lost: the resumed run starts after that step)."""
 
     def __init__(self, checkpoints: RollingCheckpoints):
         self.checkpoints = checkpoints
-        self.requested: int | None = None
-        self._previous = None
+        self.received: set[int] = set()
+        self._stop: tuple[str, int, str] | None = None  # reason, step, checkpoint
+        self._replaced: dict[int, object] = {}
 
     def setup(self, trainer, pl_module, stage: str) -> None:
-        # runs before Lightning registers its handlers; it keeps a SIGUSR1 handler that is already set
-        self._previous = signal.signal(REQUEUE_SIGNAL, self._record)
+        # before Lightning registers its handlers: it keeps a SIGUSR1 handler that is already set
+        self._replaced[REQUEUE_SIGNAL] = signal.signal(REQUEUE_SIGNAL, self._record)
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        # after Lightning registered its SIGTERM handler, whose notifier runs a collective (broadcast) inside the
+        # handler (Lightning PR 20825): with a peer already gone or inside another collective it fails or hangs
+        # (seen here: gloo "Connection reset by peer" when the requeue's SIGTERM reached a rank in teardown)
+        self._replaced[signal.SIGTERM] = signal.signal(signal.SIGTERM, self._record)
 
     def teardown(self, trainer, pl_module, stage: str) -> None:
-        if self._previous is not None:
-            signal.signal(REQUEUE_SIGNAL, self._previous)
-            self._previous = None
+        for signum, previous in self._replaced.items():
+            if signal.getsignal(signum) == self._record:  # Lightning may have restored the originals already
+                signal.signal(signum, previous)
+        self._replaced = {}
 
     def _record(self, signum, frame) -> None:
-        self.requested = signum
+        self.received.add(signum)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        reason = self._agreed_reason(trainer, pl_module)
-        if reason is None:
+        if self._stop is not None:
             return
-        checkpoint = self._checkpoint(trainer, pl_module)
-        step = trainer.global_step
+        reason = self._agreed_reason(trainer, pl_module)
+        if reason is not None:
+            self._stop = (reason, trainer.global_step, self._checkpoint(trainer, pl_module))
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._stop_if_asked(trainer)
+
+    def on_validation_start(self, trainer, pl_module) -> None:
+        self._stop_if_asked(trainer)  # the stop came at an epoch's last step
+
+    def _stop_if_asked(self, trainer) -> None:
+        if self._stop is None:
+            return
+        reason, step, checkpoint = self._stop
         if reason == "SIGTERM":
             raise TrainingRequeued(f"stopped at step {step} on SIGTERM (preemption or scancel); checkpoint "
                                    f"{checkpoint}. A requeued job resumes from it by itself; otherwise resume with "
@@ -129,7 +154,7 @@ class RequeueOnSignal(pl.Callback):
 
     def _agreed_reason(self, trainer, pl_module) -> str | None:
         """'SIGUSR1'/'SIGTERM' when any rank got that signal (every rank gets the same answer), else None."""
-        code = 2.0 if trainer.received_sigterm else 1.0 if self.requested is not None else 0.0
+        code = 2.0 if signal.SIGTERM in self.received else 1.0 if REQUEUE_SIGNAL in self.received else 0.0
         flag = torch.tensor([code], device=pl_module.device)
         if trainer.world_size > 1:
             flag = trainer.strategy.reduce(flag, reduce_op="max")

@@ -1,6 +1,7 @@
 """Preemption-safe SLURM: the script's requeue/signal/resource lines, their quoting, the restart rule, and a real
 job on the one-node cluster that is signalled, requeued twice and ends with the weights of an uninterrupted run."""
 
+import csv
 import json
 import os
 import subprocess
@@ -205,7 +206,10 @@ def test_a_signalled_and_requeued_job_resumes_by_itself_to_the_uninterrupted_wei
     assert text.count("stopped at step") == 2 and "on SIGUSR1 before the time limit" in text and "on SIGTERM" in text
     assert "SLURM restart 1 of job" in text and "SLURM restart 2 of job" in text, text[-3000:]
     assert EVERY <= first_stop < second_stop < STEPS, (first_stop, second_stop)
+    assert "Traceback" not in text, text[-3000:]
     assert json.loads((out / "summary-rank0.json").read_text())["global_step"] == STEPS
+    rows = [r for r in csv.DictReader(open(out / "csv" / "metrics.csv")) if r.get("train/loss_total")]
+    assert [int(r["step"]) for r in rows] == list(range(STEPS))  # the stopping steps' rows were written too
     mine = torch.load(out / "model.pt", weights_only=True)["state_dict"]
     theirs = torch.load(reference / "model.pt", weights_only=True)["state_dict"]
     assert mine.keys() == theirs.keys()
