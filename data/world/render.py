@@ -11,6 +11,13 @@ variation, and Gaussian sensor noise. Primitives outside a camera's frustum are
 culled before the cast. Torch runs it on the GPU when one is given, else on the
 CPU.
 
+All cameras of a frame are cast at once (issue 16): each culled primitive is tested
+only against the pixels of its projected bounding rectangle (boxes: their projected
+corners), as (pixel, primitive) pairs in one expression per kind, reduced to the
+nearest hit per pixel; shadow rays are cast only from points inside a caster's disc
+in the sun's view, found through a grid. `raycast_reference` is the former
+camera-by-camera caster; tests/data/test_render_equality.py holds the two equal.
+
 Ray directions are K⁻¹[u, v, 1] (unit z in the camera frame), so the ray
 parameter of a hit *is* its z-depth (stack.rig convention).
 """
