@@ -6,7 +6,7 @@
    semantics + instances) per second.
 2. Loaders over the shards just written (train split, augmentation off, one
    epoch after a warm-up epoch, timed from its first batch so worker start-up and
-   the per-epoch DALI pipeline build are excluded): samples/s of the `torch` backend
+   the DALI pipeline's one build are excluded): samples/s of the `torch` backend
    (`data.num_workers` processes) and of the `dali` backend (`data.num_workers`
    threads, CPU decode without a GPU), each with and without the per-member hash
    check (`stack.data.checksums`). On a shared machine those rates move more than the
@@ -213,16 +213,52 @@ def _pipeline_rate(pipe, samples: int, batch_size: int) -> float:
 
 
 def _dali_graph_rate(pipeline: Pipeline) -> float:
-    """Samples/s of the DALI loader's own graph (all members decoded and converted), without Batch assembly."""
-    from stack.data.dali_loader import build_pipeline
+    """Samples/s of the DALI loader's own graph (the members it is fed decoded and converted), without reading,
+    checking or Batch assembly: the samples are read into memory first and fed batch by batch."""
+    from stack.data.dali_loader import build_pipeline, feed
     from stack.data.loader import read_manifest, split_shards
     from stack.data.samples import ClassMaps
+    from stack.data.shard_index import SampleReader
 
     manifest = read_manifest(pipeline.data.root)
-    shards = split_shards(manifest, pipeline.data.root, "train")
-    pipe = build_pipeline(shards, manifest["cameras"], ClassMaps.build(manifest, pipeline), pipeline.data.batch_size,
-                          max(pipeline.data.num_workers, 1), 0, 1, False, 0)
-    return _pipeline_rate(pipe, sum(c for _, c in shards), pipeline.data.batch_size)
+    reader, size = SampleReader(), pipeline.data.batch_size
+    samples = [reader.read(path, i) for path, count in split_shards(manifest, pipeline.data.root, "train")
+               for i in range(count)]
+    batches = [samples[i:i + size] for i in range(0, len(samples) - size + 1, size)]
+    pipe = build_pipeline(manifest["cameras"], ClassMaps.build(manifest, pipeline), size,
+                          max(pipeline.data.num_workers, 1))
+
+    def epoch() -> None:
+        for batch in batches:
+            feed(pipe, manifest["cameras"], batch)
+            pipe.run()
+    epoch()  # warm-up
+    start = time.perf_counter()
+    epoch()
+    return len(batches) * size / (time.perf_counter() - start)
+
+
+def _read_order_rates(pipeline: Pipeline) -> tuple[float, float]:
+    """Samples/s of reading every train sample's members by offset (`stack.data.shard_index`) in stored order and
+    in an epoch's permuted order, best of 3 each, page cache warm: what random access costs the global shuffle."""
+    from stack.data.loader import read_manifest, split_shards
+    from stack.data.shard_index import SampleReader
+    from stack.data.sharding import epoch_permutation, locate
+
+    shards = split_shards(read_manifest(pipeline.data.root), pipeline.data.root, "train")
+    total = sum(count for _, count in shards)
+    rates = []
+    for shuffle in (False, True):
+        where, best = locate(shards, epoch_permutation(total, 1, 0, shuffle)), 0.0
+        for _ in range(3):
+            reader = SampleReader()
+            start = time.perf_counter()
+            for shard, index in where:
+                reader.read(shard, index)
+            best = max(best, total / (time.perf_counter() - start))
+            reader.close()
+        rates.append(best)
+    return rates[0], rates[1]
 
 
 def _training_step_rate(pipeline: Pipeline) -> tuple[float, str]:
@@ -292,6 +328,7 @@ def run(pipeline: Pipeline, args) -> int:
             (best[name] for name in list(measures)[:7])
         xxh_rate, crc_rate = _hash_rates(jpegs)
         check_ms, decode_ms = _verify_cost(bench)
+        stored_reads, permuted_reads = _read_order_rates(bench)
         step_rate, step_what = _training_step_rate(bench)
     rig, data = pipeline.data.rig, pipeline.data
     print(f"\nmachine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}; "
@@ -309,8 +346,10 @@ def run(pipeline: Pipeline, args) -> int:
           f"{pil_floor / torch_rate:.2f}x slower than floor |")
     print(f"| dali loader (cpu) | {dali_rate:.1f} samples/s | DALI bare decode {dali_floor:.1f} samples/s | "
           f"{dali_floor / dali_rate:.2f}x slower than floor |")
-    print(f"| dali graph only (all members, no Batch assembly) | {dali_graph:.1f} samples/s | DALI bare decode "
-          f"{dali_floor:.1f} samples/s | {dali_floor / dali_graph:.2f}x slower than floor |")
+    print(f"| dali graph only (members fed from memory, no Batch assembly) | {dali_graph:.1f} samples/s | DALI bare "
+          f"decode {dali_floor:.1f} samples/s | {dali_floor / dali_graph:.2f}x slower than floor |")
+    print(f"| reading samples by member offsets, an epoch's permuted order | {permuted_reads:.0f} samples/s | stored "
+          f"order {stored_reads:.0f} samples/s | permuted/stored {permuted_reads / stored_reads:.2f} |")
     print(f"| torch loader, member checksums verified | {torch_rate:.1f} samples/s | same loader unverified "
           f"{torch_unverified:.1f} samples/s | verified/unverified {torch_rate / torch_unverified:.3f} |")
     print(f"| dali loader, member checksums verified | {dali_rate:.1f} samples/s | same loader unverified "

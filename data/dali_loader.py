@@ -116,7 +116,7 @@ class DaliLoader:
         self.reader = SampleReader()
         self.epoch, self._epoch_set = 0, False
         self.skipped = 0
-        self._pipe = None
+        self._pipe, self._in_flight = None, 0
         if len(self) == 0:
             raise StackError(f"split {split!r} has fewer than one batch of data.batch_size={pipeline.data.batch_size} "
                              f"per rank for {world_size} rank(s); render more scenes or lower data.batch_size")
@@ -148,11 +148,36 @@ class DaliLoader:
                            self.pipeline.train.seed, self.shuffle)
         rng = np.random.default_rng([self.pipeline.train.seed, epoch, self.rank])
         pipe = self.graph()
+        self._drain(pipe)
+        pending = None
         for start in range(0, len(ids), batch_size):
-            where = locate(self.shards, ids[start:start + batch_size])
-            samples = [self._read(shard, index) for shard, index in where]
-            feed(pipe, self.manifest["cameras"], samples)
-            yield self._batch(self._run(pipe, where, samples), samples, rng)
+            submitted = self._submit(pipe, locate(self.shards, ids[start:start + batch_size]), rng)
+            if pending is not None:  # batch k is collected once batch k + 1 is read, fed and scheduled
+                yield self._collect(pipe, *pending)
+            pending = submitted
+        if pending is not None:
+            yield self._collect(pipe, *pending)
+
+    def _submit(self, pipe, where: list, rng: np.random.Generator) -> tuple:
+        """Read and check one batch's samples, feed them to the graph and schedule its run. The dynamic executor
+        runs it in DALI's threads while Python reads the next batch, so reading, hashing and label decoding
+        overlap decoding instead of adding to it."""
+        samples = [self._read(shard, index) for shard, index in where]
+        feed(pipe, self.manifest["cameras"], samples)
+        self._schedule(pipe, where, samples)
+        return where, samples, rng
+
+    def _collect(self, pipe, where: list, samples: list, rng) -> Batch:
+        return self._batch(self._outputs(pipe, where, samples), samples, rng)
+
+    def _drain(self, pipe) -> None:
+        """Collect runs an abandoned epoch left scheduled, so the next epoch's first output is its own."""
+        while self._in_flight:
+            self._in_flight -= 1
+            try:
+                pipe.outputs()
+            except RuntimeError:
+                pass
 
     def _read(self, shard: str, index: int) -> dict:
         """One sample's members, checked (hashes, schema, label arrays) before DALI sees them."""
@@ -164,14 +189,25 @@ class DaliLoader:
         check_arrays(sample["arrays"], self.manifest, shard, sample["__key__"])
         return sample
 
-    def _run(self, pipe, where: list, samples: list):
+    def _schedule(self, pipe, where: list, samples: list) -> None:
         try:
-            return pipe.run()
+            pipe.schedule_run()
         except RuntimeError as exc:
-            keys = ", ".join(f"shard {shard} sample {sample['__key__']}" for (shard, _), sample in zip(where, samples))
-            raise BadSample(f"DALI could not decode a sample of the batch [{keys}]: {_dali_message(exc)}; run with "
-                            "data.backend=torch to name the sample and member, or re-create the shards with "
-                            "`stack data make`") from exc
+            raise self._error(exc, where, samples) from exc
+        self._in_flight += 1
+
+    def _outputs(self, pipe, where: list, samples: list):
+        self._in_flight -= 1
+        try:
+            return pipe.outputs()
+        except RuntimeError as exc:
+            raise self._error(exc, where, samples) from exc
+
+    def _error(self, exc: RuntimeError, where: list, samples: list) -> BadSample:
+        keys = ", ".join(f"shard {shard} sample {sample['__key__']}" for (shard, _), sample in zip(where, samples))
+        return BadSample(f"DALI could not decode a sample of the batch [{keys}]: {_dali_message(exc)}; run with "
+                         "data.backend=torch to name the sample and member, or re-create the shards with "
+                         "`stack data make`")
 
     def _batch(self, outputs, samples: list, rng: np.random.Generator) -> Batch:
         """A Batch from DALI's dense outputs and the samples' small labels (augmented per row when asked)."""

@@ -155,13 +155,15 @@ class FrameSamples(IterableDataset):
     """Batch rows of one rank for one epoch; each DataLoader worker reads its planned pieces."""
 
     def __init__(self, pipeline: Pipeline, manifest: dict, shards: list, rank: int, world_size: int,
-                 drop_last: bool, shuffle: bool, augment: bool, epoch: int, skipped, verify: bool = True):
+                 drop_last: bool, shuffle: bool, augment: bool, epoch: int, skipped, verify: bool = True,
+                 reader: SampleReader | None = None):
         super().__init__()
         self.pipeline, self.manifest, self.shards = pipeline, manifest, shards
         self.rank, self.world_size, self.drop_last = rank, world_size, drop_last
         self.shuffle, self.augment, self.epoch, self.skipped = shuffle, augment, epoch, skipped
         self.maps = ClassMaps.build(manifest, pipeline)
         self.sums = ShardSums() if verify else None
+        self.reader = reader or SampleReader()
 
     def __iter__(self):
         info = get_worker_info()
@@ -197,10 +199,10 @@ class FrameSamples(IterableDataset):
     def _rows(self, samples: list, rng: np.random.Generator):
         """Decoded (and augmented) rows of [(shard, index)]; with skip_bad_samples a bad sample is replaced by the
         last good one (the first good one when the worker starts with bad ones)."""
-        skip, last_good, owed, reader = self.pipeline.data.skip_bad_samples, None, 0, SampleReader()
+        skip, last_good, owed = self.pipeline.data.skip_bad_samples, None, 0
         for shard, index in samples:
             try:
-                rows = self.decode(reader.read(shard, index), shard)
+                rows = self.decode(self.reader.read(shard, index), shard)
             except BadSample as exc:
                 if not skip:
                     raise
@@ -211,7 +213,6 @@ class FrameSamples(IterableDataset):
             for _ in range(owed + 1):
                 yield from rows
             last_good, owed = rows, 0
-        reader.close()
         if owed and last_good is not None:
             for _ in range(owed):
                 yield from last_good
@@ -246,7 +247,7 @@ class TorchLoader:
         self.manifest = read_manifest(root)
         check_layout(pipeline, self.manifest, root)
         self.shards = split_shards(self.manifest, root, split)
-        self.epoch, self._epoch_set = 0, False
+        self.epoch, self._epoch_set, self.reader = 0, False, None
         self.skipped = multiprocessing.get_context("fork").Value("q", 0)
         if len(self) == 0:
             total = sum(count for _, count in self.shards)
@@ -265,8 +266,12 @@ class TorchLoader:
         self.epoch, self._epoch_set = epoch, True
 
     def __iter__(self):
+        if self.reader is None:  # indexed once, before the workers fork (they inherit it)
+            self.reader = SampleReader()
+            self.reader.prepare(self.shards)
         dataset = FrameSamples(self.pipeline, self.manifest, self.shards, self.rank, self.world_size,
-                               self.drop_last, self.shuffle, self.augment, self.epoch, self.skipped, self.verify)
+                               self.drop_last, self.shuffle, self.augment, self.epoch, self.skipped, self.verify,
+                               self.reader)
         workers = self.pipeline.data.num_workers
         loader = DataLoader(dataset, batch_size=self.pipeline.data.batch_size, num_workers=workers,
                             collate_fn=_collate, multiprocessing_context="fork" if workers else None)

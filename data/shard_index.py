@@ -50,7 +50,18 @@ class SampleReader:
 
     def __init__(self):
         self._index: dict = {}
+        self._failed: dict = {}
         self._files: dict = {}
+
+    def prepare(self, shards: list) -> None:
+        """Index `shards` [(path, samples)] now, remembering the error of any that cannot be read (raised again
+        when one of its samples is read). A loader calls this once, before its worker processes fork, so they
+        inherit the index instead of re-scanning every shard every epoch."""
+        for shard, _ in shards:
+            try:
+                self.index(shard)
+            except BadSample as exc:
+                self._failed[shard] = exc
 
     def read(self, shard: str, index: int) -> dict:
         samples = self.index(shard)
@@ -70,6 +81,8 @@ class SampleReader:
         return sample
 
     def index(self, shard: str) -> list:
+        if shard in self._failed:
+            raise self._failed[shard]
         if shard not in self._index:
             self._index[shard] = scan(shard)
         return self._index[shard]
