@@ -145,6 +145,7 @@ def quiet_mlflow() -> None:
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "15")
     for name in ("mlflow", "alembic"):
         logging.getLogger(name).setLevel(logging.WARNING)
+    logging.getLogger("lightning.pytorch.loggers.mlflow").setLevel(logging.ERROR)  # "Experiment ... not found. Creating it."
 
 
 def reachable(uri: str, timeout: float = 3.0) -> str | None:

@@ -229,3 +229,6 @@ class LineageCallback(pl.Callback):
     def on_train_end(self, trainer, pl_module) -> None:
         if trainer.is_global_zero:
             finish_tracking(self.logger, trainer)
+
+    def teardown(self, trainer, pl_module, stage: str) -> None:
+        set_active_run(None)  # model.pt is written; a later checkpoint in this process belongs to no run of ours

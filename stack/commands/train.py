@@ -52,9 +52,9 @@ def _summary(pipeline, trainer, stats) -> None:
     print(f"trained {trainer.global_step} steps (epoch {trainer.current_epoch}); last window: {speed}")
     print(f"weights: {out / 'model.pt'}\ncheckpoints: {out / 'checkpoints'}\n"
           f"logs: tensorboard --logdir {out / 'tensorboard'}  |  {out / 'csv' / 'metrics.csv'}")
-    from stack.lineage import active_run
+    from stack.train.tracking import SafeMLFlowLogger
 
-    run = active_run()
-    if run:
-        print(f"tracked: MLflow run {run['run_id']} in {run['uri']} (`stack runs` lists it; "
-              f"mlflow ui --backend-store-uri {run['uri']})")
+    for logger in trainer.loggers:
+        if isinstance(logger, SafeMLFlowLogger) and logger.failed is None:
+            print(f"tracked: MLflow run {logger.run_id} in {logger._tracking_uri} (`stack runs` lists it; "
+                  f"mlflow ui --backend-store-uri {logger._tracking_uri})")

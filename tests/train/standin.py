@@ -20,8 +20,10 @@ TEST_OVERRIDES = [
     "model.max_boxes=4", "model.planning_steps=4", "model.segmentation_classes=[road,car,sky]",
     "train.accelerator=cpu", "train.precision=32-true", "train.warmup_steps=2", "train.lr=0.01",
     "train.log_every_n_steps=2", "train.max_epochs=1",
+    # MLflow costs ~2 s of CPU per process (import, a new store's migrations); tests/train/test_tracking.py turns it on
+    "train.tracking_uri=off",
 ]
-"""Overrides that make the default pipeline tiny: 2 samples of 6 cameras at 64x32."""
+"""Overrides that make the default pipeline tiny: 2 samples of 6 cameras at 64x32, untracked."""
 
 
 def tiny_pipeline(*overrides: str):

@@ -16,7 +16,8 @@ from stack.lineage import dataset_fingerprint
 from stack.train.checkpoints import read_resume_checkpoint
 from stack.train.fit import fit
 
-RECIPE = ["train.max_epochs=1", "train.log_every_n_steps=1", "train.checkpoint_every_n_steps=3", "train.seed=7"]
+RECIPE = ["train.max_epochs=1", "train.log_every_n_steps=1", "train.checkpoint_every_n_steps=3", "train.seed=7",
+          "train.tracking_uri="]  # tracked: the default store beside out_dir (standin's TEST_OVERRIDES turn it off)
 
 
 def fake_dataset(root: Path, seed: int = 0, val_samples: int = 4) -> Path:
@@ -222,7 +223,8 @@ def test_two_ddp_ranks_make_one_run_logged_by_rank_zero(tmp_path):
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
     result = subprocess.run([sys.executable, str(Path(__file__).resolve().parent / "run_tiny.py"),
                              f"train.out_dir={tmp_path / 'run' / 'train'}", f"data.root={data}", "train.devices=2",
-                             "train.strategy=ddp", "train.max_steps=3", "train.log_every_n_steps=1", "train.seed=3"],
+                             "train.strategy=ddp", "train.max_steps=3", "train.log_every_n_steps=1", "train.seed=3",
+                             "train.tracking_uri="],
                             cwd=Path(__file__).resolve().parents[2], env=env, capture_output=True, text=True,
                             timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
