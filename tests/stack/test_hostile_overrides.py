@@ -113,7 +113,9 @@ def test_through_the_real_executable(override):
 
 
 SCRIPT_KEYS = ["train.slurm_time", "train.slurm_partition", "train.slurm_extra", "train.slurm_extra.0", "name",
-               "train.out_dir", "train.rendezvous"]
+               "train.out_dir", "train.rendezvous", "train.slurm_mem", "train.slurm_cpus_per_task",
+               "train.slurm_signal_seconds", "train.slurm_container_image", "train.slurm_container_mounts",
+               "train.slurm_container_mounts.0"]
 """Keys whose values reach the sbatch script `stack train --dry-run train.launcher=slurm` writes."""
 
 
