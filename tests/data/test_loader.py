@@ -130,3 +130,23 @@ def test_lightning_fits_on_either_backend_for_len_batches_per_epoch(dataset, sma
     trainer.fit(probe, train_dataloaders=loader)
     assert trainer.global_step == 2 * len(loader)
     assert probe.samples == 2 * len(loader) * pipeline.data.batch_size
+
+
+def test_read_npy_matches_np_load_and_refuses_what_it_refuses():
+    import io
+
+    from stack.data.samples import read_npy
+
+    def saved(array, **options):
+        buffer = io.BytesIO()
+        np.save(buffer, array, **options)
+        return buffer.getvalue()
+
+    for array in (np.arange(60, dtype=np.float16).reshape(3, 4, 5), np.zeros((0, 10), np.float32),
+                  np.asfortranarray(np.arange(6.0).reshape(2, 3)), np.array([2], np.int64), np.ones((2, 2), bool)):
+        data = saved(array)
+        assert np.array_equal(read_npy(data), np.load(io.BytesIO(data))) and read_npy(data).dtype == array.dtype
+    good = saved(np.zeros((40, 10), np.float32))
+    for bad in (good[:-4], good[:30], b"not an npy at all", saved(np.array([{}, 1], dtype=object))):
+        with pytest.raises(ValueError):
+            read_npy(bad)
