@@ -10,8 +10,13 @@
   interleaved the same way) and the bytes autograd saves for backward (exact, from
   saved-tensor hooks: the activation memory that checkpointing trades for recompute).
 - train-memory: 2 ranks on this machine under DDP and FSDP2 (Lightning, gloo on CPU,
-  NCCL on GPUs), each strategy in its own processes: per-rank parameter + gradient +
-  AdamW-state bytes and peak memory.
+  NCCL on GPUs), each case in its own processes: per-rank parameter + gradient +
+  AdamW-state bytes, peak memory, and the bytes each rank sends per step in collectives
+  (measured at the calls, `stack.train.comm`), FSDP2 with fp32 and with bf16 parameter
+  gathers (32-true vs bf16-mixed), beside what the ring algorithms must send at least:
+  FSDP2 all-gathers every parameter in forward and again in backward and reduce-scatters
+  the fp32 gradients, (2 x gathered bytes + gradient bytes) x (r-1)/r; DDP all-reduces
+  the fp32 gradients, 2 x gradient bytes x (r-1)/r.
 """
 
 from __future__ import annotations
@@ -128,20 +133,54 @@ def run_step(pipeline: Pipeline, args) -> int:
     return 0
 
 
+MEMORY_CASES = [("ddp", "32-true"), ("fsdp", "32-true"), ("fsdp", "bf16-mixed")]
+RANKS = 2
+
+
+def comm_floor_mb(row: dict, strategy: str, precision: str, ranks: int = RANKS) -> float:
+    """MiB a rank must send per step: see the module docstring (norms and `keep_fp32` layers gather in fp32)."""
+    share = (ranks - 1) / ranks
+    gradients = 4 * row["params"]
+    if strategy == "ddp":
+        return 2 * gradients * share / 2**20
+    gathered = 4 * row["params"] if precision == "32-true" else 2 * (row["params"] - row["fp32_params"]) + 4 * row[
+        "fp32_params"]
+    return (2 * gathered + gradients) * share / 2**20
+
+
+def comm_cell(comm: dict, kind: str) -> str:
+    """'<MiB sent> (<dtype>)' of one collective kind, summed over dtypes."""
+    rows = {key.split("/")[1]: value for key, value in comm.items() if key.startswith(kind + "/")}
+    if not rows:
+        return "-"
+    return f"{sum(r['sent_mb'] for r in rows.values()):.2f} ({', '.join(sorted(rows))})"
+
+
 def run_memory(pipeline: Pipeline, args) -> int:
-    """`stack bench train-memory`: per-rank training state under DDP vs FSDP2 on 2 ranks."""
+    """`stack bench train-memory`: per-rank state and bytes sent under DDP vs FSDP2 (fp32, bf16 gathers), 2 ranks."""
     rows = {}
-    for strategy in ("ddp", "fsdp"):
-        overrides = [*args.overrides, f"train.strategy={strategy}", "train.devices=2"]
-        rows[strategy] = _child(args.config, overrides, "parallel")
-        print(json.dumps({strategy: rows[strategy]}), flush=True)
-    ddp, fsdp = rows["ddp"], rows["fsdp"]
-    print("\n| strategy | params+grads+AdamW per rank MiB | ratio to DDP | peak RSS per rank MiB | step ms |\n"
-          "|---|---|---|---|---|")
-    for name, row in rows.items():
-        print(f"| {name} | {row['train_state_mb']:.1f} | {row['train_state_mb'] / ddp['train_state_mb']:.2f} | "
-              f"{row['peak_memory_mb']:.0f} | {row['step_ms']:.0f} |")
-    return 0 if fsdp["train_state_mb"] <= 0.6 * ddp["train_state_mb"] else 1
+    for strategy, precision in MEMORY_CASES:
+        overrides = [*args.overrides, f"train.strategy={strategy}", f"train.devices={RANKS}",
+                     f"train.precision={precision}"]
+        rows[strategy, precision] = _child(args.config, overrides, "parallel")
+        print(json.dumps({f"{strategy} {precision}": rows[strategy, precision]}), flush=True)
+    ddp, fsdp, fsdp_bf16 = (rows[case] for case in MEMORY_CASES)
+    print("\n| strategy | precision | params+grads+AdamW per rank MiB | ratio to DDP | peak RSS per rank MiB | "
+          "step ms | sent per rank per step MiB: all-gather / reduce-scatter / all-reduce | total | floor |\n"
+          "|---|---|---|---|---|---|---|---|---|")
+    for (strategy, precision), row in rows.items():
+        comm = row["comm"]
+        sent = sum(value["sent_mb"] for value in comm.values())
+        print(f"| {strategy} | {precision} | {row['train_state_mb']:.1f} | "
+              f"{row['train_state_mb'] / ddp['train_state_mb']:.2f} | {row['peak_memory_mb']:.0f} | "
+              f"{row['step_ms']:.0f} | {' / '.join(comm_cell(comm, k) for k in ('all_gather', 'reduce_scatter', 'all_reduce'))}"
+              f" | {sent:.2f} | {comm_floor_mb(row, strategy, precision):.2f} |")
+    gathered = {key: sum(v["sent_mb"] for k, v in rows[key]["comm"].items() if k.startswith("all_gather/"))
+                for key in MEMORY_CASES[1:]}
+    ratio = gathered[MEMORY_CASES[2]] / gathered[MEMORY_CASES[1]]
+    print(f"bf16 gathers send {ratio:.2f}x the bytes of fp32 gathers (bar: <= 0.6); "
+          f"{ddp['params'] / 1e6:.2f} M parameters, {ddp['fp32_params']} in norm and keep_fp32 layers (gathered in fp32)")
+    return 0 if fsdp["train_state_mb"] <= 0.6 * ddp["train_state_mb"] and ratio <= 0.6 else 1
 
 
 def parallel_case(pipeline: Pipeline) -> dict | None:
@@ -155,10 +194,15 @@ def parallel_case(pipeline: Pipeline) -> dict | None:
             return (random_batch(pipeline, pipeline.data.batch_size, seed=rank * 100 + i) for i in range(8))
         return ResumableLoader(epoch, 8 if split == "train" else 1)
 
-    _, trainer, stats = fit(pipeline, None, loaders, progress=False)
+    from stack.train.parallel import fp32_modules
+
+    module, trainer, stats = fit(pipeline, None, loaders, progress=False)
     last = stats.history[-1]
     return {"train_state_mb": last["perf/train_state_mb"], "peak_memory_mb": last["perf/peak_memory_mb"],
-            "step_ms": last["perf/step_ms"], "rank": trainer.global_rank} if trainer.is_global_zero else None
+            "step_ms": last["perf/step_ms"], "rank": trainer.global_rank, "comm": last["comm"],
+            "params": sum(p.numel() for p in module.model.parameters()),
+            "fp32_params": sum(p.numel() for m in fp32_modules(module.model) for p in m.parameters())
+            } if trainer.is_global_zero else None
 
 
 def main(argv: list[str]) -> int:
