@@ -143,6 +143,8 @@ def quiet_mlflow() -> None:
 
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "15")
+    import mlflow  # noqa: F401 - its import sets its loggers to INFO: lower them after it
+
     for name in ("mlflow", "alembic"):
         logging.getLogger(name).setLevel(logging.WARNING)
     logging.getLogger("lightning.pytorch.loggers.mlflow").setLevel(logging.ERROR)  # "Experiment ... not found. Creating it."
