@@ -7,7 +7,8 @@
     stack train ... train.launcher=slurm train.num_nodes=4 train.devices=8 --dry-run
 
 Outputs under train.out_dir: checkpoints/ (resumable, atomic), model.pt (weights +
-pipeline, for export), tensorboard/ and csv/ logs, pipeline.yaml. An out_dir that holds
+pipeline, for export), tensorboard/ and csv/ logs, pipeline.yaml; the MLflow run goes to
+train.tracking_uri (default `mlruns.db` beside out_dir; `stack runs` lists the runs there). An out_dir that holds
 a run is refused without train.resume or train.overwrite; Ctrl-C exits 130 naming the
 last checkpoint.
 """
