@@ -167,16 +167,38 @@ def build_strategy(train: TrainConfig):
                           f"{train.strategy}, accelerator {accelerator_name(train)}). Set train.fsdp_cpu_offload=false, "
                           "or train.strategy=fsdp with train.accelerator=gpu")
     if train.strategy == "fsdp":
-        from lightning.pytorch.strategies import ModelParallelStrategy
-
         # Data parallel only: every rank is one shard of the data-parallel mesh.
-        return ModelParallelStrategy(data_parallel_size=train.devices * train.num_nodes, tensor_parallel_size=1,
-                                     save_distributed_checkpoint=True)
+        strategy = fsdp_strategy_class(train.fsdp_cpu_offload)
+        return strategy(data_parallel_size=train.devices * train.num_nodes, tensor_parallel_size=1,
+                        save_distributed_checkpoint=True)
     if train.strategy == "ddp":
         from lightning.pytorch.strategies import DDPStrategy
 
         return DDPStrategy(find_unused_parameters=False, gradient_as_bucket_view=True)
     return "auto"
+
+
+def fsdp_strategy_class(cpu_offload: bool):
+    """Lightning's `ModelParallelStrategy`, or under CPU offload one that leaves the parameters in host memory.
+
+    Lightning calls `configure_model` (where `fully_shard` runs, on the CPU-built model) and then
+    moves the whole model to the GPU (`model_to_device`), which would move the offloaded shards
+    back onto the GPU; FSDP2 moves them itself around each unit's compute, and the buffers
+    (BatchNorm statistics, which FSDP2 does not manage) are the user's to place on the device.
+    """
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
+    if not cpu_offload:
+        return ModelParallelStrategy
+
+    class OffloadingModelParallelStrategy(ModelParallelStrategy):
+        def model_to_device(self) -> None:
+            for module in self.model.modules():
+                for name, buffer in module._buffers.items():
+                    if buffer is not None:
+                        module._buffers[name] = buffer.to(self.root_device)
+
+    return OffloadingModelParallelStrategy
 
 
 def accelerator_name(train: TrainConfig) -> str:

@@ -69,6 +69,19 @@ def test_fsdp_policies_gather_bf16_and_reduce_fp32_only_under_bf16_mixed():
     assert isinstance(offload, CPUOffloadPolicy) and offload.pin_memory
 
 
+def test_cpu_offload_strategy_moves_only_buffers_to_the_gpu(pipeline):
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
+    strategy = build_strategy(tiny_pipeline("train.strategy=fsdp", "train.accelerator=gpu",
+                                            "train.fsdp_cpu_offload=true").train)
+    assert isinstance(strategy, ModelParallelStrategy)
+    strategy.parallel_devices = [torch.device("meta")]  # stands in for cuda:0 (no GPU here)
+    strategy.model = TinyMultiTask(pipeline)
+    strategy.model_to_device()
+    assert {p.device.type for p in strategy.model.parameters()} == {"cpu"}  # FSDP2 moves the offloaded shards
+    assert {b.device.type for b in strategy.model.buffers()} == {"meta"}  # BatchNorm statistics on the device
+
+
 def test_cpu_offload_is_refused_without_gpus():
     for overrides in (["train.strategy=fsdp"], ["train.strategy=ddp", "train.accelerator=gpu"]):
         with pytest.raises(ConfigError, match="train.fsdp_cpu_offload=true needs train.strategy=fsdp on GPUs"):
