@@ -77,8 +77,10 @@ def resume_after_requeue(pipeline: Pipeline) -> Pipeline:
     latest = Path(train.out_dir) / "checkpoints" / LATEST
     if count == 0 or not latest.is_file():
         return pipeline
-    print(f"SLURM restart {count} of job {os.environ.get('SLURM_JOB_ID', '?')}: resuming from {latest.parent / latest.read_text().strip()}"
-          f"{f' (instead of train.resume={train.resume})' if train.resume else ''}", file=sys.stderr, flush=True)
+    if os.environ.get("SLURM_PROCID", "0") == "0":  # one line per job, not per rank
+        instead = f" (instead of train.resume={train.resume})" if train.resume else ""
+        print(f"SLURM restart {count} of job {os.environ.get('SLURM_JOB_ID', '?')}: resuming from "
+              f"{latest.parent / latest.read_text().strip()}{instead}", file=sys.stderr, flush=True)
     return replace(pipeline, train=replace(train, resume=str(train.out_dir), overwrite=False))
 
 

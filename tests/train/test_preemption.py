@@ -155,14 +155,17 @@ def _wait(condition, timeout: float, what: str, log: Path) -> None:
 
 
 def _job(cluster: OneNodeCluster, job: str) -> dict:
-    shown = subprocess.run(["scontrol", "show", "job", job, "-o"], env=cluster.env, capture_output=True, text=True).stdout
+    shown = subprocess.run(["scontrol", "show", "job", job, "-o"], env=cluster.env, capture_output=True,
+                           text=True).stdout
     return dict(item.split("=", 1) for item in shown.split() if "=" in item)
 
 
 def _start_now_when_requeued(cluster: OneNodeCluster, job: str, restarts: int, log: Path) -> None:
     """SLURM holds a requeued job for 2 minutes (BeginTime); the test lets it start at once."""
-    _wait(lambda: _job(cluster, job).get("Restarts") == str(restarts) and _job(cluster, job).get("JobState") == "PENDING",
-          60, f"the job to be requeued ({restarts})", log)
+    def requeued() -> bool:
+        state = _job(cluster, job)
+        return state.get("Restarts") == str(restarts) and state.get("JobState") == "PENDING"
+    _wait(requeued, 60, f"the job to be requeued ({restarts})", log)
     subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=cluster.env, check=True)
 
 
@@ -179,8 +182,8 @@ def test_a_signalled_and_requeued_job_resumes_by_itself_to_the_uninterrupted_wei
     out.mkdir()
     overrides = [f"train.out_dir={out}", *OVERRIDES, "train.slurm_time=10:00"]
     script = tmp_path / "job.sbatch"
-    script.write_text(sbatch_script(tiny_pipeline(*overrides),
-                                    [sys.executable, str(HERE / "run_preemptible.py"), *overrides, "train.launcher=local"]))
+    program = [sys.executable, str(HERE / "run_preemptible.py"), *overrides, "train.launcher=local"]
+    script.write_text(sbatch_script(tiny_pipeline(*overrides), program))
     cluster = OneNodeCluster(tmp_path / "cluster").start()
     try:
         job = subprocess.run(["sbatch", "--parsable", str(script)], env=cluster.env, capture_output=True, text=True,
