@@ -55,7 +55,7 @@ def inputs(cameras: list) -> list:
 
 
 def build_pipeline(cameras: list, maps: ClassMaps, batch_size: int, threads: int, seed: int = 0):
-    """DALI graph from encoded members (fed per batch, `feed`) to (images (N, 3, H, W) uint8, depth float16,
+    """DALI graph from encoded members (fed per batch, `feed`) to (one HWC uint8 image per camera, depth float16,
     semantic uint8) per sample."""
     from nvidia.dali import fn, pipeline_def, types
 
@@ -73,8 +73,9 @@ def build_pipeline(cameras: list, maps: ClassMaps, batch_size: int, threads: int
             keys = list(range(256))
             semantic = fn.lookup_table(semantic, keys=keys, values=[int(maps.semantic[k]) for k in keys],
                                        default_value=IGNORE_INDEX, dtype=types.UINT8)
-        images = fn.transpose(fn.stack(*decoded), perm=[0, 3, 1, 2])  # (N, H, W, 3) -> (N, 3, H, W)
-        return images, depth, semantic
+        # cameras leave the graph as decoded (HWC): stacking and transposing them here took two passes
+        # (0.49 ms CPU a sample at 6 x 256x128), one strided copy into the Batch takes 0.14 ms (`_images`)
+        return (*decoded, depth, semantic)
 
     pipe = frames()
     pipe.build()
@@ -85,6 +86,16 @@ def feed(pipe, cameras: list, samples: list) -> None:
     """Give the graph the encoded members of one batch of samples (WebDataset-style dicts)."""
     for name in inputs(cameras):
         pipe.feed_input(name, [np.frombuffer(sample[name], np.uint8) for sample in samples])
+
+
+def _images(outputs: list) -> torch.Tensor:
+    """(B, N, 3, H, W) uint8 from one (B, H, W, 3) DALI output per camera: one strided copy, the transpose in it."""
+    cameras = [_zero_copy(output) for output in outputs]
+    b, h, w, _ = cameras[0].shape
+    images = torch.empty((b, len(cameras), 3, h, w), dtype=torch.uint8)
+    for index, camera in enumerate(cameras):
+        images[:, index].numpy()[:] = camera.numpy().transpose(0, 3, 1, 2)
+    return images
 
 
 def _zero_copy(tensor_list) -> torch.Tensor:
@@ -211,7 +222,9 @@ class DaliLoader:
 
     def _batch(self, outputs, samples: list, rng: np.random.Generator) -> Batch:
         """A Batch from DALI's dense outputs and the samples' small labels (augmented per row when asked)."""
-        dense = {name: _zero_copy(output) for name, output in zip(("images", "depth", "semantic"), outputs)}
+        cameras = len(self.manifest["cameras"])
+        dense = {"images": _images(outputs[:cameras]), "depth": _zero_copy(outputs[cameras]),
+                 "semantic": _zero_copy(outputs[cameras + 1])}
         labels = [label_fields(sample["arrays"], self.maps, self.pipeline) for sample in samples]
         if not self.augment:
             return Batch(**dense, **stack_fields(labels, labels[0]))
