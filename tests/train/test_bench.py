@@ -14,3 +14,44 @@ def test_floor_cell_refuses_a_bound_slower_than_the_measured_step():
     cell = floor_cell(row)
     assert cell.startswith("none")
     assert "slower than the step" in cell and "0.0014 TFLOP/s" in cell
+
+
+# `stack bench train-memory`: the bf16-gather bar fails a run whose bf16-mixed FSDP2 still gathers fp32.
+
+def memory_row(state_mb: float, comm: dict) -> dict:
+    return {"train_state_mb": state_mb, "peak_memory_mb": 1500.0, "step_ms": 3000.0, "rank": 0, "comm": comm,
+            "params": 2_615_797, "fp32_params": 23_005}
+
+
+def sent(kind_dtype_mb: dict) -> dict:
+    return {key: {"calls": 1.0, "payload_mb": 2 * mb, "sent_mb": mb} for key, mb in kind_dtype_mb.items()}
+
+
+def run_memory_with(monkeypatch, bf16_gathers: dict) -> tuple[int, str]:
+    import io
+    from contextlib import redirect_stdout
+    from types import SimpleNamespace
+
+    from stack.train import bench
+
+    rows = {"32-true ddp": memory_row(39.9, sent({"all_reduce/float32": 9.98})),
+            "32-true fsdp": memory_row(20.0, sent({"all_gather/float32": 10.01, "reduce_scatter/float32": 5.01})),
+            "bf16-mixed fsdp": memory_row(20.0, sent({**bf16_gathers, "reduce_scatter/float32": 5.01}))}
+
+    def child(config, overrides, mode):
+        keys = dict(o.split("=", 1) for o in overrides if o.startswith("train."))
+        return rows[f"{keys['train.precision']} {keys['train.strategy']}"]
+    monkeypatch.setattr(bench, "_child", child)
+    out = io.StringIO()
+    with redirect_stdout(out):
+        code = bench.run_memory(None, SimpleNamespace(config=[], overrides=[]))
+    return code, out.getvalue()
+
+
+def test_train_memory_passes_bf16_gathers_and_fails_fp32_ones(monkeypatch):
+    code, text = run_memory_with(monkeypatch, {"all_gather/bfloat16": 4.96, "all_gather/float32": 0.09})
+    assert code == 0 and "bf16 gathers send 0.50x the bytes of fp32 gathers" in text
+    assert "| fsdp | bf16-mixed | 20.0 | 0.50 | 1500 | 3000 | 5.05 (bfloat16, float32) / 5.01 (float32) / - | " \
+           "10.06 | 10.02 |" in text
+    code, text = run_memory_with(monkeypatch, {"all_gather/float32": 10.01})  # no MixedPrecisionPolicy
+    assert code == 1 and "1.00x the bytes" in text
