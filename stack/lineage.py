@@ -110,8 +110,8 @@ def data_warning(seen: dict | None, given: dict | None, model: str, given_root: 
         return None
     return (f"warning: {model} was trained on {seen.get('root')} (data hash {seen.get('hash', '')[:12]}), but is "
             f"{what} {given.get('root')} (data hash {given.get('hash', '')[:12]}): " + "; ".join(differences)
-            + ". Its figures describe data the model did not see; set data.root to the training data to compare like "
-              "with like, or ignore this if another dataset is the point.")
+            + ". Its figures describe another dataset than the one it was trained on; set data.root to that dataset "
+              "to compare like with like, or ignore this if another dataset is the point.")
 
 
 # ------------------------------------------------------------------ tracked runs
