@@ -150,3 +150,19 @@ def test_read_npy_matches_np_load_and_refuses_what_it_refuses():
     for bad in (good[:-4], good[:30], b"not an npy at all", saved(np.array([{}, 1], dtype=object))):
         with pytest.raises(ValueError):
             read_npy(bad)
+
+
+def test_persistent_workers_follow_the_epoch_and_survive_an_abandoned_one(dataset, small_pipeline):
+    """The workers fork once per loader; each epoch is the one set last, even after an epoch left after one batch."""
+    pipeline, _ = dataset
+    two = small_pipeline(pipeline.data.root, "data.num_workers=2", "data.batch_size=1")
+    loader = build_loader(two, "train", 0, 1, augment=False)
+    loader.set_epoch(1)
+    next(iter(loader))
+    loader.set_epoch(3)
+    epoch_three = _fingerprints(loader)
+    fresh = build_loader(two, "train", 0, 1, augment=False)
+    fresh.set_epoch(3)
+    assert epoch_three == _fingerprints(fresh)
+    loader.set_epoch(4)
+    assert _fingerprints(loader) != epoch_three and sorted(_fingerprints(loader)) == sorted(epoch_three)
