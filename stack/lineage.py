@@ -98,10 +98,23 @@ def dataset_differences(seen: dict, given: dict) -> list[str]:
     return found or ["the manifests differ (same splits and shard checksums)"]
 
 
+def well_formed(fingerprint) -> bool:
+    """True for a fingerprint of `dataset_fingerprint`'s shape (a checkpoint's record may be edited or foreign)."""
+    if not isinstance(fingerprint, dict) or not isinstance(fingerprint.get("hash"), str):
+        return False
+    splits = fingerprint.get("splits")
+    return isinstance(splits, dict) and all(
+        isinstance(v, dict) and isinstance(v.get("samples"), int) and isinstance(v.get("shards"), int)
+        and isinstance(v.get("hash"), str) for v in splits.values())
+
+
 def data_warning(seen: dict | None, given: dict | None, model: str, given_root: str, what: str) -> str | None:
     """The warning `stack eval` / `stack deploy` print when `model` did not see the data it is now `what` on."""
     if given is None:
         return None
+    if seen is not None and not well_formed(seen):
+        return (f"note: {model} records a dataset fingerprint that is not one `stack train` writes (edited?); cannot "
+                f"check that {given_root} is the data it saw.")
     if seen is None:
         return (f"note: {model} records no training dataset (written before lineage was recorded); cannot check that "
                 f"{given_root} is the data it saw.")

@@ -298,3 +298,13 @@ def test_deploy_on_other_data_warns_records_lineage_in_gate_json_and_logs_into_t
     assert run.data.metrics["deploy/cpu/passed"] == float(result["passed"]) and "deploy/cpu/median_ms" in run.data.metrics
     assert {a.path for a in client.list_artifacts(run_id, "deploy/cpu")} == {"deploy/cpu/gate.json",
                                                                             "deploy/cpu/report.md"}
+
+
+@pytest.mark.parametrize("record", [{"hash": 3}, {"hash": "a", "splits": {"val": {"samples": "many"}}},
+                                    {"hash": "a", "splits": ["val"]}])
+def test_a_malformed_fingerprint_in_a_checkpoint_is_a_note_not_a_traceback(tmp_path, record):
+    from stack.lineage import data_warning
+
+    given = dataset_fingerprint(fake_dataset(tmp_path / "data"))
+    message = data_warning(record, given, "model.pt", str(tmp_path / "data"), "evaluated on")
+    assert message.startswith("note: model.pt records a dataset fingerprint that is not one")
