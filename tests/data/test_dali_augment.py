@@ -121,3 +121,18 @@ def _graph_augment(config):
         height, width = row["images"].shape[-2:]
         row.update(_through_graph(row, draw_params(config, height, width, rng), config))
     return apply
+
+
+@pytest.mark.gpu
+def test_graph_augmentation_on_the_gpu_agrees_with_the_torch_backend(dataset, small_pipeline):
+    """With a GPU the images are decoded (nvJPEG) and augmented on the device; the jitter's image mean comes
+    back to the CPU as an argument input (`GraphAugment._jitter`)."""
+    pipeline, _ = dataset
+    plain = small_pipeline(pipeline.data.root, *STRONG)
+    dali = small_pipeline(pipeline.data.root, "data.backend=dali", *STRONG)
+    torch_batches = list(build_loader(plain, "train", 0, 1, shuffle=False, augment=True))
+    gpu_batches = list(build_loader(dali, "train", 0, 1, shuffle=False, augment=True))
+    for a, b in zip(torch_batches, gpu_batches, strict=True):
+        for name in ("depth", "semantic", *GEOMETRY):
+            assert torch.equal(getattr(a, name), getattr(b, name).cpu()), name
+        assert (a.images.int() - b.images.cpu().int()).abs().max() <= RESAMPLE_TOLERANCE + JPEG_TOLERANCE
