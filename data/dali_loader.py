@@ -29,10 +29,10 @@ import numpy as np
 import torch
 
 from stack.batch import IGNORE_INDEX, Batch
-from stack.data.augment import augment_row
+from stack.data.dali_augment import GraphAugment
 from stack.data.checksums import ShardSums
 from stack.data.loader import check_arrays, check_layout, read_manifest, split_shards
-from stack.data.samples import (LOADER_MEMBERS, BadSample, ClassMaps, check_members, collate, decode_arrays,
+from stack.data.samples import (LOADER_MEMBERS, BadSample, ClassMaps, check_members, decode_arrays,
                                 label_fields, stack_fields)
 from stack.data.shard_index import SampleReader
 from stack.data.sharding import batches_per_rank, locate, rank_samples
@@ -54,9 +54,10 @@ def inputs(cameras: list) -> list:
     return [f"{c}.jpg" for c in cameras] + [f"{name}.npy" for name in DENSE]
 
 
-def build_pipeline(cameras: list, maps: ClassMaps, batch_size: int, threads: int, seed: int = 0):
+def build_pipeline(cameras: list, maps: ClassMaps, batch_size: int, threads: int, seed: int = 0, augment=None):
     """DALI graph from encoded members (fed per batch, `feed`) to (one HWC uint8 image per camera, depth float16,
-    semantic uint8) per sample."""
+    semantic uint8) per sample; with `augment` (a `dali_augment.GraphAugment`, its parameters fed per batch too)
+    the cameras, depth and semantics are resized, cropped and colour-jittered in the graph."""
     from nvidia.dali import fn, pipeline_def, types
 
     device_id = dali_device()
@@ -73,6 +74,8 @@ def build_pipeline(cameras: list, maps: ClassMaps, batch_size: int, threads: int
             keys = list(range(256))
             semantic = fn.lookup_table(semantic, keys=keys, values=[int(maps.semantic[k]) for k in keys],
                                        default_value=IGNORE_INDEX, dtype=types.UINT8)
+        if augment is not None:
+            decoded, depth, semantic = augment.apply(fn, types, decoded, depth, semantic)
         # cameras leave the graph as decoded (HWC): stacking and transposing them here took two passes
         # (0.49 ms CPU a sample at 6 x 256x128), one strided copy into the Batch takes 0.14 ms (`_images`)
         return (*decoded, depth, semantic)
@@ -115,6 +118,8 @@ class DaliLoader:
                              "stops at the first undecodable sample); use data.backend=torch to skip bad samples")
         self.pipeline, self.split, self.rank, self.world_size = pipeline, split, rank, world_size
         self.shuffle, self.augment, self.drop_last = shuffle, augment, split == "train"
+        rig = pipeline.data.rig
+        self.graph_augment = GraphAugment(pipeline.data.augment, rig.image_height, rig.image_width) if augment else None
         self.manifest = read_manifest(pipeline.data.root)
         check_layout(pipeline, self.manifest, pipeline.data.root)
         if self.manifest.get("layout") == "clips":
@@ -144,7 +149,8 @@ class DaliLoader:
         if self._pipe is None:
             try:
                 self._pipe = build_pipeline(self.manifest["cameras"], self.maps, self.pipeline.data.batch_size,
-                                            max(self.pipeline.data.num_workers, 1), self.pipeline.train.seed)
+                                            max(self.pipeline.data.num_workers, 1), self.pipeline.train.seed,
+                                            self.graph_augment)
             except RuntimeError as exc:
                 raise BadSample(f"DALI could not build its pipeline: {_dali_message(exc)}") from exc
         return self._pipe
@@ -175,11 +181,14 @@ class DaliLoader:
         overlap decoding instead of adding to it."""
         samples = [self._read(shard, index) for shard, index in where]
         feed(pipe, self.manifest["cameras"], samples)
+        params = self.graph_augment.draw(rng, len(samples)) if self.augment else None
+        if params is not None:  # drawn as the torch backend draws them for these rows
+            self.graph_augment.feed(pipe, params)
         self._schedule(pipe, where, samples)
-        return where, samples, rng
+        return where, samples, params
 
-    def _collect(self, pipe, where: list, samples: list, rng) -> Batch:
-        return self._batch(self._outputs(pipe, where, samples), samples, rng)
+    def _collect(self, pipe, where: list, samples: list, params) -> Batch:
+        return self._batch(self._outputs(pipe, where, samples), samples, params)
 
     def _drain(self, pipe) -> None:
         """Collect runs an abandoned epoch left scheduled, so the next epoch's first output is its own."""
@@ -220,17 +229,16 @@ class DaliLoader:
                          "data.backend=torch to name the sample and member, or re-create the shards with "
                          "`stack data make`")
 
-    def _batch(self, outputs, samples: list, rng: np.random.Generator) -> Batch:
-        """A Batch from DALI's dense outputs and the samples' small labels (augmented per row when asked)."""
+    def _batch(self, outputs, samples: list, params: list | None) -> Batch:
+        """A Batch from DALI's dense outputs and the samples' small labels (their geometry augmented by `params`,
+        the parameters the graph augmented the pixels with)."""
         cameras = len(self.manifest["cameras"])
         dense = {"images": _images(outputs[:cameras]), "depth": _zero_copy(outputs[cameras]),
                  "semantic": _zero_copy(outputs[cameras + 1])}
         labels = [label_fields(sample["arrays"], self.maps, self.pipeline) for sample in samples]
-        if not self.augment:
-            return Batch(**dense, **stack_fields(labels, labels[0]))
-        rows = [{**{name: value[index] for name, value in dense.items()}, **labels[index]}
-                for index in range(len(samples))]
-        return collate([augment_row(row, self.pipeline.data.augment, rng) for row in rows])
+        if params is not None:
+            self.graph_augment.geometry(labels, params)
+        return Batch(**dense, **stack_fields(labels, labels[0]))
 
 
 def _dali_message(exc: RuntimeError) -> str:
