@@ -11,6 +11,9 @@ present —, stacks the cameras into one (N, 3, H, W) tensor per sample, and dec
 the dense `.npy` labels (semantics mapped through the class map when it is not the
 identity). The small labels (boxes, ego status, trajectories) are a few hundred bytes
 a sample and are decoded in Python by the same `label_fields` as the torch backend.
+With augmentation on, each batch's parameters are drawn in Python as the torch backend
+draws them and fed beside its members; the graph resizes, crops and jitters the pixels
+and the labels follow the same parameters (`stack.data.dali_augment`).
 
 The graph is built once per loader and reused for every epoch: an epoch is just a
 new plan fed through the external sources, so nothing is rebuilt and no reader state
