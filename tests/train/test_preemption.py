@@ -4,6 +4,7 @@ job on the one-node cluster that is signalled, requeued twice and ends with the 
 import csv
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -217,3 +218,34 @@ def test_a_signalled_and_requeued_job_resumes_by_itself_to_the_uninterrupted_wei
     theirs = torch.load(reference / "model.pt", weights_only=True)["state_dict"]
     assert mine.keys() == theirs.keys()
     assert all(torch.equal(mine[k], theirs[k]) for k in mine), [k for k in mine if not torch.equal(mine[k], theirs[k])]
+
+
+@pytest.mark.slow
+def test_sigusr1_under_slurm_checkpoints_at_a_step_boundary_and_requeues(tmp_path):
+    """Without a cluster: the job's environment variables, a recording `scontrol`, and SIGUSR1 sent to the rank
+    mid-run. It stops at a step boundary with that step's checkpoint as `latest`, asks SLURM to requeue job 4242,
+    exits 0, and writes no model.pt (the run is not finished)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "scontrol-calls"
+    scontrol = bin_dir / "scontrol"
+    scontrol.write_text(f"#!/bin/sh\necho \"$@\" >> {str(calls)!r}\n")
+    scontrol.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "4242", "SLURM_NTASKS": "1",
+           "SLURM_JOB_NAME": "stack-train-test", "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0",
+           "SLURM_NODELIST": "localhost", "STACK_TEST_STEP_SECONDS": "0.3"}
+    env.pop("SLURM_RESTART_COUNT", None)
+    out = tmp_path / "run"
+    rank = subprocess.Popen([sys.executable, str(HERE / "run_preemptible.py"), f"train.out_dir={out}", *OVERRIDES],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait(lambda: _latest_step(out) >= EVERY or rank.poll() is not None, 120, "the first checkpoint", out / "none")
+        rank.send_signal(signal.SIGUSR1)
+        _, errors = rank.communicate(timeout=120)
+    finally:
+        rank.kill()
+    assert rank.returncode == 0, errors[-3000:]
+    stop = _latest_step(out)
+    assert EVERY <= stop < STEPS and f"stopped at step {stop} on SIGUSR1" in errors, errors[-3000:]
+    assert calls.read_text().split() == ["requeue", "4242"]
+    assert not (out / "model.pt").exists() and not (out / "summary-rank0.json").exists()
