@@ -5,6 +5,7 @@ one, a blocking save is `latest` when it returns, and a crafted checkpoint folde
 import os
 import pickle
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -72,13 +73,32 @@ def slow_disk(monkeypatch):
     return writes
 
 
-def test_training_goes_on_while_a_checkpoint_is_written_and_ends_with_the_same_weights(tmp_path, slow_disk,
-                                                                                      monkeypatch):
-    watch = Watch(slow_disk)
+def test_training_goes_on_while_a_checkpoint_is_written_and_ends_with_the_same_weights(tmp_path, monkeypatch):
+    """The first checkpoint's (step 4) write is held until training has ended step 6: with a save that
+    blocks the loop, step 6 never comes and the write gives up waiting after 60 s (the test then fails)."""
+    original, writes, steps_done = dcp_io._FencedWriter.write_data, [], []
+    step_six = threading.Event()
+
+    def held(self, plan, planner):
+        writes.append([time.monotonic(), None])
+        if len(writes) == 1:
+            step_six.wait(timeout=60)
+        try:
+            return original(self, plan, planner)
+        finally:
+            writes[-1][1] = time.monotonic()
+    monkeypatch.setattr(dcp_io._FencedWriter, "write_data", held)
+
+    class Counting(Watch):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+            super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+            if trainer.global_step >= 6:
+                step_six.set()
+    watch = Counting(writes)
     run(tmp_path / "slow", watch=watch, monkeypatch=monkeypatch)
     assert [step for step, _ in watch.steps] == list(range(1, 13))
     during_a_write = [step for step, writing in watch.steps if writing]
-    assert during_a_write, f"no training step ran while a checkpoint was written: {watch.steps}"  # synchronous save
+    assert {5, 6} <= set(during_a_write), f"training waited for the checkpoint write: {watch.steps}"
     assert watch.latest_complete and all(watch.latest_complete)  # latest never named an unfinished checkpoint
     checkpoints = tmp_path / "slow" / "checkpoints"
     assert sorted(p.name for p in checkpoints.iterdir()) == ["latest", "step-0000008.ckpt", "step-0000012.ckpt"]
