@@ -454,21 +454,6 @@ class TrainConfig:
     slurm_container_mounts: List[str] = field(default_factory=list)
     """`SRC[:DST[:FLAGS]]` mounts into the container (pyxis `--container-mounts`), e.g. `/data:/data:ro`; mount the
     working folder, data.root and train.out_dir at the same paths."""
-    slurm_requeue: bool = True
-    """launcher=slurm: `--requeue` and `--signal=USR1@slurm_signal_seconds`; on that signal (or SIGTERM from
-    preemption) training checkpoints at the step's end and requeues, and the requeued job resumes by itself."""
-    slurm_signal_seconds: int = 300
-    """Seconds before the time limit that SLURM signals the job (room for one checkpoint; SLURM may signal up to 60 s early)."""
-    slurm_cpus_per_task: int = 0
-    """`--cpus-per-task` for each rank (data-loading workers need them); 0 leaves it to the cluster."""
-    slurm_mem: str = ""
-    """`--mem` per node: a count with an optional K/M/G/T suffix (megabytes without), e.g. 256G; empty leaves it to the cluster."""
-    slurm_container_image: str = ""
-    """Container image the ranks run in (pyxis/enroot `srun --container-image`: `nvcr.io#nvidia/pytorch:24.05-py3`
-    or a `.sqsh` path); it must have `stack` installed (`python -m stack`). Empty runs on the host."""
-    slurm_container_mounts: List[str] = field(default_factory=list)
-    """`SRC[:DST[:FLAGS]]` mounts into the container (pyxis `--container-mounts`), e.g. `/data:/data:ro`; mount the
-    working folder, data.root and train.out_dir at the same paths."""
     log_every_n_steps: int = 10
     """Steps between metric log rows (TensorBoard, CSV, progress bar)."""
     peak_tflops: float = 0.0
@@ -523,14 +508,11 @@ class TrainConfig:
             found += [(name, message)] if message else []
         found += [(f"slurm_extra.{i}", m) for i, m in enumerate(map(safe_values.slurm_option, self.slurm_extra)) if m]
         _positive(found, "slurm_signal_seconds", self.slurm_signal_seconds)
-        if self.slurm_cpus_per_task < 0:
-            found.append(("slurm_cpus_per_task", f"got {self.slurm_cpus_per_task}; expected 0 (the cluster's default) or a count of CPUs per rank"))
-        for name, check in (("slurm_mem", safe_values.slurm_mem), ("slurm_container_image", safe_values.container_image)):
-            message = check(getattr(self, name))
-            found += [(name, message)] if message else []
-        found += [(f"slurm_container_mounts.{i}", m)
-                  for i, m in enumerate(map(safe_values.container_mount, self.slurm_container_mounts)) if m]
-        _positive(found, "slurm_signal_seconds", self.slurm_signal_seconds)
+        limit = safe_values.slurm_time_seconds(self.slurm_time) if not safe_values.slurm_time(self.slurm_time) else None
+        if self.slurm_requeue and limit is not None and self.slurm_signal_seconds >= limit:
+            found.append(("slurm_signal_seconds", f"got {self.slurm_signal_seconds} s with train.slurm_time="
+                          f"{self.slurm_time} ({limit} s): the job would be signalled and requeued before it trains; "
+                          "expected fewer seconds than the time limit (leave time to train and to write a checkpoint)"))
         if self.slurm_cpus_per_task < 0:
             found.append(("slurm_cpus_per_task", f"got {self.slurm_cpus_per_task}; expected 0 (the cluster's default) or a count of CPUs per rank"))
         for name, check in (("slurm_mem", safe_values.slurm_mem), ("slurm_container_image", safe_values.container_image)):

@@ -59,6 +59,19 @@ def slurm_time(value: str) -> str | None:
             f"(e.g. 04:00:00, 2-00:00:00); quote it in YAML files ('12:00:00')")
 
 
+def slurm_time_seconds(value: str) -> int | None:
+    """Seconds in an sbatch --time value already checked by `slurm_time`; None for UNLIMITED/INFINITE."""
+    if value in ("UNLIMITED", "INFINITE"):
+        return None
+    days, _, clock = value.rpartition("-")
+    parts = [int(p) for p in clock.split(":")]
+    if days:  # D-HH[:MM[:SS]]
+        hours, minutes, seconds = (parts + [0, 0])[:3]
+        return ((int(days) * 24 + hours) * 60 + minutes) * 60 + seconds
+    hours, minutes, seconds = {1: (0, parts[0], 0), 2: (0, *parts), 3: tuple(parts)}[len(parts)]  # MM, MM:SS, H:M:S
+    return (hours * 60 + minutes) * 60 + seconds
+
+
 def slurm_partition(value: str) -> str | None:
     if value == "" or SLURM_PARTITION.fullmatch(value):
         return None

@@ -53,7 +53,9 @@ def test_control_characters_are_refused_in_any_string(key):
     ("90", "#SBATCH --time=90"), ("1:30", "#SBATCH --time=1:30"), ("UNLIMITED", "#SBATCH --time=UNLIMITED")])
 def test_sbatch_time_forms_are_kept_as_written(value, line):
     """YAML 1.1 would read 12:00:00 as 43200 seconds and 1:30 as 90: both stay strings here."""
-    assert line in sbatch_script(pipeline(f"train.slurm_time={value}"), ["true"]).splitlines()
+    # a 90-s limit needs the requeue signal sooner than the default 300 s before it (refused otherwise)
+    assert line in sbatch_script(pipeline(f"train.slurm_time={value}", "train.slurm_signal_seconds=30"),
+                                 ["true"]).splitlines()
 
 
 def test_sbatch_time_in_a_yaml_file_is_not_sexagesimal(tmp_path):

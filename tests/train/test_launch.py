@@ -82,7 +82,7 @@ def test_sbatch_reads_a_hostile_out_dir_as_one_path(tmp_path):
     record = tmp_path / "argv.json"
     program = [sys.executable, "-c", "import json, sys; json.dump(sys.argv[1:], open(sys.argv[1], 'w'))",
                str(record), "a b", "$(touch pwned)"]
-    pipeline = tiny_pipeline(f"train.out_dir={json.dumps(str(out))}", "train.slurm_time=0:05:00")
+    pipeline = tiny_pipeline(f"train.out_dir={json.dumps(str(out))}", "train.slurm_time=0:10:00")
     script = tmp_path / "job.sbatch"
     script.write_text(sbatch_script(pipeline, program, workdir=tmp_path))
     cluster = OneNodeCluster(tmp_path / "cluster").start()

@@ -92,6 +92,17 @@ def test_malformed_slurm_values_are_refused_with_exit_2(override, key, capsys):
     assert f"{key}: got" in err  # the key, what was found, and (after it) what is expected
 
 
+def test_a_signal_before_the_job_could_train_is_refused(capsys):
+    """A 5-minute job told to stop 300 s before its limit would be requeued forever without a step."""
+    with pytest.raises(ConfigError, match=r"slurm_signal_seconds: got 300 s with train\.slurm_time=5 \(300 s\)"):
+        tiny_pipeline("train.slurm_time=5")
+    assert stack_main(["train", "train.launcher=slurm", "train.slurm_time=0:04:00", "--dry-run"]) == 2
+    assert "would be signalled and requeued before it trains" in capsys.readouterr().err
+    tiny_pipeline("train.slurm_time=5", "train.slurm_signal_seconds=60")
+    tiny_pipeline("train.slurm_time=5", "train.slurm_requeue=false")
+    tiny_pipeline("train.slurm_time=UNLIMITED")
+
+
 def _run_with_latest(tmp_path: Path, step: int) -> Path:
     out = tmp_path / "run"
     (out / "checkpoints").mkdir(parents=True)
