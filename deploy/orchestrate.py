@@ -54,8 +54,6 @@ class DeploySpec:
     """accuracy.Evaluator over `accuracy_feeds`."""
     budgets: list
     samples_source: str
-    data_root: str = ""
-    """The dataset the calibration and accuracy samples come from (its fingerprint goes into gate.json)."""
     checkpoint: str = ""
     pipeline_name: str = ""
     pipeline_hash: str = ""
@@ -72,6 +70,8 @@ class DeploySpec:
     reference: object = None
     """Parity's reference (same call as `net`): the network pooling with `bev_pool` and the bundle
     calibration's geometry per call, as in training (None: `net` itself, baked against baked)."""
+    data_root: str = ""
+    """The dataset the calibration and accuracy samples come from (its fingerprint goes into gate.json)."""
 
 
 def run_deploy(spec: DeploySpec, name: str, target, export_cfg, folder: Path, log=print) -> dict:
