@@ -238,6 +238,53 @@ def _dali_graph_rate(pipeline: Pipeline) -> float:
     return len(batches) * size / (time.perf_counter() - start)
 
 
+def _tree_cpu() -> float:
+    """CPU seconds of this process and of its live children (DataLoader workers), from /proc."""
+    import os
+
+    tick, total = os.sysconf("SC_CLK_TCK"), time.process_time()
+    with open(f"/proc/{os.getpid()}/task/{os.getpid()}/children") as listing:
+        for pid in listing.read().split():
+            try:
+                with open(f"/proc/{pid}/stat") as stat:
+                    fields = stat.read().rsplit(")", 1)[1].split()
+                total += (int(fields[11]) + int(fields[12])) / tick
+            except OSError:  # the child ended meanwhile
+                pass
+    return total
+
+
+def _loader_cpu_ms(pipeline: Pipeline, epochs: int = 3) -> float:
+    """Steady-state CPU ms per sample of one loader (this process, its DALI threads and its live workers) over
+    `epochs` epochs after a first one: what loading costs the machine, which other jobs do not skew as they
+    skew rates (they can still slow it through shared caches)."""
+    from stack.data.loader import build_loader
+
+    loader = build_loader(pipeline, "train", 0, 1, shuffle=True, augment=False)
+    for _ in loader:  # workers started, page cache warm
+        pass
+    start, samples = _tree_cpu(), 0
+    for _ in range(epochs):
+        samples += sum(batch.images.shape[0] for batch in loader)
+    return 1000 * (_tree_cpu() - start) / samples
+
+
+def _floor_cpu_ms(pipeline: Pipeline, samples: list) -> tuple[float, float]:
+    """CPU ms per sample of the two floors: PIL decoding the JPEGs in this process, and the bare DALI pipeline
+    (reader + decoder, its threads) over two epochs, best of 3 each."""
+    pil, dali = float("inf"), float("inf")
+    for _ in range(3):
+        start = time.process_time()
+        for jpegs in samples:
+            _decode_all(jpegs)
+        pil = min(pil, 1000 * (time.process_time() - start) / len(samples))
+        start = time.process_time()
+        _dali_floor(pipeline)
+        dali = min(dali, 1000 * (time.process_time() - start) / (2 * (len(samples) // pipeline.data.batch_size)
+                                                              * pipeline.data.batch_size))
+    return pil, dali
+
+
 def _read_order_rates(pipeline: Pipeline) -> tuple[float, float]:
     """Samples/s of reading every train sample's members by offset (`stack.data.shard_index`) in stored order and
     in an epoch's permuted order, best of 3 each, page cache warm: what random access costs the global shuffle."""
@@ -329,6 +376,8 @@ def run(pipeline: Pipeline, args) -> int:
         xxh_rate, crc_rate = _hash_rates(jpegs)
         check_ms, decode_ms = _verify_cost(bench)
         stored_reads, permuted_reads = _read_order_rates(bench)
+        torch_cpu, dali_cpu = _loader_cpu_ms(bench), _loader_cpu_ms(dali)
+        pil_cpu, dali_floor_cpu = _floor_cpu_ms(bench, jpegs)
         step_rate, step_what = _training_step_rate(bench)
     rig, data = pipeline.data.rig, pipeline.data
     print(f"\nmachine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}; "
@@ -348,6 +397,10 @@ def run(pipeline: Pipeline, args) -> int:
           f"{dali_floor / dali_rate:.2f}x slower than floor |")
     print(f"| dali graph only (members fed from memory, no Batch assembly) | {dali_graph:.1f} samples/s | DALI bare "
           f"decode {dali_floor:.1f} samples/s | {dali_floor / dali_graph:.2f}x slower than floor |")
+    print(f"| torch loader, CPU time per sample (main + workers, steady state) | {torch_cpu:.2f} ms | PIL decode of "
+          f"the same JPEGs {pil_cpu:.2f} ms | {torch_cpu / pil_cpu:.2f}x the floor |")
+    print(f"| dali loader, CPU time per sample (all threads, steady state) | {dali_cpu:.2f} ms | DALI bare decode "
+          f"{dali_floor_cpu:.2f} ms | {dali_cpu / dali_floor_cpu:.2f}x the floor |")
     print(f"| reading samples by member offsets, an epoch's permuted order | {permuted_reads:.0f} samples/s | stored "
           f"order {stored_reads:.0f} samples/s | permuted/stored {permuted_reads / stored_reads:.2f} |")
     print(f"| torch loader, member checksums verified | {torch_rate:.1f} samples/s | same loader unverified "
