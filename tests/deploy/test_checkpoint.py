@@ -6,6 +6,7 @@ import torch
 from stack.checkpoint import (CheckpointError, check_same_network, load_for_deploy, load_model_checkpoint,
                               save_model_checkpoint)
 from stack.config import load_pipeline, pipeline_hash, pipeline_to_yaml
+from stack.lineage import dataset_fingerprint
 
 TINY = ["configs/pipeline.yaml", "configs/presets/tiny.yaml"]
 
@@ -22,7 +23,8 @@ def test_plain_round_trip_is_atomic(tmp_path, tiny):
     pipeline, loaded, meta = load_model_checkpoint(path)
     assert pipeline == tiny
     assert torch.equal(loaded["conv.weight"], state["conv.weight"])
-    assert meta == {"pipeline_hash": pipeline_hash(tiny), "format": "stack-model", "extra": {"step": 7}}
+    lineage = {"dataset": dataset_fingerprint(tiny.data.root), "tracking": None}  # stack.lineage; no run active
+    assert meta == {"pipeline_hash": pipeline_hash(tiny), "format": "stack-model", "extra": {"step": 7}, **lineage}
 
 
 def test_lightning_checkpoint_strips_model_prefix(tmp_path, tiny):
