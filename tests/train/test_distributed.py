@@ -1,8 +1,9 @@
 """DDP and FSDP2 on 2 CPU processes (gloo), launched by Lightning exactly as `stack train` does.
 
 FSDP2 runs as torchtitan checks it: the loss curve of FSDP2 equals DDP's from the same
-seed (fp32: to 1e-4; bf16-mixed: to 2e-2, the gathers and reductions round differently
-from DDP's autocast casts), bf16-mixed all-gathers bf16 parameters and reduces fp32
+seed (to 1e-4 in fp32 and 1e-3 in bf16-mixed: FSDP2's bf16 gather rounds each weight as
+DDP's autocast cast does, and on gloo the curves agree to 6 digits; NCCL's reduction order
+may differ), bf16-mixed all-gathers bf16 parameters and reduces fp32
 gradients (measured at the collectives), and HSDP meshes 1x2 (pure sharding) and 2x1
 (pure replication) hold the training state each mesh implies."""
 
@@ -120,7 +121,7 @@ def test_divergence_on_one_rank_stops_both_with_the_step(tmp_path):
 def test_bf16_fsdp2_gathers_bf16_reduces_fp32_and_matches_ddp(fsdp_run, bf16_runs):
     ddp_bf16, fsdp_bf16 = bf16_runs
     # torchtitan's convergence check, in bf16: same seed and data, same curve within bf16 rounding.
-    assert curve(fsdp_bf16) == pytest.approx(curve(ddp_bf16), rel=2e-2)
+    assert curve(fsdp_bf16) == pytest.approx(curve(ddp_bf16), rel=1e-3)
     assert curve(fsdp_bf16) != pytest.approx(curve(fsdp_run), rel=1e-6), "bf16-mixed trained in fp32"
     fp32, bf16 = comm(fsdp_run), comm(fsdp_bf16)
     assert set(fp32) >= {"all_gather/float32", "reduce_scatter/float32"} and "all_gather/bfloat16" not in fp32
