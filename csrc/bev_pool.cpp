@@ -100,12 +100,19 @@ void check_geometry_flag(int flag, const BevPoolSizes& s) {
               " points; rebuild the geometry with stack.ops.bev_geometry");
   TORCH_CHECK(!(flag & kFeatNotPixelOfDepth), "stack::bev_pool_backward: ranks_feat[p] must be the pixel of "
               "ranks_depth[p] (as bev_geometry builds them)");
+  TORCH_CHECK(!(flag & kUnsortedRanks), "stack::bev_pool_backward: ranks_bev must be sorted ascending (as "
+              "bev_geometry builds it); rebuild the geometry with stack.ops.bev_geometry");
 }
 
 TORCH_LIBRARY(stack, m) {
   m.def("bev_pool(Tensor depth, Tensor feat, Tensor ranks_depth, Tensor ranks_feat, Tensor ranks_bev, "
         "Tensor interval_starts, Tensor interval_lengths, int batch, int grid_x, int grid_y) -> Tensor");
   m.def("bev_pool_backward(Tensor grad_out, Tensor depth, Tensor feat, Tensor ranks_depth, Tensor ranks_feat, "
+        "Tensor ranks_bev) -> (Tensor, Tensor)");
+  // The previous CPU kernels (bev_pool_cpu_v1.cpp), same arguments; for `stack bench ops` only.
+  m.def("bev_pool_v1(Tensor depth, Tensor feat, Tensor ranks_depth, Tensor ranks_feat, Tensor ranks_bev, "
+        "Tensor interval_starts, Tensor interval_lengths, int batch, int grid_x, int grid_y) -> Tensor");
+  m.def("bev_pool_backward_v1(Tensor grad_out, Tensor depth, Tensor feat, Tensor ranks_depth, Tensor ranks_feat, "
         "Tensor ranks_bev) -> (Tensor, Tensor)");
   // The geometry tables (ranks_depth, ranks_feat, ranks_bev, interval_starts, interval_lengths) from the rays in
   // grid units; CPU only (bev_geometry_cpu.cpp), elsewhere stack.ops.bev_geometry runs its PyTorch path.

@@ -40,6 +40,7 @@ enum BadGeometry : int {
   kBadRankBev = 4,
   kBadInterval = 8,
   kFeatNotPixelOfDepth = 16,
+  kUnsortedRanks = 32,
 };
 void check_geometry_flag(int flag, const BevPoolSizes& sizes);
 

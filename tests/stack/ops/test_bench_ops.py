@@ -39,4 +39,23 @@ def test_every_forward_variant_agrees_and_the_report_names_the_floor(tmp_path):
     report = bench.format_case(case, times, peaks, bandwidth=1e10)
     assert "| naive (frustum tensor + index_add) | 30.00 | 25.00 | 20.00 | 10.0x | 10.0 | 10.0x |" in report
     assert "CPU time, 1 thread (ms)" in report
-    assert "op forward = 11.3x the floor (2 threads, wall), 14.2x (1 thread, CPU time)" in report
+    assert "op forward = 11.3x the floor (2 threads, wall), 14.2x (1 thread, CPU time); goal <= 3x: MISSED" in report
+    assert "op forward + backward: not measured" in report
+
+
+def test_the_floor_lines_judge_each_goal_on_the_wall_ratio():
+    # The previous kernel's default-preset forward was 5x its floor: a goal of 3x must call that a miss.
+    slow, fast = ({2: 0.005, "cpu": 0.009}, 0.0), ({2: 0.0029, "cpu": 0.004}, 0.0)
+    assert bench.floor_line("op forward", slow, 0.001, 2, bench.FORWARD_GOAL).endswith("goal <= 3x: MISSED")
+    assert bench.floor_line("op forward", fast, 0.001, 2, bench.FORWARD_GOAL) == (
+        "op forward = 2.9x the floor (2 threads, wall), 4.0x (1 thread, CPU time); goal <= 3x: met")
+    assert bench.floor_line("op forward + backward", ({2: 0.0041, "cpu": 0.01}, 0.0), 0.001, 2,
+                            bench.FORWARD_BACKWARD_GOAL).endswith("goal <= 4x: MISSED")
+
+
+def test_the_backward_floor_counts_the_gradient_read_and_both_gradients_written():
+    case = tiny_case()
+    g = case.geometry
+    grad_bytes = g.batch * case.context.shape[2] * g.grid_x * g.grid_y * 4
+    assert bench.backward_floor_bytes(case) == (grad_bytes + 4 * 3 * g.num_points
+                                                + 2 * (case.depth.nbytes + case.context.nbytes))
