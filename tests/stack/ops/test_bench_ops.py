@@ -51,6 +51,8 @@ def test_the_floor_lines_judge_each_goal_on_the_wall_ratio():
         "op forward = 2.9x the floor (2 threads, wall), 4.0x (1 thread, CPU time); goal <= 3x: met")
     assert bench.floor_line("op forward + backward", ({2: 0.0041, "cpu": 0.01}, 0.0), 0.001, 2,
                             bench.FORWARD_BACKWARD_GOAL).endswith("goal <= 4x: MISSED")
+    # The 1-thread CPU time is set against the floor at the 1-thread copy bandwidth (here half the 2-thread one).
+    assert ", 2.0x (1 thread, CPU time)" in bench.floor_line("op forward", fast, 0.001, 2, bench.FORWARD_GOAL, 0.002)
 
 
 def test_the_backward_floor_counts_the_gradient_read_and_both_gradients_written():
