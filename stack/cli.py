@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(_command_module(args.command).run(args) or 0)
     except StackError as exc:
-        print(f"stack {args.command}: error: {exc}", file=sys.stderr)
+        print(f"stack {args.command}: {exc.label}: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print(f"stack {args.command}: interrupted", file=sys.stderr)

@@ -11,6 +11,8 @@ class StackError(Exception):
     """Bad input: the message says what was expected, what was found and what to do."""
 
     exit_code = 2
+    label = "error"
+    """The word the CLI prints before the message (`stack train: error: ...`)."""
 
 
 class ConfigError(StackError):

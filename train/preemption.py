@@ -58,6 +58,7 @@ class TrainingRequeued(StackError):
     def __init__(self, message: str, requeued: bool):
         super().__init__(message)
         self.exit_code = 0 if requeued else 143
+        self.label = "requeued" if requeued else "stopped"  # an orderly stop, not an error
 
 
 def restart_count() -> int:

@@ -39,7 +39,7 @@ def main() -> int:
     try:
         module, trainer, stats = fit(pipeline, TinyMultiTask, loaders, progress=False)
     except StackError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"{exc.label}: {exc}", file=sys.stderr)
         return exc.exit_code
     summary = {"rank": trainer.global_rank, "world_size": trainer.world_size, "global_step": trainer.global_step,
                "sharded_units": module.sharded_units, "checkpointed_units": module.checkpointed_units,

@@ -103,6 +103,23 @@ def test_a_signal_before_the_job_could_train_is_refused(capsys):
     tiny_pipeline("train.slurm_time=UNLIMITED")
 
 
+@pytest.mark.parametrize("requeued, code, label", [(True, 0, "requeued"), (False, 143, "stopped")])
+def test_the_cli_reports_a_stop_for_requeue_as_such_not_as_an_error(capsys, monkeypatch, requeued, code, label):
+    class Stops:
+        @staticmethod
+        def add_arguments(parser):
+            pass
+
+        @staticmethod
+        def run(args):
+            raise preemption.TrainingRequeued("stopped at step 12 on SIGUSR1 before the time limit", requeued)
+
+    monkeypatch.setattr("stack.cli._command_module", lambda name: Stops)
+    assert stack_main(["train"]) == code
+    err = capsys.readouterr().err
+    assert f"stack train: {label}: stopped at step 12" in err and "error" not in err
+
+
 def _run_with_latest(tmp_path: Path, step: int) -> Path:
     out = tmp_path / "run"
     (out / "checkpoints").mkdir(parents=True)
@@ -257,6 +274,6 @@ def test_sigusr1_under_slurm_checkpoints_at_a_step_boundary_and_requeues(tmp_pat
         rank.kill()
     assert rank.returncode == 0, errors[-3000:]
     stop = _latest_step(out)
-    assert EVERY <= stop < STEPS and f"stopped at step {stop} on SIGUSR1" in errors, errors[-3000:]
+    assert EVERY <= stop < STEPS and f"requeued: stopped at step {stop} on SIGUSR1" in errors, errors[-3000:]
     assert calls.read_text().split() == ["requeue", "4242"]
     assert not (out / "model.pt").exists() and not (out / "summary-rank0.json").exists()
