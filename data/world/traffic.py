@@ -153,16 +153,26 @@ def _curve_speed(agent: Agent) -> float:
 
 def _leader(agent: Agent, others: list, positions: np.ndarray) -> tuple[float, float]:
     """(gap, speed) of the nearest agent in the corridor ahead on the route."""
-    route, best = agent.route, (math.inf, 0.0)
     ahead = np.arange(agent.s + 1.0, min(agent.s + 45.0, agent.route.length), 1.0)
     if not len(ahead) or not len(others):
-        return best
-    samples = route.points[(ahead / POINT_SPACING).astype(int)]
+        return math.inf, 0.0
+    samples = agent.route.points[(ahead / POINT_SPACING).astype(int)]
     distance = np.linalg.norm(samples[:, None, :] - positions[None, :, :], axis=2)
-    reach = np.array([1.3 if other.kind in ("pedestrian", "cyclist") else 1.6 for other in others])
-    near = distance < reach[None, :]
-    first_near = near.argmax(axis=0)  # first sample ahead within reach, per agent
-    for j in np.flatnonzero(near.any(axis=0)):  # only agents in the corridor, in their original order
+    near = distance < np.array([_corridor_reach(other) for other in others])[None, :]
+    return _nearest_in_corridor(agent, others, ahead, near.any(axis=0), near.argmax(axis=0))
+
+
+def _corridor_reach(other: Agent) -> float:
+    """How close to a route sample an agent counts as in the corridor (narrow road users pass closer)."""
+    return 1.3 if other.kind in ("pedestrian", "cyclist") else 1.6
+
+
+def _nearest_in_corridor(agent: Agent, others: list, ahead: np.ndarray, in_corridor: np.ndarray,
+                         first_near: np.ndarray) -> tuple[float, float]:
+    """(gap, speed) of the nearest of `others` in the corridor, given the route samples `ahead` (arc lengths),
+    which others come within reach of one, and the first such sample (per other)."""
+    route, best = agent.route, (math.inf, 0.0)
+    for j in np.flatnonzero(in_corridor):  # only agents in the corridor, in their original order
         other = others[j]
         other_heading = other.history[-1][2]
         path_heading = route.headings[int(ahead[first_near[j]] / POINT_SPACING)]
@@ -173,6 +183,45 @@ def _leader(agent: Agent, others: list, positions: np.ndarray) -> tuple[float, f
         if gap < best[0]:
             best = (gap, other.speed if aligned else 0.0)
     return best
+
+
+def _corridor_samples(movers: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For every mover at once: (arc lengths ahead (M, K), valid (M, K), route points there (M, K, 2)).
+
+    Row m holds exactly `np.arange(s + 1, min(s + 45, length), 1.0)` of mover m, padded: numpy fills a
+    float arange as start, start + step, then start + i * ((start + step) - start), and so does this."""
+    s = np.array([agent.s for agent in movers], dtype=np.float64)
+    start, stop = s + 1.0, np.minimum(s + 45.0, np.array([agent.route.length for agent in movers], dtype=np.float64))
+    second = start + 1.0
+    width = 44
+    steps = np.arange(width)
+    ahead = start[:, None] + steps[None, :] * (second - start)[:, None]
+    ahead[:, 0], ahead[:, 1] = start, second
+    valid = steps[None, :] < np.ceil((stop - start) / 1.0)[:, None]
+    samples = np.zeros(ahead.shape + (2,))
+    for row, agent in enumerate(movers):
+        count = int(valid[row].sum())
+        samples[row, :count] = agent.route.points[(ahead[row, :count] / POINT_SPACING).astype(int)]
+    return ahead, valid, samples
+
+
+def _leaders(agents: list, movers: list, rows: list, positions: np.ndarray) -> list:
+    """`_leader` of every mover (`agents[rows[m]]`) among the others, or among the vehicles for a pedestrian.
+
+    One distance tensor for all movers instead of a matrix and the per-agent lists each: same arithmetic,
+    element for element, so the same leaders (the simulation is unchanged, bit for bit)."""
+    ahead, valid, samples = _corridor_samples(movers)
+    reach = np.array([_corridor_reach(a) for a in agents])
+    dx = samples[:, :, 0, None] - positions[None, None, :, 0]
+    dy = samples[:, :, 1, None] - positions[None, None, :, 1]
+    distance = np.sqrt(dx * dx + dy * dy)  # np.linalg.norm over the last axis, op for op, without its slow 2-long reduce
+    pedestrian = np.array([a.kind == "pedestrian" for a in agents])
+    excluded = pedestrian[rows][:, None] & pedestrian[None, :]  # pedestrians stop for vehicles only
+    excluded[np.arange(len(rows)), rows] = True  # nobody leads itself
+    near = (distance < reach[None, None, :]) & valid[:, :, None] & ~excluded[:, None, :]
+    in_corridor, first_near = near.any(axis=1), near.argmax(axis=1)
+    return [_nearest_in_corridor(agent, agents, ahead[m], in_corridor[m], first_near[m])
+            for m, agent in enumerate(movers)]
 
 
 def _junction_gap(agent: Agent, vehicles: list) -> float:
@@ -193,23 +242,16 @@ def _junction_gap(agent: Agent, vehicles: list) -> float:
     return math.inf
 
 
-def _pedestrian_accel(agent: Agent, vehicles: list, dt: float = SIM_DT) -> float:
-    """Walk at the desired pace; stop (within a step) for a vehicle standing in the way."""
-    others = [v for v in vehicles if v is not agent]
-    positions = np.array([v.history[-1][:2] for v in others]).reshape(-1, 2)
-    gap, _ = _leader(agent, others, positions)
-    target = 0.0 if gap < 1.0 else agent.desired_speed
-    return (target - agent.speed) / dt
-
-
 def step(agents: list, dt: float = SIM_DT) -> None:
     """Advance every agent by `dt` and append its new state to its history.
 
     A `controlled` agent (the closed-loop ego) is seen by the others where its last history entry puts it,
     but neither moved nor appended to: whoever drives it does that. An agent with `forced_accel` set
     follows its script instead of the rules for this step."""
-    positions = np.array([a.history[-1][:2] for a in agents])
+    positions = np.array([a.history[-1][:2] for a in agents]).reshape(-1, 2)
     vehicles = [a for a in agents if a.kind != "pedestrian"]
+    rows = [k for k, a in enumerate(agents) if not (a.parked or a.controlled or a.forced_accel is not None)]
+    leaders = dict(zip(rows, _leaders(agents, [agents[k] for k in rows], rows, positions))) if rows else {}
     accelerations = []
     for index, agent in enumerate(agents):
         if agent.parked or agent.controlled:
@@ -218,11 +260,10 @@ def step(agents: list, dt: float = SIM_DT) -> None:
         if agent.forced_accel is not None:
             accelerations.append(float(agent.forced_accel))
             continue
-        if agent.kind == "pedestrian":
-            accelerations.append(_pedestrian_accel(agent, vehicles, dt))
+        gap, leader_speed = leaders[index]
+        if agent.kind == "pedestrian":  # walk at the desired pace; stop (within a step) for a vehicle in the way
+            accelerations.append(((0.0 if gap < 1.0 else agent.desired_speed) - agent.speed) / dt)
             continue
-        others = [o for k, o in enumerate(agents) if k != index]
-        gap, leader_speed = _leader(agent, others, np.delete(positions, index, axis=0))
         junction = _junction_gap(agent, vehicles)
         if junction < gap:
             gap, leader_speed = junction, 0.0
