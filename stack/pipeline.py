@@ -371,6 +371,10 @@ ACCELERATORS = ("auto", "cpu", "gpu")
 LAUNCHERS = ("local", "slurm", "torchrun")
 TRACKING_SCHEMES = ("http", "https", "sqlite", "postgresql", "mysql", "mssql", "databricks")
 """URI schemes train.tracking_uri accepts (MLflow's tracking stores; `+driver` suffixes allowed)."""
+TRACKING_OFF = ("off", "false", "no", "none")
+"""Spellings of train.tracking_uri that turn tracking off; the schema keeps `off`."""
+TRACKING_FILES = (".db", ".sqlite", ".sqlite3")
+"""Endings of a path train.tracking_uri names as a SQLite store (a bare word is a typo, not a store in the cwd)."""
 
 
 @dataclass
@@ -465,6 +469,11 @@ class TrainConfig:
     `mlruns.db` beside train.out_dir (nothing to start); a path = that SQLite file; `http(s)://host:port` = a
     tracking server; `sqlite:///`, `postgresql://`, `mysql://` URIs as MLflow takes them; `off` = no tracking."""
 
+    def __post_init__(self):
+        # YAML 1.1 reads an unquoted `off`/`no`/`false` as a boolean, which this string field receives as 'False'
+        if str(self.tracking_uri).strip().lower() in TRACKING_OFF:
+            self.tracking_uri = "off"
+
     def problems(self) -> Problems:
         found: Problems = []
         _positive(found, "max_epochs", self.max_epochs)
@@ -487,10 +496,15 @@ class TrainConfig:
         if self.peak_tflops < 0:
             found.append(("peak_tflops", f"got {self.peak_tflops}; use 0 (measure) or a positive peak"))
         scheme = self.tracking_uri.split("://", 1)[0] if "://" in self.tracking_uri else ""
+        path_named = not scheme and self.tracking_uri not in ("", "off", "databricks")
         if scheme and scheme.split("+")[0] not in TRACKING_SCHEMES or self.tracking_uri.startswith("file:"):
             found.append(("tracking_uri", f"got {self.tracking_uri!r}; use empty (SQLite beside out_dir), a .db path, "
                                           f"off, or a URI of {', '.join(TRACKING_SCHEMES)} (MLflow's file store is "
                                           "retired: use a .db path)"))
+        elif path_named and not self.tracking_uri.lower().endswith(TRACKING_FILES):
+            found.append(("tracking_uri", f"got {self.tracking_uri!r}, which is neither a URI nor a SQLite file "
+                                          f"({', '.join(TRACKING_FILES)}); use empty (mlruns.db beside out_dir), "
+                                          "a path like runs/mlruns.db, a server URI, or off"))
         if not self.fsdp_units:
             found.append(("fsdp_units", "got an empty list; use [\"*\"] to shard each top-level part"))
         world = self.devices * self.num_nodes

@@ -34,12 +34,10 @@ import lightning.pytorch as pl
 from lightning.pytorch.loggers import MLFlowLogger
 
 from stack.lineage import DATASET_KEY, TRACKING_KEY, active_run, dataset_fingerprint, quiet_mlflow, reachable, set_active_run
-from stack.pipeline import Pipeline
+from stack.pipeline import TRACKING_OFF, Pipeline
 
 LOCAL_STORE = "mlruns.db"
 """File name of the default SQLite store, beside train.out_dir."""
-TRACKING_OFF = ("off", "false", "no", "none")
-"""train.tracking_uri values that turn tracking off (YAML reads an unquoted `off` as false)."""
 ARTIFACTS = "mlartifacts"
 """Folder of a local store's artifacts, beside its database."""
 

@@ -67,6 +67,7 @@ def test_a_run_records_pipeline_data_code_metrics_and_lands_in_its_checkpoints(t
     assert run.info.status == "FINISHED"
     artifact = Path(client.download_artifacts(run.info.run_id, "pipeline.yaml", str(tmp_path)))
     assert "tracking_uri" in artifact.read_text()
+    assert run.info.artifact_uri.startswith((tmp_path / "run" / "mlartifacts").as_uri())  # beside the store
     # lineage: model.pt and every resumable checkpoint name the run and the data
     assert meta["tracking"]["run_id"] == run.info.run_id and meta["dataset"]["hash"] == data["hash"]
     ckpt = read_resume_checkpoint(tmp_path / "run" / "train" / "checkpoints" / "step-0000006.ckpt")
@@ -107,10 +108,27 @@ def test_tracking_off_writes_no_store(tmp_path):
     assert meta["tracking"] is None
 
 
-def test_tracking_uri_refuses_the_retired_file_store_and_unknown_schemes():
+@pytest.mark.parametrize("written", ["off", "false", "no", "False", "'off'", "None"])
+def test_tracking_turned_off_in_yaml_reads_off_and_writes_nothing_in_the_working_folder(tmp_path, monkeypatch,
+                                                                                         written):
+    """YAML reads an unquoted `off` as a boolean: the string key got 'False', which once became a SQLite file
+    named False (and mlartifacts/) in the working folder."""
+    from stack.config import load_pipeline
+    from stack.train.tracking import start_tracking, tracking_store_uri
+
+    monkeypatch.chdir(tmp_path)
+    config = tmp_path / "off.yaml"
+    config.write_text(f"train:\n  tracking_uri: {written}\n")
+    pipeline = load_pipeline([config])
+    assert pipeline.train.tracking_uri == "off" and tracking_store_uri(pipeline.train) is None
+    assert start_tracking(pipeline) is None
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["off.yaml"]
+
+
+def test_tracking_uri_refuses_the_retired_file_store_unknown_schemes_and_bare_words():
     from stack.errors import ConfigError
 
-    for value in ("file:///tmp/mlruns", "ftp://host/x"):
+    for value in ("file:///tmp/mlruns", "ftp://host/x", "true", "mlruns"):
         with pytest.raises(ConfigError, match="tracking_uri"):
             tiny_pipeline(f"train.tracking_uri={value}")
 
