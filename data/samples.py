@@ -117,7 +117,7 @@ class ClassMaps:
     @classmethod
     def build(cls, manifest: dict, pipeline: Pipeline) -> "ClassMaps":
         classes = len(pipeline.model.segmentation_classes)
-        if classes >= IGNORE_INDEX:
+        if classes > IGNORE_INDEX:  # ids 0 .. classes-1 must stay below IGNORE_INDEX
             raise StackError(f"model.segmentation_classes lists {classes} classes; Batch.semantic is uint8 with "
                              f"{IGNORE_INDEX} (IGNORE_INDEX) for unlabelled pixels, so at most {IGNORE_INDEX} classes fit")
         semantic = np.full(256, IGNORE_INDEX, np.uint8)

@@ -16,7 +16,7 @@ float64/int64. float16 rather than uint16 millimetres because it is exactly what
 shards hold (`stack.data.format`), so nothing is rounded twice: it is exact for every
 stored value, with 1/1024 relative resolution (3 cm at 50 m), and reaches 65 km where
 uint16 mm would stop at 65.5 m. `IGNORE_INDEX` (255) fits uint8, and
-`stack.data.samples.ClassMaps` refuses a pipeline with 255 or more segmentation classes.
+`stack.data.samples.ClassMaps` refuses a pipeline with more than 255 segmentation classes.
 """
 
 from __future__ import annotations

@@ -56,6 +56,10 @@ def test_the_loss_of_a_narrow_batch_equals_the_loss_of_the_widened_batch():
 
 def test_a_class_list_that_does_not_fit_uint8_is_refused(dataset):
     pipeline, manifest = dataset
-    crowded = load_pipeline(overrides=[f"model.segmentation_classes=[{','.join(f'c{i}' for i in range(255))}]"])
-    with pytest.raises(StackError, match="255 classes.*uint8"):
-        ClassMaps.build(manifest, crowded)
+
+    def classes(count: int):
+        return load_pipeline(overrides=[f"model.segmentation_classes=[{','.join(f'c{i}' for i in range(count))}]"])
+
+    ClassMaps.build(manifest, classes(255))  # ids 0..254 all lie below IGNORE_INDEX (255), as the message says
+    with pytest.raises(StackError, match="256 classes.*uint8"):
+        ClassMaps.build(manifest, classes(256))
