@@ -19,7 +19,7 @@ a pure function of its seed.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from scipy.spatial import cKDTree
@@ -69,6 +69,14 @@ class Town:
     """(B, 7) x, y, yaw, length, width, height, colour index."""
     trees: np.ndarray
     """(T, 4) x, y, crown radius, crown height."""
+    _normals: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def normals(self, arm: int) -> np.ndarray:
+        """Unit left normals of arm `arm` (`arm_frames`), computed once: placing a scene's agents builds
+        a thousand candidate routes, each from lanes offset along these normals."""
+        if arm not in self._normals:
+            self._normals[arm] = arm_frames(self.arms[arm])[1]
+        return self._normals[arm]
 
 
 def _integrate(heading: float, length: float, rng: np.random.Generator, start: np.ndarray) -> np.ndarray:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from stack.data.world.roads import (JUNCTION_RADIUS, LANE_WIDTH, POINT_SPACING, ROAD_HALF_WIDTH, SIDEWALK_OUTER,
-                              Town, arm_frames)
+                              Town)
 
 CLASSES = ("car", "truck", "pedestrian", "cyclist")
 """Agent classes, by index (3D box labels in shards)."""
@@ -74,15 +74,15 @@ def _make_route(polyline: np.ndarray, junction=(math.inf, math.inf), turn=1, ent
     return Route(points, headings, curvature, junction, turn, entry_arm)
 
 
-def _lane(arm: np.ndarray, offset: float) -> np.ndarray:
-    return arm + arm_frames(arm)[1] * offset
+def _lane(town: Town, arm: int, offset: float) -> np.ndarray:
+    return town.arms[arm] + town.normals(arm) * offset
 
 
 def vehicle_route(town: Town, entry: int, exit_: int, lateral: float = LANE_WIDTH / 2) -> Route:
     """Incoming lane of arm `entry` → turn → outgoing lane of arm `exit_`; `lateral` from the centreline."""
     start = int(JUNCTION_RADIUS / POINT_SPACING)
-    incoming = _lane(town.arms[entry], lateral)[start:][::-1]
-    outgoing = _lane(town.arms[exit_], -lateral)[start:]
+    incoming = _lane(town, entry, lateral)[start:][::-1]
+    outgoing = _lane(town, exit_, -lateral)[start:]
     a, b = incoming[-1], outgoing[0]
     direction_in, direction_out = a - incoming[-2], outgoing[1] - b
     direction_in, direction_out = direction_in / np.linalg.norm(direction_in), direction_out / np.linalg.norm(direction_out)
@@ -102,11 +102,11 @@ def pedestrian_route(town: Town, rng: np.random.Generator) -> Route:
     arm = int(rng.integers(len(town.arms)))
     side = rng.choice([-1.0, 1.0])
     lateral = (ROAD_HALF_WIDTH + SIDEWALK_OUTER) / 2 + rng.uniform(-1.0, 1.0)  # people do not walk in single file
-    walkway = _lane(town.arms[arm], side * lateral)
+    walkway = _lane(town, arm, side * lateral)
     start = int((JUNCTION_RADIUS + 2.0) / POINT_SPACING)
     if rng.random() < 0.5:
         toward = walkway[start:][::-1]
-        other = _lane(town.arms[arm], -side * lateral)[start:]
+        other = _lane(town, arm, -side * lateral)[start:]
         return _make_route(np.concatenate([toward, other]))
     return _make_route(walkway[start:] if rng.random() < 0.5 else walkway[start:][::-1])
 
