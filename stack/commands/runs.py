@@ -76,7 +76,14 @@ def open_store(pipeline):
     quiet_mlflow()
     from mlflow.tracking import MlflowClient
 
-    return MlflowClient(uri), uri
+    try:
+        client = MlflowClient(uri)
+        client.search_experiments(max_results=1)
+    except Exception as exc:  # noqa: BLE001 - sqlalchemy/MLflow raise many kinds for a store they cannot read
+        raise StackError(f"{uri} is not an MLflow store this MLflow can read ({type(exc).__name__}: "
+                         f"{(str(exc).splitlines() or [''])[0][:200]}). Give the store `stack train` wrote "
+                         f"(train.tracking_uri=PATH_OR_URI).") from None
+    return client, uri
 
 
 def all_runs(client) -> list:

@@ -100,6 +100,10 @@ def test_a_missing_store_or_tracking_off_is_bad_input(tmp_path, capsys):
     assert code == 2 and "no MLflow store at" in err and not (tmp_path / "nothing.db").exists()
     code, _, err = runs(capsys, "train.tracking_uri=off")
     assert code == 2 and "tracking_uri is off" in err
+    garbage = tmp_path / "notes.db"
+    garbage.write_text("not a database\n")
+    code, _, err = runs(capsys, f"train.tracking_uri={garbage}")
+    assert code == 2 and "is not an MLflow store" in err and "Traceback" not in err
 
 
 def test_an_unreachable_server_is_bad_input(capsys):
