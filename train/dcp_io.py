@@ -27,7 +27,6 @@ import io
 import os
 import pickle
 import shutil
-import threading
 import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -125,7 +124,6 @@ class AsyncCheckpointWriter:
         self._pending: tuple[Future, Path] | None = None
         self._group = None
         self._stager = ReusedBufferStager()
-        self.in_flight = threading.Event()
 
     def use_own_process_group(self) -> None:
         """Give the background writes a gloo group of their own (collective: every rank calls it once)."""
@@ -147,7 +145,6 @@ class AsyncCheckpointWriter:
         warnings.filterwarnings("ignore", message=".*assuming the intent is to save in a single process.*")
         upload = dcp.async_save(tensors, storage_writer=_FencedWriter(temp, sync_files=True),
                                 process_group=self._group, no_dist=no_dist, async_stager=self._stager)
-        self.in_flight.set()
         job = self._executor.submit(self._finish, upload, temp, final, meta if rank_zero else None)
         self._pending = (job, final)
         return final
@@ -175,15 +172,12 @@ class AsyncCheckpointWriter:
 
     def _finish(self, upload: Future, temp: Path, final: Path, meta: bytes | None) -> None:
         """Background: wait for DCP's write, then (rank 0) make the checkpoint durable and `latest`."""
-        try:
-            if meta is not None:
-                temp.mkdir(parents=True, exist_ok=True)
-                _write_durably(temp / META, meta)
-            upload.result()
-            if meta is not None:
-                self._commit(temp, final)
-        finally:
-            self.in_flight.clear()
+        if meta is not None:
+            temp.mkdir(parents=True, exist_ok=True)
+            _write_durably(temp / META, meta)
+        upload.result()
+        if meta is not None:
+            self._commit(temp, final)
 
     def _commit(self, temp: Path, final: Path) -> None:
         _fsync_dir(temp)
