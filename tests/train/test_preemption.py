@@ -47,14 +47,20 @@ def test_cpus_and_memory_reach_sbatch_and_srun(tmp_path):
     assert "--cpus-per-task" not in plain and "--mem" not in plain and "--container" not in plain
 
 
+def _stand_in(tmp_path: Path, tool: str, program: str) -> Path:
+    """A folder to put first on PATH, holding an executable `tool` that runs `program` (a script with its #! line)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / tool).write_text(program)
+    (bin_dir / tool).chmod(0o755)
+    return bin_dir
+
+
 def _srun_argv(script: str, tmp_path: Path) -> list[str]:
     """Run the script with bash, a stand-in `srun` on PATH recording the arguments it was given."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
     record = tmp_path / "srun-argv.json"
-    fake = bin_dir / "srun"
-    fake.write_text(f"#!{sys.executable}\nimport json, sys\njson.dump(sys.argv[1:], open({str(record)!r}, 'w'))\n")
-    fake.chmod(0o755)
+    bin_dir = _stand_in(tmp_path, "srun",
+                        f"#!{sys.executable}\nimport json, sys\njson.dump(sys.argv[1:], open({str(record)!r}, 'w'))\n")
     body = "\n".join(line for line in script.splitlines() if not line.startswith("#SBATCH"))
     subprocess.run(["bash", "-c", body], env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}, check=True,
                    cwd=tmp_path)
@@ -253,12 +259,8 @@ def test_sigusr1_under_slurm_checkpoints_at_a_step_boundary_and_requeues(tmp_pat
     """Without a cluster: the job's environment variables, a recording `scontrol`, and SIGUSR1 sent to the rank
     mid-run. It stops at a step boundary with that step's checkpoint as `latest`, asks SLURM to requeue job 4242,
     exits 0, and writes no model.pt (the run is not finished)."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
     calls = tmp_path / "scontrol-calls"
-    scontrol = bin_dir / "scontrol"
-    scontrol.write_text(f"#!/bin/sh\necho \"$@\" >> {str(calls)!r}\n")
-    scontrol.chmod(0o755)
+    bin_dir = _stand_in(tmp_path, "scontrol", f"#!/bin/sh\necho \"$@\" >> {str(calls)!r}\n")
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "4242", "SLURM_NTASKS": "1",
            "SLURM_JOB_NAME": "stack-train-test", "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0",
            "SLURM_NODELIST": "localhost", "STACK_TEST_STEP_SECONDS": "0.3"}
