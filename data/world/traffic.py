@@ -193,11 +193,11 @@ def _corridor_samples(movers: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]
     s = np.array([agent.s for agent in movers], dtype=np.float64)
     start, stop = s + 1.0, np.minimum(s + 45.0, np.array([agent.route.length for agent in movers], dtype=np.float64))
     second = start + 1.0
-    width = 44
-    steps = np.arange(width)
+    counts = np.maximum(np.ceil((stop - start) / 1.0), 0).astype(np.int64)  # 45, not 44, where s + 45 rounds up
+    steps = np.arange(max(int(counts.max()), 2))
     ahead = start[:, None] + steps[None, :] * (second - start)[:, None]
     ahead[:, 0], ahead[:, 1] = start, second
-    valid = steps[None, :] < np.ceil((stop - start) / 1.0)[:, None]
+    valid = steps[None, :] < counts[:, None]
     samples = np.zeros(ahead.shape + (2,))
     for row, agent in enumerate(movers):
         count = int(valid[row].sum())
