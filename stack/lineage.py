@@ -181,9 +181,9 @@ def reachable(uri: str, timeout: float = 3.0) -> str | None:
 def attach_to_run(record: dict | None, metrics: dict, files: list, tags: dict, log=print) -> bool:
     """Log `metrics`, `tags` and `files` ([(path, artifact folder)]) into the run `record` names; a warning, never
     an error, when the store or run cannot be reached (an eval or deploy must not fail for its bookkeeping)."""
-    if not record or not record.get("run_id"):
+    if not (isinstance(record, dict) and isinstance(record.get("run_id"), str) and isinstance(record.get("uri"), str)):
         return False
-    why = reachable(record.get("uri", ""))
+    why = _missing_store(record["uri"]) or reachable(record["uri"])
     if why is None:
         try:
             _log_to_run(record, metrics, files, tags)
@@ -193,6 +193,14 @@ def attach_to_run(record: dict | None, metrics: dict, files: list, tags: dict, l
     log(f"warning: could not attach to MLflow run {record.get('run_id')} at {record.get('uri')} ({why}); "
         f"the results are on disk only.")
     return False
+
+
+def _missing_store(uri: str) -> str | None:
+    """Why a local store a checkpoint names cannot be used: MLflow would create a database at any path a
+    (moved, copied or crafted) checkpoint records, so only an existing store file is written to."""
+    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
+        return f"its store file {uri[len('sqlite:///'):]} does not exist (moved or deleted?); no new store is made"
+    return None
 
 
 def metric_name(key: str) -> str:

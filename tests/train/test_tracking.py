@@ -326,3 +326,17 @@ def test_a_malformed_fingerprint_in_a_checkpoint_is_a_note_not_a_traceback(tmp_p
     given = dataset_fingerprint(fake_dataset(tmp_path / "data"))
     message = data_warning(record, given, "model.pt", str(tmp_path / "data"), "evaluated on")
     assert message.startswith("note: model.pt records a dataset fingerprint that is not one")
+
+
+def test_a_checkpoint_naming_a_store_that_is_not_there_makes_no_store(tmp_path):
+    """model.pt's run record is data from whoever wrote the checkpoint: eval and deploy log into an existing
+    local store only, never create a database at the path it names."""
+    from stack.lineage import attach_to_run
+
+    elsewhere = tmp_path / "mlruns.db"  # MLflow would create it, tables and all
+    lines = []
+    record = {"uri": f"sqlite:///{elsewhere}", "run_id": "0123456789abcdef", "experiment": "tiny"}
+    assert not attach_to_run(record, {"eval/x": 1.0}, [], {}, log=lines.append)
+    assert not elsewhere.exists()
+    assert len(lines) == 1 and "does not exist" in lines[0] and "results are on disk only" in lines[0]
+    assert not attach_to_run({"uri": 5, "run_id": ["x"]}, {}, [], {}, log=lines.append) and len(lines) == 1
