@@ -5,8 +5,11 @@ module is what they must agree with: tests/data/test_render_equality.py compares
 depth, semantics and instance ids exactly and RGB within a stated tolerance, and
 `stack bench data` times both side by side on the same scenes. Do not optimise it.
 
-The body below is the former render.py followed by the former frame.py; the only
-edit is that frame's `render.` prefixes now name this module's own functions.
+The body below is the former render.py followed by the former frame.py; the edits are
+that frame's `render.` prefixes now name this module's own functions, and that the scene's
+primitives (`build_primitives`, `visible_rows`, their colours and materials), which issue 16
+left unchanged, are imported from `render` rather than kept as a second copy: both renderers
+cast the very same primitives, and the comparison is of casting, shading and labelling.
 
 Former render.py docstring:
 Vectorised ray casting of a scene into RGB, metric z-depth, semantics and instance ids.
@@ -41,126 +44,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from stack.data.world.roads import SEG, GroundRaster, Town
+from stack.data.world.render import (  # the scene's primitives, shared (see the docstring)
+    FACADE, GLASS, GROUND_COLOURS, MAX_RANGE, Primitives, _bounding_spheres, build_primitives, visible_rows)
+from stack.data.world.roads import SEG, GroundRaster
 from stack.data.world.scene import Scene, agent_boxes, ego_pose
 from stack.pipeline import RigConfig
 from stack.rig import rig_matrices
-
-MAX_RANGE = 250.0
-"""Rays that hit nothing closer are sky (above the horizon) or distant ground."""
-CAR_COLOURS = torch.tensor([[0.75, 0.75, 0.78], [0.08, 0.08, 0.09], [0.55, 0.05, 0.05], [0.1, 0.2, 0.5],
-                            [0.45, 0.47, 0.5], [0.85, 0.85, 0.85], [0.2, 0.35, 0.25], [0.6, 0.5, 0.3],
-                            [0.9, 0.6, 0.1], [0.3, 0.1, 0.35], [0.15, 0.15, 0.18], [0.7, 0.1, 0.1]])
-BUILDING_COLOURS = torch.tensor([[0.62, 0.55, 0.48], [0.7, 0.68, 0.62], [0.5, 0.3, 0.25], [0.78, 0.75, 0.7],
-                                 [0.45, 0.45, 0.48], [0.6, 0.62, 0.55], [0.72, 0.6, 0.45], [0.35, 0.33, 0.32]])
-GROUND_COLOURS = {SEG["road"]: (0.26, 0.26, 0.28), SEG["lane_marking"]: (0.85, 0.85, 0.82),
-                  SEG["sidewalk"]: (0.58, 0.56, 0.53), SEG["vegetation"]: (0.24, 0.4, 0.16)}
-MATTE, FACADE, GLASS = 0, 1, 2
-
-
-@dataclass
-class Primitives:
-    """Scene geometry in the world frame; every row also has class, instance id, RGB albedo and material."""
-
-    boxes: torch.Tensor
-    """(B, 7) centre xyz, half length/width/height, yaw."""
-    cylinders: torch.Tensor
-    """(C, 5) centre xy, bottom z, top z, radius."""
-    spheres: torch.Tensor
-    """(S, 4) centre xyz, radius."""
-    attributes: dict
-    """kind -> (n, 6) float: class, instance, r, g, b, material."""
-
-
-def _attr(cls: int, inst: int, colour, material: int = MATTE) -> list:
-    return [cls, inst, float(colour[0]), float(colour[1]), float(colour[2]), material]
-
-
-def _agent_parts(agent, x, y, yaw, boxes, cyls, sphs, attrs) -> None:
-    """Append the primitives of one agent (the first one is its 'major' part, used for visibility)."""
-    length, width, height = agent.size
-    cls, inst = SEG[agent.kind], agent.track_id
-    colour = CAR_COLOURS[agent.colour % len(CAR_COLOURS)]
-    c, s = math.cos(yaw), math.sin(yaw)
-    if agent.kind in ("car", "truck"):
-        body_top = height * (0.62 if agent.kind == "car" else 1.0)
-        cargo = 0.72 if agent.kind == "truck" else 1.0
-        shift = -(1 - cargo) / 2 * length
-        boxes.append([x + c * shift, y + s * shift, (0.25 + body_top) / 2,
-                      length * cargo / 2, width / 2, (body_top - 0.25) / 2, yaw])
-        attrs["boxes"].append(_attr(cls, inst, colour if agent.kind == "car" else (0.85, 0.85, 0.82)))
-        cab_len = length * (0.5 if agent.kind == "car" else 0.26)
-        cab_x = -0.08 * length if agent.kind == "car" else length / 2 - cab_len / 2
-        cab_bottom = body_top if agent.kind == "car" else 0.4
-        boxes.append([x + c * cab_x, y + s * cab_x, (cab_bottom + height) / 2,
-                      cab_len / 2, width * 0.44, (height - cab_bottom) / 2, yaw])
-        glass = agent.kind == "car"  # car cabins are windows; a truck cab is painted
-        attrs["boxes"].append(_attr(cls, inst, (0.12, 0.15, 0.2) if glass else colour, GLASS if glass else MATTE))
-        return
-    head = 0.12
-    body_radius = width * 0.38
-    if agent.kind == "pedestrian":
-        cyls.append([x, y, 0.0, height - 2 * head, body_radius])
-        attrs["cylinders"].append(_attr(cls, inst, colour))
-    else:
-        cyls.append([x - c * 0.1, y - s * 0.1, height * 0.5, height - 2 * head, body_radius])
-        attrs["cylinders"].append(_attr(cls, inst, colour))
-        boxes.append([x, y, 0.5, length / 2, 0.08, 0.45, yaw])
-        attrs["boxes"].append(_attr(cls, inst, (0.1, 0.1, 0.1)))
-    sphs.append([x, y, height - head, head])
-    attrs["spheres"].append(_attr(cls, inst, (0.8, 0.62, 0.5)))
-
-
-def build_primitives(town: Town, agents: list, step_index: int, device="cpu") -> tuple[Primitives, dict]:
-    """World-frame primitives at a simulation step, and track id -> index of its major primitive (kind, row)."""
-    boxes, cyls, sphs = [], [], []
-    attrs = {"boxes": [], "cylinders": [], "spheres": []}
-    for x, y, yaw, length, width, height, colour in town.buildings:
-        boxes.append([x, y, height / 2, length / 2, width / 2, height / 2, yaw])
-        attrs["boxes"].append(_attr(SEG["building"], 0, BUILDING_COLOURS[int(colour)], FACADE))
-    for x, y, radius, crown in town.trees:
-        cyls.append([x, y, 0.0, crown, 0.18])
-        attrs["cylinders"].append(_attr(SEG["vegetation"], 0, (0.3, 0.22, 0.15)))
-        sphs.append([x, y, crown, radius])
-        attrs["spheres"].append(_attr(SEG["vegetation"], 0, (0.16, 0.33, 0.1)))
-    major = {}
-    for agent in agents:
-        x, y, yaw = agent.history[step_index][:3]
-        kind = "boxes" if agent.kind in ("car", "truck") else "cylinders"
-        major[agent.track_id] = (kind, len({"boxes": boxes, "cylinders": cyls}[kind]))
-        _agent_parts(agent, x, y, yaw, boxes, cyls, sphs, attrs)
-
-    def tensor(rows, width):
-        return torch.tensor(rows, dtype=torch.float32, device=device).reshape(-1, width)
-
-    prims = Primitives(tensor(boxes, 7), tensor(cyls, 5), tensor(sphs, 4),
-                       {k: tensor(v, 6) for k, v in attrs.items()})
-    return prims, major
-
-
-def _bounding_spheres(prims: Primitives) -> dict:
-    b, c, s = prims.boxes, prims.cylinders, prims.spheres
-    return {
-        "boxes": (b[:, :3], b[:, 3:6].norm(dim=1)),
-        "cylinders": (torch.stack([c[:, 0], c[:, 1], (c[:, 2] + c[:, 3]) / 2], 1),
-                      torch.hypot((c[:, 3] - c[:, 2]) / 2, c[:, 4])),
-        "spheres": (s[:, :3], s[:, 3]),
-    }
-
-
-def visible_rows(prims: Primitives, world_from_cam: torch.Tensor, tan_half: tuple) -> dict:
-    """Per primitive kind, the rows whose bounding sphere can touch this camera's frustum within MAX_RANGE."""
-    rotation, origin = world_from_cam[:3, :3], world_from_cam[:3, 3]
-    out = {}
-    for kind, (centre, radius) in _bounding_spheres(prims).items():
-        local = (centre - origin) @ rotation  # camera frame
-        z = local[:, 2]
-        keep = (z + radius > 0.05) & (z - radius < MAX_RANGE)
-        for axis, tan in ((0, tan_half[0]), (1, tan_half[1])):
-            keep &= local[:, axis].abs() - radius * math.sqrt(1 + tan * tan) <= z * tan
-        out[kind] = torch.nonzero(keep).flatten()
-    return out
-
 
 def _hit_boxes(origin, dirs, boxes):
     """(t (R, B), local hit axis (R, B)) of rays against yaw-rotated boxes; inf where missed.
