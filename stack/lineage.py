@@ -51,20 +51,25 @@ def dataset_fingerprint(root: str | Path) -> dict | None:
         assert isinstance(splits, dict)
     except (OSError, ValueError, KeyError, TypeError, AssertionError):
         return None
+    if not all(isinstance(entries, list) and all(_shard_entry(e) for e in entries) for entries in splits.values()):
+        return None  # not a manifest `stack data make` writes: the loader says what is wrong with it
     whole = hashlib.sha256(json.dumps(manifest, sort_keys=True).encode())
     summary = {}
     for split in sorted(splits):
-        digest, samples = hashlib.sha256(), 0
-        for entry in splits[split] if isinstance(splits[split], list) else []:
-            shard = str(entry.get("path", "")) if isinstance(entry, dict) else ""
-            samples += int(entry.get("samples", 0)) if isinstance(entry, dict) else 0
-            digest.update(shard.encode() + b"\0" + _sums_bytes(root, shard) + b"\0")
-        summary[split] = {"shards": len(splits[split]) if isinstance(splits[split], list) else 0,
-                          "samples": samples, "hash": digest.hexdigest()[:16]}
+        digest = hashlib.sha256()
+        for entry in splits[split]:
+            digest.update(entry["path"].encode() + b"\0" + _sums_bytes(root, entry["path"]) + b"\0")
+        summary[split] = {"shards": len(splits[split]), "samples": sum(e["samples"] for e in splits[split]),
+                          "hash": digest.hexdigest()[:16]}
         whole.update(f"{split}:{summary[split]['hash']}".encode())
     return {"root": str(root.resolve()), "hash": whole.hexdigest(), "seed": manifest.get("seed"),
             "layout": manifest.get("layout", "frames"), "cameras": list(manifest.get("cameras", [])),
             "image_size": list(manifest.get("image_size", [])), "splits": summary}
+
+
+def _shard_entry(entry) -> bool:
+    """A manifest's shard entry as `stack data make` writes it: {"path": str, "samples": int, ...}."""
+    return isinstance(entry, dict) and isinstance(entry.get("path"), str) and type(entry.get("samples")) is int
 
 
 def _sums_bytes(root: Path, shard: str) -> bytes:

@@ -340,3 +340,11 @@ def test_a_checkpoint_naming_a_store_that_is_not_there_makes_no_store(tmp_path):
     assert not elsewhere.exists()
     assert len(lines) == 1 and "does not exist" in lines[0] and "results are on disk only" in lines[0]
     assert not attach_to_run({"uri": 5, "run_id": ["x"]}, {}, [], {}, log=lines.append) and len(lines) == 1
+
+
+@pytest.mark.parametrize("entry", [{"path": "train/a.tar", "samples": "many"}, {"path": ["a"], "samples": 1}, "a.tar"])
+def test_a_malformed_manifest_has_no_fingerprint_rather_than_a_traceback(tmp_path, entry):
+    """stack eval fingerprints the data before its loader reads the manifest: the loader must be the one to say
+    what is wrong (exit 2), not int('many') here."""
+    (tmp_path / "manifest.json").write_text(json.dumps({"splits": {"train": [entry]}}))
+    assert dataset_fingerprint(tmp_path) is None
