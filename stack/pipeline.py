@@ -501,6 +501,10 @@ class TrainConfig:
             found.append(("tracking_uri", f"got {self.tracking_uri!r}; use empty (SQLite beside out_dir), a .db path, "
                                           f"off, or a URI of {', '.join(TRACKING_SCHEMES)} (MLflow's file store is "
                                           "retired: use a .db path)"))
+        elif scheme.startswith("sqlite") and not self.tracking_uri.split("://", 1)[1].startswith("/"):
+            found.append(("tracking_uri", f"got {self.tracking_uri!r}: a sqlite URI needs three slashes and a path "
+                                          "(sqlite:///runs/mlruns.db; with two, SQLAlchemy keeps the store in memory "
+                                          "and every run is lost), or give the path alone"))
         elif path_named and not self.tracking_uri.lower().endswith(TRACKING_FILES):
             found.append(("tracking_uri", f"got {self.tracking_uri!r}, which is neither a URI nor a SQLite file "
                                           f"({', '.join(TRACKING_FILES)}); use empty (mlruns.db beside out_dir), "

@@ -128,7 +128,7 @@ def test_tracking_turned_off_in_yaml_reads_off_and_writes_nothing_in_the_working
 def test_tracking_uri_refuses_the_retired_file_store_unknown_schemes_and_bare_words():
     from stack.errors import ConfigError
 
-    for value in ("file:///tmp/mlruns", "ftp://host/x", "true", "mlruns"):
+    for value in ("file:///tmp/mlruns", "ftp://host/x", "true", "mlruns", "sqlite://mlruns.db"):
         with pytest.raises(ConfigError, match="tracking_uri"):
             tiny_pipeline(f"train.tracking_uri={value}")
 
