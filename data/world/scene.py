@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
 from stack.data.world.roads import LANE_WIDTH, POINT_SPACING, ROAD_HALF_WIDTH, Town, make_town
-from stack.data.world.traffic import (CLASSES, FUTURE_SECONDS, PAST_SECONDS, SIM_DT, SIZES, Agent, Route,
-                                pedestrian_route, step, vehicle_route)
+from stack.data.world.traffic import (CLASSES, FUTURE_SECONDS, PAST_SECONDS, SIM_DT, SIZES, Agent, Resampling, Route,
+                                _make_route, pedestrian_walkway, step, vehicle_route)
 from stack.kinematics import WAYPOINT_STEP_S
 from stack.pipeline import AGENT_CLASS_MIX
 
@@ -58,21 +59,31 @@ class _Routes:
 
 
 def _spawn(kind: str, routes: _Routes, rng: np.random.Generator, track_id: int) -> Agent:
+    return _draw(kind, routes, rng, track_id)[1]()
+
+
+def _draw(kind: str, routes: _Routes, rng: np.random.Generator, track_id: int) -> tuple[np.ndarray, Callable]:
+    """(start position, the agent's constructor) of one random agent: a pedestrian's route is resampled
+    in full only when it is built, since placement rejects most tries on the start position alone."""
     size = tuple(np.array(SIZES[kind]) * rng.uniform(0.92, 1.08, 3))
     colour = int(rng.integers(0, 12))
     if kind == "pedestrian":
-        route = pedestrian_route(routes.town, rng)
+        walkway = Resampling(pedestrian_walkway(routes.town, rng))
         speed = rng.uniform(1.0, 1.6)
-        return Agent(kind, route, rng.uniform(0, route.length * 0.8), speed, speed, size, colour, track_id)
+        s = rng.uniform(0, walkway.length * 0.8)
+        return walkway.at(s), lambda: Agent(kind, _make_route(walkway.polyline), s, speed, speed, size, colour,
+                                            track_id)
     if kind == "car" and rng.random() < 0.35:  # parked in the parking strip
         route = routes.random(rng, lateral=(LANE_WIDTH + ROAD_HALF_WIDTH) / 2 + 0.2)
         s = rng.uniform(0, route.junction[0] - 12.0) if rng.random() < 0.5 else rng.uniform(route.junction[1] + 12, route.length)
-        return Agent(kind, route, s, 0.0, 0.0, size, colour, track_id, parked=True)
-    lateral = LANE_WIDTH / 2 + (1.0 if kind == "cyclist" else 0.0)
-    route = routes.random(rng, lateral)
-    desired = rng.uniform(4.0, 6.0) if kind == "cyclist" else rng.uniform(7.0, 12.0)
-    return Agent(kind, route, rng.uniform(0, route.length * 0.7), desired * rng.uniform(0.5, 1.0), desired, size,
-                 colour, track_id)
+        agent = Agent(kind, route, s, 0.0, 0.0, size, colour, track_id, parked=True)
+    else:
+        lateral = LANE_WIDTH / 2 + (1.0 if kind == "cyclist" else 0.0)
+        route = routes.random(rng, lateral)
+        desired = rng.uniform(4.0, 6.0) if kind == "cyclist" else rng.uniform(7.0, 12.0)
+        agent = Agent(kind, route, rng.uniform(0, route.length * 0.7), desired * rng.uniform(0.5, 1.0), desired, size,
+                      colour, track_id)
+    return agent.route.at(agent.s)[0], lambda: agent
 
 
 def _clear_of(agent: Agent, placed: list) -> bool:
@@ -104,10 +115,11 @@ def _place_agents(routes: _Routes, ego: Agent, count: int, rng: np.random.Genera
     for track_id in range(1, count + 1):
         kind = str(rng.choice(kinds, p=weights / weights.sum()))
         for _ in range(60):
-            agent = _spawn(kind, routes, rng, track_id)
-            xy, _ = agent.route.at(agent.s)
-            if _distance(xy, ego_xy) < radius and not any(
-                    _distance(xy, other_xy) < (agent.size[0] + length) / 2 + 2.0 for other_xy, length in taken):
+            xy, build = _draw(kind, routes, rng, track_id)
+            if _distance(xy, ego_xy) >= radius:
+                continue
+            agent = build()
+            if not any(_distance(xy, other_xy) < (agent.size[0] + length) / 2 + 2.0 for other_xy, length in taken):
                 placed.append(agent)
                 taken.append((xy, agent.size[0]))
                 break

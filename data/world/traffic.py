@@ -99,6 +99,11 @@ def vehicle_route(town: Town, entry: int, exit_: int, lateral: float = LANE_WIDT
 
 def pedestrian_route(town: Town, rng: np.random.Generator) -> Route:
     """Along one sidewalk; sometimes toward the junction and across the zebra crossing."""
+    return _make_route(pedestrian_walkway(town, rng))
+
+
+def pedestrian_walkway(town: Town, rng: np.random.Generator) -> np.ndarray:
+    """The polyline `pedestrian_route` resamples (the same random draws)."""
     arm = int(rng.integers(len(town.arms)))
     side = rng.choice([-1.0, 1.0])
     lateral = (ROAD_HALF_WIDTH + SIDEWALK_OUTER) / 2 + rng.uniform(-1.0, 1.0)  # people do not walk in single file
@@ -107,8 +112,27 @@ def pedestrian_route(town: Town, rng: np.random.Generator) -> Route:
     if rng.random() < 0.5:
         toward = walkway[start:][::-1]
         other = _lane(town, arm, -side * lateral)[start:]
-        return _make_route(np.concatenate([toward, other]))
-    return _make_route(walkway[start:] if rng.random() < 0.5 else walkway[start:][::-1])
+        return np.concatenate([toward, other])
+    return walkway[start:] if rng.random() < 0.5 else walkway[start:][::-1]
+
+
+class Resampling:
+    """`length` and `at` of `_make_route(polyline)` without building the route (its headings and curvature).
+
+    Agent placement rejects most tries on where they start: a rejected pedestrian needs only this.
+    Same arithmetic as `_make_route` and `Route.at` (np.interp at the two grid points `at` blends)."""
+
+    def __init__(self, polyline: np.ndarray):
+        self.polyline = polyline
+        self.arc = np.concatenate([[0.0], np.cumsum(np.linalg.norm(np.diff(polyline, axis=0), axis=1))])
+        self.grid = np.arange(0.0, self.arc[-1], POINT_SPACING)
+        self.length = (len(self.grid) - 1) * POINT_SPACING
+
+    def at(self, s: float) -> np.ndarray:
+        position = min(max(s / POINT_SPACING, 0.0), len(self.grid) - 1.001)
+        i, frac = int(position), position - int(position)
+        pair = np.stack([np.interp(self.grid[i:i + 2], self.arc, self.polyline[:, k]) for k in range(2)], axis=1)
+        return pair[0] * (1 - frac) + pair[1] * frac
 
 
 @dataclass
@@ -214,7 +238,7 @@ def _leaders(agents: list, movers: list, rows: list, positions: np.ndarray) -> l
     reach = np.array([_corridor_reach(a) for a in agents])
     dx = samples[:, :, 0, None] - positions[None, None, :, 0]
     dy = samples[:, :, 1, None] - positions[None, None, :, 1]
-    distance = np.sqrt(dx * dx + dy * dy)  # np.linalg.norm over the last axis, op for op, without its slow 2-long reduce
+    distance = np.sqrt(dx * dx + dy * dy)  # np.linalg.norm's arithmetic, without its slow reduce over 2 numbers
     pedestrian = np.array([a.kind == "pedestrian" for a in agents])
     excluded = pedestrian[rows][:, None] & pedestrian[None, :]  # pedestrians stop for vehicles only
     excluded[np.arange(len(rows)), rows] = True  # nobody leads itself

@@ -49,7 +49,8 @@ def test_grouped_block_test_finds_exactly_the_blocks_a_query_of_every_block_find
     points = np.concatenate(make_arms(np.random.default_rng([seed, 5])))
     tree, low = cKDTree(points), points.min(axis=0) - 30.0
     block, reach = 1.0, SIDEWALK_OUTER + 2.5
-    shape = (int(np.ceil((points[:, 1].max() + 30 - low[1]) / block)), int(np.ceil((points[:, 0].max() + 30 - low[0]) / block)))
+    high = points.max(axis=0) + 30.0
+    shape = (int(np.ceil((high[1] - low[1]) / block)), int(np.ceil((high[0] - low[0]) / block)))
     rows, cols = np.indices(shape).reshape(2, -1)
     every = np.isfinite(tree.query(np.stack([low[0] + (cols + 0.5) * block, low[1] + (rows + 0.5) * block], 1),
                                    distance_upper_bound=reach)[0]).reshape(shape)
