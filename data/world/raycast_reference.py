@@ -7,9 +7,10 @@ depth, semantics and instance ids exactly and RGB within a stated tolerance, and
 
 The body below is the former render.py followed by the former frame.py; the edits are
 that frame's `render.` prefixes now name this module's own functions, and that the scene's
-primitives (`build_primitives`, `visible_rows`, their colours and materials), which issue 16
-left unchanged, are imported from `render` rather than kept as a second copy: both renderers
-cast the very same primitives, and the comparison is of casting, shading and labelling.
+primitives (`build_primitives`, `visible_rows`, their colours and materials) and the helpers
+issue 16 left unchanged (the hit record, box normals, sun, façades, 2D boxes and object labels)
+are imported from `render` and `frame` rather than kept as a second copy: what remains here is
+the code the fast renderer replaced, and the comparison is of casting, shading and exposure.
 
 Former render.py docstring:
 Vectorised ray casting of a scene into RGB, metric z-depth, semantics and instance ids.
@@ -39,15 +40,16 @@ windows, haze, exposure, white balance and sensor noise.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from stack.data.world.render import (  # the scene's primitives, shared (see the docstring)
-    FACADE, GLASS, GROUND_COLOURS, MAX_RANGE, Primitives, _bounding_spheres, build_primitives, visible_rows)
+from stack.data.world.frame import HAZE, _boxes_2d, _facade, _object_labels, _sun  # unchanged: shared
+from stack.data.world.render import (  # the scene's primitives and the hit record, shared (see the docstring)
+    FACADE, GLASS, GROUND_COLOURS, KINDS, MAX_RANGE, Hits, Primitives, _bounding_spheres, _box_normal, build_primitives,
+    near_rows, visible_rows)
 from stack.data.world.roads import SEG, GroundRaster
-from stack.data.world.scene import Scene, agent_boxes, ego_pose
+from stack.data.world.scene import Scene, ego_pose
 from stack.pipeline import RigConfig
 from stack.rig import rig_matrices
 
@@ -132,29 +134,6 @@ def in_shadow(points, sun, prims: Primitives, rows: dict) -> torch.Tensor:
             t = _HIT[kind](lifted[candidates], sun[None], getattr(prims, kind)[rows[kind][index:index + 1]])
             blocked[candidates] |= torch.isfinite(t[:, 0])
     return blocked
-
-
-def near_rows(prims: Primitives, origin: torch.Tensor, radius: float) -> dict:
-    """Per kind, rows whose bounding sphere comes within `radius` of `origin` (shadow casters)."""
-    return {kind: torch.nonzero((centre - origin).norm(dim=1) - size < radius).flatten()
-            for kind, (centre, size) in _bounding_spheres(prims).items()}
-
-
-@dataclass
-class Hits:
-    """Nearest hit of every ray: depth, world point, normal, class, instance, albedo, material, façade coords."""
-
-    depth: torch.Tensor
-    point: torch.Tensor
-    normal: torch.Tensor
-    semantic: torch.Tensor
-    instance: torch.Tensor
-    albedo: torch.Tensor
-    material: torch.Tensor
-    facade_uv: torch.Tensor
-
-
-KINDS = ("boxes", "cylinders", "spheres")
 
 
 def _box_single(o: list, d: torch.Tensor, box: list) -> torch.Tensor:
@@ -294,25 +273,7 @@ def _shade_inputs(point, depth, winner, prims, rows, ground) -> Hits:
     return Hits(depth, point, normal, semantic, instance, albedo, material, facade_uv)
 
 
-def _box_normal(boxes, p):
-    """World normal of the face hit, and (horizontal, vertical) coordinates on it (for façade windows)."""
-    c, s = torch.cos(boxes[:, 6]), torch.sin(boxes[:, 6])
-    rel = p - boxes[:, :3]
-    local = torch.stack([c * rel[:, 0] + s * rel[:, 1], -s * rel[:, 0] + c * rel[:, 1], rel[:, 2]], 1)
-    axis = (local.abs() / boxes[:, 3:6]).argmax(dim=1)  # the face the point lies on
-    sign = torch.sign(local.gather(1, axis[:, None]).squeeze(1))
-    n_local = torch.zeros_like(local)
-    n_local.scatter_(1, axis[:, None], sign[:, None])
-    normal = torch.stack([c * n_local[:, 0] - s * n_local[:, 1], s * n_local[:, 0] + c * n_local[:, 1], n_local[:, 2]], 1)
-    horizontal = torch.where(axis == 0, local[:, 1], local[:, 0])
-    return normal, torch.stack([horizontal + boxes[:, 3] + boxes[:, 4], p[:, 2]], 1)
-
 # ---- former frame.py ----
-
-
-
-
-HAZE = torch.tensor([0.72, 0.78, 0.85])
 
 
 class TorchGround:
@@ -353,19 +314,6 @@ class TorchGround:
         return colour * grain[:, None]
 
 
-def _sun(light: np.ndarray, device) -> torch.Tensor:
-    azimuth, elevation = float(light[0]), float(light[1])
-    return torch.tensor([math.cos(elevation) * math.cos(azimuth), math.cos(elevation) * math.sin(azimuth),
-                         math.sin(elevation)], dtype=torch.float32, device=device)
-
-
-def _facade(uv, albedo):
-    """Windows on building façades: a grid of dark glass panes above the ground floor."""
-    u, v = torch.remainder(uv[:, 0], 3.2) / 3.2, torch.remainder(uv[:, 1], 3.2) / 3.2
-    window = (u > 0.25) & (u < 0.75) & (v > 0.3) & (v < 0.78) & (uv[:, 1] > 1.5)
-    return torch.where(window[:, None], torch.tensor([0.12, 0.16, 0.22], device=uv.device), albedo)
-
-
 def shade(hits: Hits, dirs, ground: TorchGround, sun, shadowed) -> torch.Tensor:
     """Linear RGB (R, 3) of every ray's hit, before exposure and noise."""
     is_ground = (hits.instance == 0) & (hits.normal[:, 2] > 0.99) & torch.isin(
@@ -395,17 +343,6 @@ def camera_rays(k: np.ndarray, world_from_cam: np.ndarray, width: int, height: i
     world_dirs = cam_dirs @ world_from_cam[:3, :3].T
     return (torch.tensor(world_from_cam[:3, 3], dtype=torch.float32, device=device),
             torch.tensor(world_dirs, dtype=torch.float32, device=device))
-
-
-def _boxes_2d(instance: np.ndarray, camera: int) -> list:
-    """[camera, track id, x0, y0, x1, y1] (pixels, inclusive-exclusive) of every instance visible in one image."""
-    rows = []
-    for track in np.unique(instance):
-        if track == 0:
-            continue
-        ys, xs = np.nonzero(instance == track)
-        rows.append([camera, track, xs.min(), ys.min(), xs.max() + 1, ys.max() + 1])
-    return rows
 
 
 def render_frame(scene: Scene, step_index: int, rig: RigConfig, ground: TorchGround,
@@ -457,12 +394,3 @@ def _expose(colour: torch.Tensor, light: np.ndarray, rng: np.random.Generator) -
     return np.clip(np.rint(noisy), 0, 255).astype(np.uint8)
 
 
-def _object_labels(scene: Scene, step_index: int, major: dict, seen: dict, unoccluded: dict):
-    """3D boxes, [class, track id], and visibility (visible / unoccluded pixels of each agent's main part)."""
-    boxes, ids = agent_boxes(scene, step_index)
-    visibility = np.zeros(len(boxes), np.float32)
-    for row, (_, track) in enumerate(ids):
-        kind, index = major[int(track)]
-        total = float(unoccluded[kind][index])
-        visibility[row] = float(seen[kind][index]) / total if total > 0 else 0.0
-    return boxes, ids, visibility
