@@ -223,8 +223,7 @@ def _corridor_samples(movers: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]
     ahead[:, 0], ahead[:, 1] = start, second
     valid = steps[None, :] < counts[:, None]
     samples = np.zeros(ahead.shape + (2,))
-    for row, agent in enumerate(movers):
-        count = int(valid[row].sum())
+    for row, (agent, count) in enumerate(zip(movers, counts.tolist())):
         samples[row, :count] = agent.route.points[(ahead[row, :count] / POINT_SPACING).astype(int)]
     return ahead, valid, samples
 
@@ -244,8 +243,9 @@ def _leaders(agents: list, movers: list, rows: list, positions: np.ndarray) -> l
     excluded[np.arange(len(rows)), rows] = True  # nobody leads itself
     near = (distance < reach[None, None, :]) & valid[:, :, None] & ~excluded[:, None, :]
     in_corridor, first_near = near.any(axis=1), near.argmax(axis=1)
-    return [_nearest_in_corridor(agent, agents, ahead[m], in_corridor[m], first_near[m])
-            for m, agent in enumerate(movers)]
+    anyone = in_corridor.any(axis=1).tolist()
+    return [_nearest_in_corridor(agent, agents, ahead[m], in_corridor[m], first_near[m]) if anyone[m]
+            else (math.inf, 0.0) for m, agent in enumerate(movers)]
 
 
 def _junction_gap(agent: Agent, vehicles: list) -> float:
