@@ -2,8 +2,9 @@
 
 One format and one code path for 1 rank, DDP and FSDP2 — Lightning's distributed-checkpoint
 layout (`ModelParallelStrategy`): a folder `step-NNNNNNN.ckpt/` holding DCP shards of
-`{"state_dict", "optimizer_0", …}` (`__R_0.distcp`, one per rank that owns data; DCP writes a
-tensor replicated across DDP ranks once), DCP's `.metadata`, and `meta.pt` with the rest of
+`{"state_dict", "optimizer_0", …}` (`__R_0.distcp`, one per rank that owns data; a tensor
+replicated across DDP ranks is written once, from the lowest rank: rank 0's BatchNorm statistics
+are the ones DDP broadcasts at the next forward, so resume continues exactly), DCP's `.metadata`, and `meta.pt` with the rest of
 Lightning's checkpoint (loops, LR schedule, callbacks such as the loader position, RNG, pipeline).
 
 Asynchronous save (`dcp.async_save`, as torchtitan's `CheckpointManager` does): the training
@@ -35,7 +36,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
-from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+from torch.distributed.checkpoint.default_planner import DefaultSavePlanner, _EmptyStateDictLoadPlanner
 from torch.distributed.checkpoint.staging import AsyncStager
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
@@ -144,7 +145,8 @@ class AsyncCheckpointWriter:
         no_dist = not (dist.is_available() and dist.is_initialized())
         warnings.filterwarnings("ignore", message=".*assuming the intent is to save in a single process.*")
         upload = dcp.async_save(tensors, storage_writer=_FencedWriter(temp, sync_files=True),
-                                process_group=self._group, no_dist=no_dist, async_stager=self._stager)
+                                process_group=self._group, no_dist=no_dist, async_stager=self._stager,
+                                planner=DefaultSavePlanner(dedup_save_to_lowest_rank=True))
         job = self._executor.submit(self._finish, upload, temp, final, meta if rank_zero else None)
         self._pending = (job, final)
         return final

@@ -17,6 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from standin import TinyMultiTask, synthetic_loaders, tiny_pipeline  # noqa: E402
 
 import stack.train.fit as fit_module
+from stack.checkpoint import load_model_checkpoint
 from stack.errors import StackError
 from stack.train import dcp_io
 from stack.train.checkpoints import RollingCheckpoints
@@ -192,3 +193,8 @@ def test_ddp_ranks_write_one_checkpoint_folder_and_resume_from_it_exactly(tmp_pa
     resumed = train(tmp_path / "resumed", "train.strategy=ddp", f"train.resume={folder}")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert curve(tmp_path / "resumed") == pytest.approx(curve(full)[2:], rel=1e-5)
+    # Replicated state is saved from rank 0, whose buffers DDP broadcasts at every forward: BatchNorm's running
+    # statistics (each rank updates its own copy from its own batch) resume exactly, not from another rank's copy.
+    (_, expected, _), (_, got, _) = (load_model_checkpoint(out / "model.pt") for out in (full, tmp_path / "resumed"))
+    differing = [name for name in expected if not torch.equal(expected[name], got[name])]
+    assert differing == [], f"resumed weights or buffers differ from the uninterrupted run: {differing}"
