@@ -72,6 +72,9 @@ class DeploySpec:
     calibration's geometry per call, as in training (None: `net` itself, baked against baked)."""
     data_root: str = ""
     """The dataset the calibration and accuracy samples come from (its fingerprint goes into gate.json)."""
+    chosen_store: str | None = None
+    """The tracking store the user chose for this deploy (`stack.train.tracking.chosen_store`): the checkpoint's run
+    is logged into on a remote store only when it is this one (stack.lineage.attach_to_run)."""
 
 
 def run_deploy(spec: DeploySpec, name: str, target, export_cfg, folder: Path, log=print) -> dict:
@@ -109,7 +112,7 @@ def run_deploy(spec: DeploySpec, name: str, target, export_cfg, folder: Path, lo
     log(f"{name}: {'PASS' if result['passed'] else 'FAIL'} -> {final / 'report.md'}")
     for reason in result["failures"]:
         log(f"  {reason}")
-    _attach(result, name, final, log)
+    _attach(result, spec, name, final, log)
     return result
 
 
@@ -130,7 +133,7 @@ def _lineage(spec: DeploySpec, log) -> dict:
     return {DATASET_KEY: given, "trained_on": trained_on, TRACKING_KEY: seen[TRACKING_KEY]}
 
 
-def _attach(result: dict, name: str, bundle: Path, log) -> None:
+def _attach(result: dict, spec: DeploySpec, name: str, bundle: Path, log) -> None:
     """The deploy's verdict, figures, gate.json and report.md into the MLflow run of its checkpoint, if tracked."""
     from stack.lineage import attach_to_run
 
@@ -140,7 +143,7 @@ def _attach(result: dict, name: str, bundle: Path, log) -> None:
                     if key in ("median_ms", "p99_ms", "fps", "budget_ms") and isinstance(value, (int, float))})
     attach_to_run(result.get("tracking"), metrics,
                   [(bundle / "gate.json", f"deploy/{name}"), (bundle / "report.md", f"deploy/{name}")],
-                  {f"stack.deploy.{name}": "PASS" if result["passed"] else "FAIL"}, log)
+                  {f"stack.deploy.{name}": "PASS" if result["passed"] else "FAIL"}, log, chosen=spec.chosen_store)
 
 
 def _export_step(spec: DeploySpec, folder: Path, cfg, result: dict, log) -> Path:

@@ -183,12 +183,20 @@ def reachable(uri: str, timeout: float = 3.0) -> str | None:
         return str(getattr(exc, "reason", exc))
 
 
-def attach_to_run(record: dict | None, metrics: dict, files: list, tags: dict, log=print) -> bool:
+def attach_to_run(record: dict | None, metrics: dict, files: list, tags: dict, log=print,
+                  chosen: str | None = None) -> bool:
     """Log `metrics`, `tags` and `files` ([(path, artifact folder)]) into the run `record` names; a warning, never
-    an error, when the store or run cannot be reached (an eval or deploy must not fail for its bookkeeping)."""
+    an error, when the store or run cannot be reached (an eval or deploy must not fail for its bookkeeping).
+
+    `record` comes from a checkpoint, i.e. from whoever wrote the file: a remote store is written to only when the
+    user chose it in this invocation (`chosen`, the store their config/overrides resolve to, or
+    MLFLOW_TRACKING_URI), so a crafted or foreign model.pt cannot make eval or deploy send metrics and reports to
+    a server of its choosing; not even the reachability probe is sent."""
     if not (isinstance(record, dict) and isinstance(record.get("run_id"), str) and isinstance(record.get("uri"), str)):
         return False
-    why = _missing_store(record["uri"]) or reachable(record["uri"])
+    why = _unchosen_remote(record["uri"], chosen) or _missing_store(record["uri"])
+    if why is None:
+        why = reachable(record["uri"])
     if why is None:
         try:
             _log_to_run(record, metrics, files, tags)
@@ -198,6 +206,21 @@ def attach_to_run(record: dict | None, metrics: dict, files: list, tags: dict, l
     log(f"warning: could not attach to MLflow run {record.get('run_id')} at {record.get('uri')} ({why}); "
         f"the results are on disk only.")
     return False
+
+
+def _unchosen_remote(uri: str, chosen: str | None) -> str | None:
+    """Why a store other than a local SQLite file is not written to: nobody in this invocation chose it."""
+    if uri.startswith("sqlite:///"):
+        return None
+    named = {_same_store(os.environ.get("MLFLOW_TRACKING_URI", "")), _same_store(chosen or "")} - {""}
+    if _same_store(uri) in named:
+        return None
+    return (f"a remote store recorded in the checkpoint is only used when you choose it: give "
+            f"train.tracking_uri={uri} (or set MLFLOW_TRACKING_URI) to log there")
+
+
+def _same_store(uri: str) -> str:
+    return uri.strip().rstrip("/")
 
 
 def _missing_store(uri: str) -> str | None:

@@ -90,8 +90,10 @@ def evaluate(model: torch.nn.Module, pipeline: Pipeline, batches, device: torch.
 
 
 def evaluate_checkpoint(checkpoint: Path, pipeline: Pipeline | None, progress: bool = True,
-                        split: str = "val") -> tuple[dict, Path]:
-    """Rebuild the checkpoint's network, evaluate it on `pipeline`'s `split` (val, or train unaugmented); (metrics, out folder)."""
+                        split: str = "val", chosen_store: str | None = None) -> tuple[dict, Path]:
+    """Rebuild the checkpoint's network, evaluate it on `pipeline`'s `split` (val, or train unaugmented); (metrics, out folder).
+    `chosen_store`: the tracking store the user chose (`stack.train.tracking.chosen_store`); the eval is logged into
+    the checkpoint's run on a remote store only when it is that one."""
     from stack.checkpoint import load_model_checkpoint
     from stack.data import build_loader
     from stack.models import build_model
@@ -113,7 +115,7 @@ def evaluate_checkpoint(checkpoint: Path, pipeline: Pipeline | None, progress: b
     out.mkdir(parents=True, exist_ok=True)
     (out / "metrics.json").write_text(json.dumps(metrics, indent=1, sort_keys=True) + "\n")
     plot_verdicts(verdicts(metrics), out / "heads.png")
-    attach_eval(meta.get("tracking"), metrics, out, given)
+    attach_eval(meta.get("tracking"), metrics, out, given, chosen_store)
     return metrics, out
 
 
@@ -131,7 +133,7 @@ def warn_on_other_data(meta: dict, pipeline: Pipeline, checkpoint: Path, what: s
     return given
 
 
-def attach_eval(record: dict | None, metrics: dict, out: Path, given: dict | None) -> None:
+def attach_eval(record: dict | None, metrics: dict, out: Path, given: dict | None, chosen: str | None = None) -> None:
     """Log the eval into the MLflow run that trained the checkpoint: metrics under `<out folder>/` (eval/ or
     eval-train/), metrics.json and heads.png as artifacts, the verdict and the data hash as tags."""
     import sys
@@ -145,7 +147,7 @@ def attach_eval(record: dict | None, metrics: dict, out: Path, given: dict | Non
     tags = {f"stack.{prefix}.verdict": "PASS" if all(row.passed for row in rows) else "FAIL",
             f"stack.{prefix}.data_hash": (given or {}).get("hash", "none")}
     attach_to_run(record, named, [(out / "metrics.json", prefix), (out / "heads.png", prefix)], tags,
-                  log=lambda line: print(line, file=sys.stderr, flush=True))
+                  log=lambda line: print(line, file=sys.stderr, flush=True), chosen=chosen)
 
 
 def _with_progress(loader, progress: bool):

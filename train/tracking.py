@@ -56,6 +56,16 @@ def tracking_store_uri(train) -> str | None:
     return f"sqlite:///{Path(value).resolve()}"
 
 
+def chosen_store(pipeline, files: list, overrides: list) -> str | None:
+    """The tracking store the user chose in this invocation of eval/deploy: the one their -c files or a
+    train.tracking_uri override resolve to. With neither, the pipeline is the checkpoint's own, and a store it
+    names was chosen by whoever wrote the checkpoint (stack.lineage.attach_to_run does not log to it if remote)."""
+    named = any(str(word).split("=", 1)[0].strip() == "train.tracking_uri" for word in overrides or [])
+    if pipeline is None or not (files or named):
+        return None
+    return tracking_store_uri(pipeline.train)
+
+
 def local_store_path(uri: str) -> Path | None:
     """The database file of a `sqlite:///` store, None for other stores."""
     return Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None

@@ -49,8 +49,10 @@ def run(args: argparse.Namespace) -> int:
 
         print(pipeline_to_yaml(pipeline), end="")
     from stack.deploy.entrypoints import deploy_checkpoint
+    from stack.train.tracking import chosen_store
 
-    result = deploy_checkpoint(pipeline, state_dict, args.checkpoint, args.target, calibration_file=args.calibration)
+    result = deploy_checkpoint(pipeline, state_dict, args.checkpoint, args.target, calibration_file=args.calibration,
+                               chosen_store=chosen_store(pipeline, args.config, args.overrides))
     return 0 if result["passed"] else 1
 
 

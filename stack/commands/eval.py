@@ -32,7 +32,10 @@ def run(args: argparse.Namespace) -> int:
 
     checkpoint = take_checkpoint(args)
     pipeline = _checked_pipeline(checkpoint, args)
-    metrics, out = evaluate_checkpoint(Path(checkpoint), pipeline, split=args.split)
+    from stack.train.tracking import chosen_store
+
+    metrics, out = evaluate_checkpoint(Path(checkpoint), pipeline, split=args.split,
+                                       chosen_store=chosen_store(pipeline, args.config, args.overrides))
     rows = verdicts(metrics)
     print(f"| head | metric | model | baseline | bar | verdict |\n|---|---|---|---|---|---|")
     for row in rows:

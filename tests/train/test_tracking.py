@@ -348,3 +348,73 @@ def test_a_malformed_manifest_has_no_fingerprint_rather_than_a_traceback(tmp_pat
     what is wrong (exit 2), not int('many') here."""
     (tmp_path / "manifest.json").write_text(json.dumps({"splits": {"train": [entry]}}))
     assert dataset_fingerprint(tmp_path) is None
+
+
+@pytest.fixture
+def recording_server():
+    """A tiny HTTP server on 127.0.0.1 that answers 200 to everything and records each request's path."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    seen = []
+
+    class Recorder(BaseHTTPRequestHandler):
+        def _answer(self):
+            seen.append(self.path)
+            self.send_response(200)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        do_GET = do_POST = do_PUT = _answer
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Recorder)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", seen
+    server.shutdown()
+
+
+def test_a_checkpoint_naming_a_server_the_user_did_not_choose_gets_no_request(tmp_path, recording_server,
+                                                                               monkeypatch, capsys):
+    """A crafted or foreign model.pt names the server; eval and deploy must not send it metrics and reports (nor
+    even probe it) unless the user chose that server in this invocation."""
+    import torch
+
+    from stack.checkpoint import read_lineage, save_model_checkpoint
+    from stack.deploy.orchestrate import _attach
+    from stack.lineage import TRACKING_KEY, attach_to_run, set_active_run
+    from stack.train.evaluate import attach_eval
+    from stack.train.tracking import chosen_store
+
+    uri, seen = recording_server
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    stored = tiny_pipeline(f"data.root={tmp_path / 'data'}", f"train.tracking_uri={uri}")
+    set_active_run({"uri": uri, "run_id": "0123456789abcdef", "experiment": "stack"})
+    try:
+        checkpoint = save_model_checkpoint(tmp_path / "model.pt", stored, {"w": torch.zeros(1)})
+    finally:
+        set_active_run(None)
+    record = read_lineage(checkpoint)[TRACKING_KEY]
+    assert record["uri"] == uri
+    # `stack eval model.pt data.root=...`: the pipeline is the checkpoint's own, so its store was not chosen
+    assert chosen_store(stored, [], [f"data.root={tmp_path}"]) is None
+    (tmp_path / "eval").mkdir()
+    attach_eval(record, {"eval/x": 1.0}, tmp_path / "eval", None, chosen=None)
+    lines = []
+    spec = type("Spec", (), {"chosen_store": None})()
+    _attach({"passed": True, "tracking": record}, spec, "cpu", tmp_path, lines.append)
+    assert seen == []  # no request at all, not even the /health probe
+    err = capsys.readouterr().err
+    assert "remote store recorded in the checkpoint" in err and err.count("\n") == 1
+    assert len(lines) == 1 and "train.tracking_uri=" in lines[0] and "results are on disk only" in lines[0]
+    # the check can fail: once the user chooses the server (override or environment) it is contacted
+    assert chosen_store(stored, [], [f"train.tracking_uri={uri}"]) == uri
+    attach_to_run(record, {"eval/x": 1.0}, [], {}, log=lines.append, chosen=f"{uri}/")
+    assert seen and seen[0] == "/health"
+    seen.clear()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    attach_to_run(record, {"eval/x": 1.0}, [], {}, log=lines.append)
+    assert seen
