@@ -462,6 +462,10 @@ class TrainConfig:
     """Steps between metric log rows (TensorBoard, CSV, progress bar)."""
     peak_tflops: float = 0.0
     """Peak dense TFLOP/s used for MFU; 0 measures it once per run with a matmul at the training precision."""
+    count_comm_bytes: bool = False
+    """On more than one rank, log `perf/comm_sent_mb` (bytes this rank sends in collectives, `stack.train.comm`).
+    Off by default: counting wraps torch.distributed's collectives and replaces DDP's C++ all-reduce with the
+    Python default comm hook; `stack bench train-memory` turns it on."""
     profile_steps: int = 6
     """Steps `stack profile` records (after 2 warm-up steps)."""
     tracking_uri: str = ""

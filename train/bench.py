@@ -161,7 +161,7 @@ def run_memory(pipeline: Pipeline, args) -> int:
     rows = {}
     for strategy, precision in MEMORY_CASES:
         overrides = [*args.overrides, f"train.strategy={strategy}", f"train.devices={RANKS}",
-                     f"train.precision={precision}"]
+                     f"train.precision={precision}", "train.count_comm_bytes=true"]
         rows[strategy, precision] = _child(args.config, overrides, "parallel")
         print(json.dumps({f"{strategy} {precision}": rows[strategy, precision]}), flush=True)
     ddp, fsdp, fsdp_bf16 = (rows[case] for case in MEMORY_CASES)

@@ -36,8 +36,10 @@ A utilisation above 100% is never reported:
   `perf/mfu` = 1.0, prints `MFU >100% (train.peak_tflops too low)` and warns once.
 
 `perf/achieved_tflops` (the hardware's rate) is logged either way: it needs no peak.
-On more than one rank, `perf/comm_sent_mb` is what this rank sent in collectives per step
-(`stack.train.comm`, measured at the calls).
+On more than one rank with `count_comm=True` (train.count_comm_bytes), `perf/comm_sent_mb` is what this rank
+sent in collectives per step (`stack.train.comm`, measured at the calls). Counting is opt-in: it wraps
+torch.distributed's collectives and swaps DDP's C++ gradient all-reduce for torch's Python default comm hook,
+a cost and a change of code path no ordinary training run should carry to log one number.
 """
 
 from __future__ import annotations
@@ -215,8 +217,10 @@ class StepStats(pl.Callback):
     epoch start or validation end, so an epoch boundary is not reported as a slow loader.
     """
 
-    def __init__(self, every: int, peak_tflops: float = 0.0, precision: str = "32-true", print_lines: bool = False):
+    def __init__(self, every: int, peak_tflops: float = 0.0, precision: str = "32-true", print_lines: bool = False,
+                 count_comm: bool = False):
         self.every = every
+        self.count_comm = count_comm
         self.print_lines = print_lines
         self.peak_tflops = peak_tflops
         self.peak_configured = peak_tflops > 0
@@ -229,7 +233,7 @@ class StepStats(pl.Callback):
         self.step_flops: float | None = None  # what the hardware runs (HFU)
         self.model_flops: float | None = None  # the model's forward + backward (MFU); step_flops when None
         self._counter: FlopCounterMode | None = None
-        self.comm = None  # stack.train.comm.CommBytes on more than one rank
+        self.comm = None  # stack.train.comm.CommBytes on more than one rank, when count_comm
         self._reset_window()
         self._last_end: float | None = None
         self._start = 0.0
@@ -249,7 +253,7 @@ class StepStats(pl.Callback):
         rank_zero_info(f"MFU/HFU peak: {self.peak_tflops:.4g} TFLOP/s, {self.peak_source}")
         if pl_module.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(pl_module.device)
-        if trainer.world_size > 1:
+        if self.count_comm and trainer.world_size > 1:
             from stack.train.comm import CommBytes, count_ddp
 
             self.comm = CommBytes()

@@ -103,7 +103,7 @@ def build_trainer(pipeline: Pipeline, progress: bool = True, validate: bool = Tr
     out = Path(train.out_dir)
     # Without a terminal (SLURM logs, files) the progress bar is replaced by one log line per window.
     stats = StepStats(train.log_every_n_steps, train.peak_tflops, train.precision,
-                      print_lines=progress and not sys.stdout.isatty())
+                      print_lines=progress and not sys.stdout.isatty(), count_comm=train.count_comm_bytes)
     callbacks = [LoaderPosition(), stats,
                  RollingCheckpoints(out, train.checkpoint_every_n_steps, train.keep_checkpoints),
                  LineageCallback(pipeline, tracker)]

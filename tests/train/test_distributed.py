@@ -19,7 +19,7 @@ import pytest
 SCRIPT = Path(__file__).resolve().parent / "run_tiny.py"
 REPO = Path(__file__).resolve().parents[2]
 COMMON = ["train.devices=2", "train.max_steps=4", "train.log_every_n_steps=1", "train.checkpoint_every_n_steps=2",
-          "train.seed=3"]
+          "train.seed=3", "train.count_comm_bytes=true"]  # the comm tests read perf/comm_sent_mb
 
 
 def train(out: Path, *overrides: str, batches: int = 6, nan_at: int = -1) -> subprocess.CompletedProcess:

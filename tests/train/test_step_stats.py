@@ -214,3 +214,46 @@ def test_a_datasheet_peak_is_never_re_measured_and_clamps(monkeypatch, capsys):
         rows = [log_window(stats, rate) for rate in (400.0, 156.0)]
     assert not calls and [row["perf/mfu"] for row in rows] == pytest.approx([1.0, 0.5])
     assert "MFU >100% (datasheet peak too low)" in capsys.readouterr().out
+
+
+class RecordingDDP(torch.nn.parallel.DistributedDataParallel):
+    """A DistributedDataParallel (isinstance-wise) that records comm hooks instead of needing a process group."""
+
+    def __init__(self):
+        torch.nn.Module.__init__(self)
+        self.hooks: list = []
+
+    def register_comm_hook(self, state, hook):
+        self.hooks.append(hook)
+
+
+@pytest.mark.parametrize("count", [False, True])
+def test_a_two_rank_run_counts_comm_bytes_only_when_asked(monkeypatch, count):
+    """Counting swaps DDP's C++ all-reduce for the Python default hook and wraps the collectives: an ordinary
+    multi-rank run (train.count_comm_bytes false) must do neither; `stack bench train-memory` asks for it."""
+    import torch.distributed as dist
+
+    from stack.train import comm
+
+    names = [name for name in ("all_gather_single", "all_gather_into_tensor", "reduce_scatter_single",
+                               "reduce_scatter_tensor", "all_reduce") if hasattr(dist, name)]
+    for name in names:  # restored after the test whatever on_train_start wraps
+        monkeypatch.setattr(dist, name, getattr(dist, name))
+    monkeypatch.setattr(comm, "_originals", {})
+    before = {name: getattr(dist, name) for name in names}
+    model = RecordingDDP()
+    trainer = SimpleNamespace(**{**vars(fake_trainer()), "world_size": 2, "strategy": SimpleNamespace(model=model)})
+    stats = StepStats(every=2, peak_tflops=1.0, count_comm=count)
+    stats.on_train_start(trainer, fake_module())
+    wrapped = [name for name in names if getattr(dist, name) is not before[name]]
+    if count:
+        assert len(model.hooks) == 1 and wrapped == names and stats.comm is not None
+        stats.on_train_end(trainer, fake_module())
+    else:
+        assert model.hooks == [] and wrapped == [] and stats.comm is None
+
+
+def test_train_count_comm_bytes_is_off_by_default():
+    from stack.config import load_pipeline
+
+    assert load_pipeline(["configs/pipeline.yaml"]).train.count_comm_bytes is False
