@@ -68,10 +68,14 @@ DATASHEET_PEAKS: list[tuple[str, str, dict[str, float], str]] = [
      "NVIDIA A100 Tensor Core GPU datasheet"),
     (r"\bL4\b", "L4", {"bf16": 121.0, "fp16": 121.0, "tf32": 60.0, "fp32": 30.3},
      "NVIDIA L4 Tensor Core GPU datasheet (half the sparsity figures)"),
-    (r"Orin", "Jetson AGX Orin 64GB", {"bf16": 42.5, "fp16": 42.5, "fp32": 5.3},
+    (r"^Orin$", "Jetson AGX Orin 64GB", {"bf16": 42.5, "fp16": 42.5, "fp32": 5.3},
      "NVIDIA Jetson AGX Orin Series Technical Brief (dense FP16 tensor core, FP32 CUDA core)"),
 ]
 """Dense peaks of known GPUs. 32-true counts as fp32 unless torch lets matmuls use TF32."""
+SM_COUNTS = {"Jetson AGX Orin 64GB": 16}
+"""Devices whose name torch does not tell apart from slower siblings: every Jetson Orin module's integrated GPU
+reports the name "Orin" (AGX Orin 64GB: 16 SMs at 1.3 GHz; AGX Orin 32GB 14, Orin NX 8 or 6, Orin Nano 8 or 4
+SMs at lower clocks; Jetson Orin Series technical briefs), so the table's peak applies only at this SM count."""
 
 
 def precision_key(precision: str, device: torch.device) -> str:
@@ -83,9 +87,12 @@ def precision_key(precision: str, device: torch.device) -> str:
     return "tf32" if device.type == "cuda" and torch.get_float32_matmul_precision() != "highest" else "fp32"
 
 
-def datasheet_peak(device_name: str, key: str) -> tuple[float, str] | None:
-    """(dense TFLOP/s, "datasheet: <device> <key> dense peak (<source>)") of a known GPU, else None."""
+def datasheet_peak(device_name: str, key: str, sm_count: int | None = None) -> tuple[float, str] | None:
+    """(dense TFLOP/s, "datasheet: <device> <key> dense peak (<source>)") of a known GPU, else None (an Orin
+    NX/Nano or AGX Orin 32GB, whose name is the AGX Orin 64GB's, is told apart by `sm_count`: `SM_COUNTS`)."""
     for pattern, device, peaks, source in DATASHEET_PEAKS:
+        if device in SM_COUNTS and sm_count != SM_COUNTS[device]:
+            continue
         if re.search(pattern, device_name) and key in peaks:
             return peaks[key], f"datasheet {device} {key} dense peak ({source})"
     return None
@@ -263,7 +270,8 @@ class StepStats(pl.Callback):
         """The datasheet peak of a known GPU, else a measured matmul peak (labelled as such)."""
         key = precision_key(self.precision, device)
         name = torch.cuda.get_device_name(device) if device.type == "cuda" else ""
-        known = datasheet_peak(name, key) if name else None
+        sms = torch.cuda.get_device_properties(device).multi_processor_count if name else None
+        known = datasheet_peak(name, key, sms) if name else None
         if known is not None:
             (self.peak_tflops, self.peak_source), self.peak_configured = known, True
             return

@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from standin import TinyMultiTask, synthetic_loaders, tiny_pipeline  # noqa: E402
 
 from stack.train import callbacks
-from stack.train.callbacks import StepStats, step_flop_counter
+from stack.train.callbacks import StepStats, datasheet_peak, step_flop_counter
 from stack.train.data import ResumableLoader
 from stack.train.fit import fit
 
@@ -174,9 +174,11 @@ def test_activation_checkpointing_raises_hfu_not_mfu(tmp_path):
     assert ", HFU " in row["mfu_text"]
 
 
-def gpu_module(monkeypatch, name: str):
-    """fake_module on a CUDA device called `name` (no GPU touched)."""
+def gpu_module(monkeypatch, name: str, sms: int = 132):
+    """fake_module on a CUDA device called `name` with `sms` multiprocessors (no GPU touched)."""
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda device=None: SimpleNamespace(name=name, multi_processor_count=sms))
     monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: None)
     return SimpleNamespace(**{**vars(fake_module()), "device": torch.device("cuda", 0)})
 
@@ -186,13 +188,26 @@ def gpu_module(monkeypatch, name: str):
     ("NVIDIA H100 PCIe", "bf16-mixed", 756.5, "datasheet H100 PCIe bf16 dense peak"),
     ("NVIDIA A100-SXM4-80GB", "32-true", 19.5, "datasheet A100 fp32 dense peak"),
     ("NVIDIA L4", "16-mixed", 121.0, "datasheet L4 fp16 dense peak"),
-    ("Orin", "bf16-mixed", 42.5, "datasheet Jetson AGX Orin 64GB bf16 dense peak"),
 ])
 def test_known_gpus_use_their_datasheet_peak(monkeypatch, name, precision, peak, label):
     calls = peaks_measured(monkeypatch)
     stats = StepStats(every=2, precision=precision)
     stats.on_train_start(fake_trainer(), gpu_module(monkeypatch, name))
     assert stats.peak_tflops == peak and stats.peak_source.startswith(label) and not calls
+
+
+def test_only_the_agx_orin_64gb_gets_its_datasheet_peak(monkeypatch):
+    """Every Jetson Orin module's GPU is called "Orin": an Orin NX/Nano (fewer SMs, lower clocks, a fraction of the
+    AGX's 42.5 TFLOP/s) must fall back to a labelled measured peak, or its MFU would read several times too low."""
+    calls = peaks_measured(monkeypatch, 9.0, 6.0)
+    stats = StepStats(every=2, precision="bf16-mixed")
+    stats.on_train_start(fake_trainer(), gpu_module(monkeypatch, "Orin", sms=16))  # AGX Orin 64GB
+    assert stats.peak_tflops == 42.5 and stats.peak_source.startswith("datasheet Jetson AGX Orin 64GB") and not calls
+    for sms, measured in ((8, 9.0), (14, 6.0)):  # Orin NX 16GB / Orin Nano 8GB; AGX Orin 32GB
+        stats = StepStats(every=2, precision="bf16-mixed")
+        stats.on_train_start(fake_trainer(), gpu_module(monkeypatch, "Orin", sms=sms))
+        assert stats.peak_tflops == measured and stats.peak_source.startswith("measured matmul peak (bfloat16; 'Orin'")
+    assert datasheet_peak("Jetson Orin Nano", "bf16", 16) is None  # a name other than torch's exact "Orin"
 
 
 def test_an_unknown_gpu_falls_back_to_a_labelled_measured_peak(monkeypatch):
