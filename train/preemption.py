@@ -18,7 +18,8 @@ registers the signal handlers, but neither of its handlers is kept:
 Lightning keeps a SIGUSR1 handler that is already installed, and SIGTERM's is replaced once
 training starts, so `RequeueOnSignal`'s handlers only record the signal. At the end of the step
 every rank agrees (a max all-reduce, so a signal that reached one rank a moment before the others
-stops all of them at the same step), the rolling checkpoint is written blocking
+stops all of them at the same step; over a gloo group of its own, on a CPU tensor, so a GPU run pays no
+device sync per step for it), the rolling checkpoint is written blocking
 (`RollingCheckpoints.save(..., blocking=True)`: the same files and `latest` as every other
 checkpoint), and rank 0 runs `scontrol requeue $SLURM_JOB_ID`. On SIGTERM the same checkpoint is
 written but the job is not requeued from here: under preemption with `PreemptMode=REQUEUE` SLURM
@@ -42,6 +43,7 @@ from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
+import torch.distributed as dist
 
 from stack.errors import StackError
 from stack.pipeline import Pipeline
@@ -110,6 +112,7 @@ class RequeueOnSignal(pl.Callback):
         self.received: set[int] = set()
         self._stop: tuple[str, int, str] | None = None  # reason, step, checkpoint
         self._replaced: dict[int, object] = {}
+        self._group = None  # the gloo group the ranks agree over (more than one rank)
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         # before Lightning registers its handlers: it keeps a SIGUSR1 handler that is already set
@@ -120,6 +123,8 @@ class RequeueOnSignal(pl.Callback):
         # handler (Lightning PR 20825): with a peer already gone or inside another collective it fails or hangs
         # (seen here: gloo "Connection reset by peer" when the requeue's SIGTERM reached a rank in teardown)
         self._replaced[signal.SIGTERM] = signal.signal(signal.SIGTERM, self._record)
+        if trainer.world_size > 1:
+            self._group = _agreement_group()
 
     def teardown(self, trainer, pl_module, stage: str) -> None:
         for signum, previous in self._replaced.items():
@@ -156,11 +161,15 @@ class RequeueOnSignal(pl.Callback):
                                f"{what}", requeued=done)
 
     def _agreed_reason(self, trainer, pl_module) -> str | None:
-        """'SIGUSR1'/'SIGTERM' when any rank got that signal (every rank gets the same answer), else None."""
+        """'SIGUSR1'/'SIGTERM' when any rank got that signal (every rank gets the same answer), else None.
+
+        Every step, so the stop comes at the first step boundary after the signal whatever the lead time; on a
+        CPU tensor over gloo, so on GPUs it neither syncs the device nor waits for the step's queued kernels
+        (a device tensor's all-reduce + `.item()` did both, every step)."""
         code = 2.0 if signal.SIGTERM in self.received else 1.0 if REQUEUE_SIGNAL in self.received else 0.0
-        flag = torch.tensor([code], device=pl_module.device)
+        flag = torch.tensor([code])
         if trainer.world_size > 1:
-            flag = trainer.strategy.reduce(flag, reduce_op="max")
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group)
         return {0.0: None, 1.0: signal.Signals(REQUEUE_SIGNAL).name, 2.0: "SIGTERM"}[float(flag.item())]
 
     def _checkpoint(self, trainer, pl_module) -> str:
@@ -170,6 +179,14 @@ class RequeueOnSignal(pl.Callback):
         self.checkpoints.wait()
         trainer.strategy.barrier("preemption-checkpoint")
         return str(pl_module.last_good_checkpoint)
+
+
+def _agreement_group():
+    """A gloo process group over every rank (called by every rank, at train start): the default group of a GPU
+    run is NCCL, whose collectives take device tensors."""
+    if dist.get_backend() == "gloo":
+        return None  # the default group already runs on the CPU
+    return dist.new_group(backend="gloo")
 
 
 def _requeue() -> tuple[bool, str]:

@@ -165,6 +165,41 @@ def test_a_failed_requeue_is_reported_not_hidden(tmp_path, monkeypatch):
     assert preemption._requeue()[0] is False
 
 
+def test_ranks_agree_on_a_signal_over_a_cpu_group_without_a_device_sync(monkeypatch):
+    """A GPU run's per-step agreement must not all-reduce a device tensor and `.item()` it (a host sync every
+    step): it runs over a gloo group on a CPU tensor. Here rank 1 got SIGUSR1; this rank did not, and still
+    stops at the same step."""
+    from types import SimpleNamespace
+
+    import torch.distributed as dist
+
+    def device_reduce(*args, **kwargs):
+        raise AssertionError("agreed over the training strategy's (device) group")
+
+    made, reduced = [], []
+    monkeypatch.setattr(dist, "get_backend", lambda group=None: "nccl")
+    monkeypatch.setattr(dist, "new_group", lambda **kwargs: made.append(kwargs) or "gloo-group")
+
+    def all_reduce(tensor, op=None, group=None):
+        reduced.append((tensor.device.type, op, group))
+        tensor.fill_(max(float(tensor.item()), 1.0))  # the peer's SIGUSR1
+    monkeypatch.setattr(dist, "all_reduce", all_reduce)
+    trainer = SimpleNamespace(world_size=2, strategy=SimpleNamespace(reduce=device_reduce))
+    module = SimpleNamespace(device=torch.device("cuda", 0))
+    callback = preemption.RequeueOnSignal(checkpoints=None)
+    callback.on_train_start(trainer, module)
+    try:
+        assert made == [{"backend": "gloo"}]
+        assert callback._agreed_reason(trainer, module) == "SIGUSR1"
+        assert reduced == [("cpu", dist.ReduceOp.MAX, "gloo-group")]
+    finally:
+        callback.teardown(trainer, module, "fit")
+    monkeypatch.setattr(dist, "get_backend", lambda group=None: "gloo")  # CPU ranks: their own group is gloo
+    callback.on_train_start(trainer, module)
+    callback.teardown(trainer, module, "fit")
+    assert len(made) == 1 and callback._group is None
+
+
 # ----------------------------------------------------------------------------- the real cluster
 
 STEPS, EVERY = 24, 4
