@@ -40,6 +40,7 @@ def run_memory_with(monkeypatch, bf16_gathers: dict) -> tuple[int, str]:
 
     def child(config, overrides, mode):
         keys = dict(o.split("=", 1) for o in overrides if o.startswith("train."))
+        assert keys.get("train.count_comm_bytes") == "true", "the bench's rows need the bytes counted"
         return rows[f"{keys['train.precision']} {keys['train.strategy']}"]
     monkeypatch.setattr(bench, "_child", child)
     out = io.StringIO()
