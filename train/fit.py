@@ -135,8 +135,8 @@ def fit(pipeline: Pipeline, model: Callable[[Pipeline], nn.Module] | None = None
     pipeline = for_this_hardware(pipeline)
     pipeline = resume_after_requeue(pipeline)  # a requeued SLURM job continues from its own latest checkpoint
     first_rank = _launching_rank_zero()
+    resume = resolve_resume(pipeline.train.resume) if pipeline.train.resume else None  # a missing one is named first
     prepare_out_dir(pipeline, first_rank)
-    resume = resolve_resume(pipeline.train.resume) if pipeline.train.resume else None
     _quiet_known_warnings()
     pl.seed_everything(pipeline.train.seed, workers=True, verbose=False)
     module = TrainModule(pipeline, model(pipeline) if model is not None else None)
