@@ -25,7 +25,10 @@ and `prepare_out_dir` refuses to start a fresh run over an earlier one unless as
 from __future__ import annotations
 
 import shutil
+import signal
 import sys
+import threading
+from contextlib import contextmanager
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -99,12 +102,13 @@ class RollingCheckpoints(pl.Callback):
         if trainer.is_global_zero:
             self.writer.clear_partial(trainer.global_step)
         trainer.strategy.barrier("checkpoint-start")
-        # weights_only=False: the full training state (optimizer, schedule, loops) that resume needs
-        checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
-        final = self.writer.start(checkpoint, trainer.global_step, trainer.is_global_zero)
-        self._saved_step = trainer.global_step
-        # finite, staged and being written: an error from here on waits for it (on_exception) before reporting it
-        pl_module.last_good_checkpoint = str(final)
+        with ctrl_c_deferred():
+            # weights_only=False: the full training state (optimizer, schedule, loops) that resume needs
+            checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
+            final = self.writer.start(checkpoint, trainer.global_step, trainer.is_global_zero)
+            self._saved_step = trainer.global_step
+            # finite, staged and being written: an error from here on waits for it (on_exception) before reporting it
+            pl_module.last_good_checkpoint = str(final)
         if blocking:
             self.wait()
             trainer.strategy.barrier("checkpoint-done")
@@ -123,6 +127,29 @@ class RollingCheckpoints(pl.Callback):
         if trainer.is_global_zero:
             save_model_checkpoint(self.out_dir / "model.pt", pl_module.pipeline, state,
                                   extra={"global_step": trainer.global_step, "epoch": trainer.current_epoch})
+
+
+@contextmanager
+def ctrl_c_deferred():
+    """Hold a Ctrl-C that arrives while the training state is being dumped and staged, and raise it after.
+
+    A KeyboardInterrupt raised between two bytecodes of Lightning's `dump_checkpoint` can land inside
+    OmegaConf's structured-config code (the pipeline goes into the checkpoint), which turns it into an
+    unrelated AttributeError: the run then died as a crash (exit 1) instead of stopping with exit 130 and
+    naming its last checkpoint. Only the main thread may set handlers, and a handler the user or another
+    callback installed is left alone."""
+    if threading.current_thread() is not threading.main_thread() \
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield
+        return
+    held = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if held:
+        raise KeyboardInterrupt
 
 
 def _stop_unless_finite(trainer, pl_module) -> None:

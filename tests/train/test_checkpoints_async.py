@@ -198,3 +198,24 @@ def test_ddp_ranks_write_one_checkpoint_folder_and_resume_from_it_exactly(tmp_pa
     (_, expected, _), (_, got, _) = (load_model_checkpoint(out / "model.pt") for out in (full, tmp_path / "resumed"))
     differing = [name for name in expected if not torch.equal(expected[name], got[name])]
     assert differing == [], f"resumed weights or buffers differ from the uninterrupted run: {differing}"
+
+
+def test_ctrl_c_during_the_state_dump_is_held_until_the_checkpoint_is_staged():
+    """SIGINT inside the critical section does not tear it: the section finishes, then KeyboardInterrupt is raised
+    (once), and the previous handler is back. Without the deferral the interrupt lands mid-dump (in OmegaConf's
+    structured-config code it surfaced as an AttributeError and the run exited 1 instead of 130)."""
+    import signal
+
+    from stack.train.checkpoints import ctrl_c_deferred
+
+    finished = []
+    with pytest.raises(KeyboardInterrupt):
+        with ctrl_c_deferred():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)  # the handler runs here: with Python's default handler this line raises
+            finished.append(True)
+    assert finished == [True]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    with ctrl_c_deferred():  # no signal: nothing raised
+        finished.append(True)
+    assert finished == [True, True]
