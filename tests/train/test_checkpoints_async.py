@@ -209,13 +209,17 @@ def test_ctrl_c_during_the_state_dump_is_held_until_the_checkpoint_is_staged():
     from stack.train.checkpoints import ctrl_c_deferred
 
     finished = []
-    with pytest.raises(KeyboardInterrupt):
-        with ctrl_c_deferred():
-            os.kill(os.getpid(), signal.SIGINT)
-            time.sleep(0.05)  # the handler runs here: with Python's default handler this line raises
+    outer = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal (a background shell ignores it)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with ctrl_c_deferred():
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.05)  # the handler runs here: with Python's default handler this line raises
+                finished.append(True)
+        assert finished == [True]
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        with ctrl_c_deferred():  # no signal: nothing raised
             finished.append(True)
-    assert finished == [True]
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    with ctrl_c_deferred():  # no signal: nothing raised
-        finished.append(True)
-    assert finished == [True, True]
+        assert finished == [True, True]
+    finally:
+        signal.signal(signal.SIGINT, outer)
