@@ -26,6 +26,7 @@ PTX of 9.0 that the driver compiles for newer GPUs (Blackwell) at first load."""
 # import name -> folder in the repository
 PACKAGE_ROOTS = {
     "stack": "stack",
+    "stack.sim": "sim",
     "stack.data": "data",
     "stack.models": "models",
     "stack.train": "train",

@@ -70,7 +70,7 @@ def _padded(rows: list, width: int, fill, dtype) -> np.ndarray:
 
 
 def clip_members(frames: list, cameras: list, meta: dict, rate_hz: float) -> list:
-    """[(extension, bytes)] of one clip sample from the scene's frame dicts (see stack.data.world.frame)."""
+    """[(extension, bytes)] of one clip sample from the scene's frame dicts (see stack.sim.world.frame)."""
     members = [(f"{name}.mp4", encode_h264(np.stack([f["images"][i] for f in frames]), rate_hz))
                for i, name in enumerate(cameras)]
     for name in ARRAY_MEMBERS:

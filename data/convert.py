@@ -34,8 +34,8 @@ import numpy as np
 from stack.data import staging
 from stack.data.format import ShardWriter, frame_members, sample_key, write_manifest
 from stack.data.make import split_of
-from stack.data.world.roads import SEG_CLASSES
-from stack.data.world.traffic import CLASSES
+from stack.sim.world.roads import SEG_CLASSES
+from stack.sim.world.traffic import CLASSES
 from stack.errors import StackError
 from stack.pipeline import Pipeline
 from stack.rig import scale_intrinsics

@@ -16,10 +16,10 @@ import numpy as np
 
 from stack.data.format import MANIFEST
 from stack.data.loader import ShortShard, check_arrays, read_manifest, read_piece
-from stack.data.world.roads import SEG_CLASSES
+from stack.sim.world.roads import SEG_CLASSES
 from stack.data.samples import check_members, decode_arrays, decode_jpeg
 from stack.data.sharding import Piece
-from stack.data.world.traffic import CLASSES
+from stack.sim.world.traffic import CLASSES
 from stack.errors import StackError
 
 CLASS_COLOURS = {"car": "#1f77b4", "truck": "#9467bd", "pedestrian": "#d62728", "cyclist": "#ff7f0e"}

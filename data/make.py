@@ -21,8 +21,8 @@ import numpy as np
 
 from stack.data import staging
 from stack.data.format import SIDECARS, ShardWriter, frame_members, write_manifest
-from stack.data.world.roads import SEG_CLASSES
-from stack.data.world.traffic import CLASSES
+from stack.sim.world.roads import SEG_CLASSES
+from stack.sim.world.traffic import CLASSES
 from stack.failpoints import fail_point
 from stack.pipeline import Pipeline
 
@@ -39,8 +39,8 @@ def render_scene(task: tuple) -> list:
     import torch
 
     from stack.data.format import sample_key
-    from stack.data.world.frame import TorchGround, render_frame
-    from stack.data.world.scene import ego_labels, simulate
+    from stack.sim.world.frame import TorchGround, render_frame
+    from stack.sim.world.scene import ego_labels, simulate
 
     pipeline, scene_index, split, device = task
     threads = torch.get_num_threads()

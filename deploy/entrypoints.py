@@ -61,7 +61,7 @@ def _closed_loop_gate(pipeline):
     """The closed-loop gate bound to this pipeline's world, rig and drive settings."""
     from functools import partial
 
-    from stack.deploy.closedloop.gate import closed_loop_gate
+    from stack.deploy.gates.closed_loop import closed_loop_gate
 
     return partial(closed_loop_gate, pipeline)
 

@@ -7,7 +7,7 @@ Steps, each recorded in the bundle (`report.md`, `gate.json`, `latency.png`):
    run the per-head accuracy gate on validation frames (with its fp32 fallback for sensitive
    layers, ranked on other training frames);
 3. for INT8 targets with a closed-loop budget, INT8 and fp32 drive the same held-out episodes
-   (`stack.deploy.closedloop.gate`): INT8 may not drive worse than the budget;
+   (`stack.deploy.gates.closed_loop`): INT8 may not drive worse than the budget;
 4. the FPS gate: measured with ONNX Runtime on `onnxruntime` targets, measured with
    TensorRT on the target's own GPU, otherwise predicted by the latency model, with
    `build_engine.sh` holding the exact trtexec line to build and time it on the device;
@@ -66,7 +66,7 @@ class DeploySpec:
     """{"calibration" | "sensitivity" | "accuracy": [sample id, ...]}, recorded in gate.json."""
     closed_loop: Callable | None = None
     """closed_loop(int8_path, fp32_path, budget, latency_ms, log) -> result dict
-    (`stack.deploy.closedloop.gate.closed_loop_gate` bound to the pipeline); None: no closed-loop gate."""
+    (`stack.deploy.gates.closed_loop.closed_loop_gate` bound to the pipeline); None: no closed-loop gate."""
     reference: object = None
     """Parity's reference (same call as `net`): the network pooling with `bev_pool` and the bundle
     calibration's geometry per call, as in training (None: `net` itself, baked against baked)."""

@@ -94,7 +94,7 @@ def _closed_loop_section(closed_loop: dict | None) -> list:
         return []
     if "skipped" in closed_loop:
         return ["## Closed loop", "", f"Not driven: {closed_loop['skipped']}.", ""]
-    from stack.deploy.closedloop.gate import markdown as closed_loop_markdown
+    from stack.deploy.gates.closed_loop import markdown as closed_loop_markdown
 
     return closed_loop_markdown(closed_loop)
 

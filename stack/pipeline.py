@@ -625,7 +625,7 @@ class AccuracyBudget:
 @dataclass
 class ClosedLoopBudget:
     """The closed-loop gate of `stack deploy`: the INT8 model drives the same held-out episodes as the fp32
-    model (`stack.deploy.closedloop.gate`) and may not drive worse by more than this."""
+    model (`stack.deploy.gates.closed_loop`) and may not drive worse by more than this."""
 
     episodes: int = 0
     """Episodes both models drive (spread over `drive.scenarios` and `drive.seeds`); 0 turns the gate off."""
@@ -750,7 +750,7 @@ class Target:
 # -------------------------------------------------------------------------- drive
 
 DRIVE_SCENARIOS = ("route", "lead_brake", "stopped_vehicle", "zebra_crossing", "jaywalker", "unprotected_turn", "cut_in")
-"""Scenario families of the closed loop (`stack.deploy.closedloop.scenarios` builds them)."""
+"""Scenario families of the closed loop (`stack.sim.scenarios` builds them)."""
 DRIVE_BASELINES = ("expert", "constant_velocity", "ego_rollout")
 """Policies that need no network: the privileged expert (upper bound) and two blind ones."""
 

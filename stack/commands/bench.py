@@ -18,7 +18,7 @@ BENCHMARKS: dict[str, str] = {
     "train-memory": "stack.train.bench:run_memory",
     "infer": "stack.deploy.bench:infer",
     "latency": "stack.deploy.bench:latency",
-    "drive": "stack.deploy.closedloop.bench:run",
+    "drive": "stack.sim.bench:run",
     "checkpoint": "stack.train.checkpoint_bench:run",
 }
 """Benchmark name -> "module:function". Add an entry when the benchmark works."""

@@ -33,7 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from stack.deploy.closedloop.evaluate import drive
+    from stack.sim.drive import drive
 
     sources = [word for word in args.overrides if "=" not in word]
     args.overrides = [word for word in args.overrides if "=" in word] + _shorthands(args)
@@ -90,7 +90,7 @@ def _pipeline(sources: list[str], args):
     for source in sources:
         if _kind(source) == "checkpoint":
             pipeline, state_dict, _ = load_model_checkpoint(source)
-            from stack.deploy.closedloop.policies import check_has_planner
+            from stack.sim.policies import check_has_planner
 
             check_has_planner(state_dict, source)
         else:
@@ -128,7 +128,7 @@ def _check_same(source: str, stored, pipeline) -> None:
 
 
 def _policies(sources: list[str], chosen: list[str]):
-    from stack.deploy.closedloop.policies import PolicySpec
+    from stack.sim.policies import PolicySpec
 
     specs = []
     for source in sources:

@@ -1,6 +1,8 @@
 """`stack bench data`'s renderer rows: both renderers draw the same frames, and the rows say what was compared."""
 
-from stack.data.world import render_bench
+from stack import bench_only
+
+render_bench = bench_only.load("render_side_by_side")
 
 
 def test_side_by_side_renders_every_frame_with_both(small_pipeline, tmp_path):

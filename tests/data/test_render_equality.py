@@ -16,11 +16,13 @@ import numpy as np
 import pytest
 import torch
 
-from stack.data.world import frame as fast
-from stack.data.world import raycast_reference as reference
-from stack.data.world import render
-from stack.data.world.scene import simulate
+from stack import bench_only
+from stack.sim.world import frame as fast
+from stack.sim.world import render
+from stack.sim.world.scene import simulate
 from stack.pipeline import RigConfig
+
+reference = bench_only.load("raycast_reference")
 
 MIX = {"car": 0.3, "truck": 0.2, "pedestrian": 0.3, "cyclist": 0.2}
 TINY_RIG = RigConfig(image_width=256, image_height=128)

@@ -190,7 +190,7 @@ def test_make_replaces_its_own_shards_and_keeps_other_files(tmp_path, small_pipe
 
 
 def test_agents_start_within_the_spawn_radius_of_the_ego():
-    from stack.data.world.scene import simulate
+    from stack.sim.world.scene import simulate
 
     for radius in (25.0, 70.0):
         scene = simulate(np.random.default_rng(3), frames=2, rate_hz=2.0, agent_count=20, spawn_radius=radius)
@@ -201,7 +201,7 @@ def test_agents_start_within_the_spawn_radius_of_the_ego():
 
 
 def test_class_mix_sets_the_share_of_each_agent_class():
-    from stack.data.world.scene import simulate
+    from stack.sim.world.scene import simulate
 
     only_trucks = simulate(np.random.default_rng(4), frames=2, rate_hz=2.0, agent_count=8, class_mix={"truck": 1.0})
     assert only_trucks.agents and {agent.kind for agent in only_trucks.agents} == {"truck"}

@@ -1,0 +1,10 @@
+"""Bench-only code: the baselines `stack bench` times the product against, which no user runs.
+
+This folder is not installed (setup.py maps only the stage folders into `stack`), so nothing here
+ships to users. `stack.bench_only.load(name)` imports a module of it from a source checkout (an
+editable install); installed from a wheel, the benchmark rows that need it say so and are skipped.
+
+- `raycast_reference`: the world renderer as it was before issue 16, camera by camera; the oracle of
+  tests/data/test_render_equality.py and the baseline of the renderer rows of `stack bench data`.
+- `render_side_by_side`: both renderers on the same frames, interleaved, in CPU seconds.
+"""

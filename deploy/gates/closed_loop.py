@@ -1,0 +1,112 @@
+"""The closed-loop gate of `stack deploy`: the INT8 model may not drive worse than the fp32 model.
+
+Per-head accuracy on recorded frames says little about driving: a planner whose waypoints move by
+decimetres, or a detector that loses one pedestrian, can turn into a collision a few steps later,
+and closed-loop errors compound (Codevilla et al. 2018, "On offline evaluation of vision-based driving
+models"; Dauner et al. 2023, "Parting with misconceptions about learning-based vehicle motion
+planning"). So both models drive the same held-out episodes (`target.closed_loop.episodes` of
+`drive.scenarios` over `drive.seeds`), at the same latency, and the INT8 model fails when its mean
+driving score drops by more than `driving_score_drop` or its at-fault collisions per episode rise by
+more than `collision_rise`.
+
+Both run on ONNX Runtime on the deploying host, whatever the target: the gate judges the QDQ model's
+quantization, not a TensorRT engine's own kernels (which cannot run here).
+
+Both drive at the target's latency budget (network_share x the camera period): the worst latency the
+FPS gate lets through, and one latency for both, so the comparison isolates what quantization did to
+the network rather than its speed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from stack.sim.policies import PolicySpec
+
+
+def _means(rows: list[dict], name: str) -> dict:
+    own = [r["metrics"] for r in rows if r["policy"] == name]
+    return {"driving_score": float(np.mean([m["driving_score"] for m in own])),
+            "pdms": float(np.mean([m["pdms"] for m in own])),
+            "collisions_per_episode": float(np.mean([m["collisions"] for m in own])),
+            "route_completion": float(np.mean([m["route_completion"] for m in own])),
+            "episodes": len(own)}
+
+
+def _paired(rows: list[dict]) -> list[dict]:
+    """Episodes where INT8 scored lower than fp32, worst first (what the report lists)."""
+    key = lambda r: (r["family"], r["seed"], r["index"])  # noqa: E731
+    fp32 = {key(r): r["metrics"] for r in rows if r["policy"] == "fp32"}
+    worse = []
+    for row in rows:
+        if row["policy"] != "int8":
+            continue
+        other = fp32[key(row)]
+        drop = other["driving_score"] - row["metrics"]["driving_score"]
+        if drop > 1e-9 or row["metrics"]["collisions"] > other["collisions"]:
+            worse.append({"family": row["family"], "seed": row["seed"], "index": row["index"],
+                          "int8_driving_score": row["metrics"]["driving_score"], "fp32_driving_score": other["driving_score"],
+                          "int8_collisions": row["metrics"]["collisions"], "fp32_collisions": other["collisions"]})
+    return sorted(worse, key=lambda w: w["int8_driving_score"] - w["fp32_driving_score"])
+
+
+def closed_loop_gate(pipeline, int8_path: Path, fp32_path: Path, budget, latency_ms: float, log=print) -> dict:
+    """Drive both models on the same episodes; {"passed", "reasons", "int8", "fp32", "expert", ...}."""
+    from stack.sim.drive import evaluate
+    from stack.sim.scenarios import episode_specs
+
+    from stack.deploy.calibration import Calibration
+    from stack.deploy.runner import DeployedNetwork
+
+    bundle_cameras = DeployedNetwork.from_model(fp32_path).calibration
+    differences = bundle_cameras.compare(Calibration.from_rig(pipeline.data.rig))
+    if differences:
+        return {"skipped": "the bundle is built for another camera calibration than the world's rig (data.rig), "
+                           "which is what the simulator renders: " + "; ".join(differences[:2])}
+    cfg = pipeline.drive
+    episodes = episode_specs(list(cfg.scenarios), budget.episodes, list(cfg.seeds), cfg.episode_seconds)
+    how = f"the target's latency budget ({latency_ms:.1f} ms), for both models"
+    specs = [PolicySpec("int8", "bundle", "", str(int8_path), latency_ms / 1000.0, how),
+             PolicySpec("fp32", "bundle", "", str(fp32_path), latency_ms / 1000.0, how)]
+    rows = evaluate(pipeline, specs, episodes, log, title="closed-loop gate (INT8 vs fp32)")
+    int8, fp32, expert = _means(rows, "int8"), _means(rows, "fp32"), _means(rows, "expert")
+    drop = fp32["driving_score"] - int8["driving_score"]
+    rise = int8["collisions_per_episode"] - fp32["collisions_per_episode"]
+    reasons = []
+    if drop > budget.driving_score_drop:
+        reasons.append(f"closed loop: INT8 driving score {int8['driving_score']:.3f} is {drop:.3f} below fp32's "
+                       f"{fp32['driving_score']:.3f} (budget {budget.driving_score_drop:g}) over {len(episodes)} episodes")
+    if rise > budget.collision_rise:
+        reasons.append(f"closed loop: INT8 causes {int8['collisions_per_episode']:.3f} at-fault collisions per episode, "
+                       f"{rise:.3f} more than fp32's {fp32['collisions_per_episode']:.3f} (budget {budget.collision_rise:g})")
+    return {"passed": not reasons, "reasons": reasons, "episodes": len(episodes), "latency_ms": latency_ms,
+            "latency_how": how, "scenarios": list(cfg.scenarios), "seeds": list(cfg.seeds),
+            "episode_seconds": cfg.episode_seconds, "replan_hz": cfg.replan_hz,
+            "budget": {"driving_score_drop": budget.driving_score_drop, "collision_rise": budget.collision_rise},
+            "int8": int8, "fp32": fp32, "expert": expert, "driving_score_drop": drop, "collision_rise": rise,
+            "int8_worse": _paired(rows)[:10]}
+
+
+def markdown(result: dict) -> list[str]:
+    """The report.md section of the closed-loop gate."""
+    lines = ["## Closed loop: INT8 against fp32 on the same episodes", "",
+             f"{result['episodes']} held-out episodes ({', '.join(result['scenarios'])}; seeds "
+             f"{result['seeds']}; {result['episode_seconds']:g} s each, replanning at {result['replan_hz']:g} Hz), "
+             f"latency {result['latency_how']}. Verdict: **{'PASS' if result['passed'] else 'FAIL'}**.", "",
+             "Both models drive on ONNX Runtime on this host: the gate judges the INT8 model's quantization; a "
+             "TensorRT engine built from it rounds in its own kernels (and FP16 fallbacks), which this does not drive.", "",
+             "| model | driving score | PDMS | route completion | at-fault collisions / episode |", "|---|---|---|---|---|"]
+    for name in ("int8", "fp32", "expert"):
+        m = result[name]
+        lines.append(f"| {name} | {m['driving_score']:.3f} | {m['pdms']:.3f} | {m['route_completion']:.3f} | "
+                     f"{m['collisions_per_episode']:.3f} |")
+    lines += ["", f"Driving-score drop {result['driving_score_drop']:+.3f} (budget {result['budget']['driving_score_drop']:g}); "
+              f"collision rise {result['collision_rise']:+.3f} per episode (budget {result['budget']['collision_rise']:g})."]
+    if result["int8_worse"]:
+        lines += ["", "Episodes INT8 drove worse: " + "; ".join(
+            f"{w['family']} seed {w['seed']} #{w['index']} ({w['fp32_driving_score']:.2f} -> {w['int8_driving_score']:.2f})"
+            for w in result["int8_worse"][:5])]
+    lines += [f"- {r}" for r in result["reasons"]]
+    return lines + [""]

@@ -1,0 +1,241 @@
+"""Closed-loop evaluation: every policy drives the same held-out episodes, in parallel worker processes.
+
+`evaluate` runs (policy, episode) pairs in `drive.workers` processes (one torch / ONNX Runtime thread
+each; a network loads once per process) and scores each run against the expert's run of the same
+episode (NAVSIM's ego-progress term needs it, so the expert always drives). `drive` is what `stack
+drive` runs: latencies resolved, episodes driven with a progress bar, the report written
+(`stack.sim.drive_report`) and the worst episodes of each policy replayed into MP4 clips.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import platform
+import re
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from stack.sim.policies import PolicySpec, build_policy
+
+_PIPELINE = None
+
+
+def _init_worker(pipeline) -> None:
+    import torch
+
+    global _PIPELINE
+    _PIPELINE = pipeline
+    torch.set_num_threads(1)
+
+
+def _world(pipeline, spec):
+    from stack.sim.scenarios import build_world
+
+    return build_world(spec, pipeline.data.world, 1.0 / pipeline.drive.sim_hz)
+
+
+def _front_rig(rig):
+    """The rig's first camera alone (the clip's front view), at the rig's image size."""
+    return replace(rig, cameras=[rig.cameras[0]])
+
+
+def run_task(task: tuple) -> dict:
+    """One (policy, episode) run in a worker; with a clip path, also renders and writes its MP4."""
+    from stack.sim.episode import run_episode
+
+    policy_spec, episode, clip_path = task
+    pipeline = _PIPELINE
+    world = _world(pipeline, episode)
+    policy = build_policy(policy_spec, pipeline)
+    start = time.perf_counter()
+    run = run_episode(world, policy, pipeline.drive, pipeline.data.rig, record_clip=clip_path is not None,
+                      clip_rig=_front_rig(pipeline.data.rig))
+    row = {"policy": policy_spec.name, "family": episode.family, "seed": episode.seed, "index": episode.index,
+           "latency_ms": policy_spec.latency_s * 1000.0, "trace": run.trace, "replans": run.replans,
+           "timings": dict(run.timings, wall=time.perf_counter() - start)}
+    if clip_path is not None:
+        from stack.sim.drive_clips import write_clip
+
+        row["clip"] = str(write_clip(Path(clip_path), run.frames, world.town.ground, pipeline.drive.sim_hz))
+    return row
+
+
+def run_tasks(pipeline, tasks: list, workers: int, on_done=None) -> list[dict]:
+    """Every task's row, in task order, run in `workers` processes (in this one when workers <= 1)."""
+    rows: list = [None] * len(tasks)
+    if workers <= 1 or len(tasks) <= 1:
+        import torch
+
+        threads = torch.get_num_threads()
+        _init_worker(pipeline)
+        try:
+            for i, task in enumerate(tasks):
+                rows[i] = run_task(task)
+                if on_done:
+                    on_done(rows[i])
+        finally:
+            torch.set_num_threads(threads)  # the caller (e.g. stack deploy after its gate) keeps its threads
+        return rows
+    order = sorted(range(len(tasks)), key=lambda i: not tasks[i][0].needs_cameras)  # long runs first
+    context = multiprocessing.get_context("fork")
+    with context.Pool(min(workers, len(tasks)), initializer=_init_worker, initargs=(pipeline,)) as pool:
+        for i, row in pool.imap_unordered(_indexed, [(i, tasks[i]) for i in order]):
+            rows[i] = row
+            if on_done:
+                on_done(row)
+    return rows
+
+
+def _indexed(item):
+    i, task = item
+    return i, run_task(task)
+
+
+def score_rows(rows: list[dict]) -> list[dict]:
+    """Add "metrics" to every row: `score_episode` against the expert's progress on the same episode."""
+    from stack.metrics.driving import score_episode
+
+    expert = {(r["family"], r["seed"], r["index"]): float(r["trace"].progress[-1] - r["trace"].progress[0])
+              for r in rows if r["policy"] == "expert"}
+    for row in rows:
+        row["metrics"] = score_episode(row["trace"], expert.get((row["family"], row["seed"], row["index"])))
+    return rows
+
+
+def evaluate(pipeline, policies: list[PolicySpec], episodes: list, log=print, title: str = "driving") -> list[dict]:
+    """Scored rows of every policy on every episode (the expert drives too, for ego progress)."""
+    from rich.progress import Progress
+
+    if not any(p.kind == "expert" for p in policies):
+        policies = list(policies) + [PolicySpec("expert", "expert")]
+    tasks = [(policy, episode, None) for policy in policies for episode in episodes]
+    workers = max(1, min(pipeline.drive.workers, os.cpu_count() or 1))
+    log(f"{title}: {len(policies)} policies x {len(episodes)} episodes ({pipeline.drive.episode_seconds:g} s each, "
+        f"sim {pipeline.drive.sim_hz:g} Hz, replanning {pipeline.drive.replan_hz:g} Hz) in {workers} process(es)")
+    with Progress() as progress:
+        bar = progress.add_task(title, total=len(tasks))
+        rows = run_tasks(pipeline, tasks, workers, on_done=lambda row: _advance(progress, bar, row))
+    return score_rows(rows)
+
+
+def _advance(progress, bar, row: dict) -> None:
+    """Advance the bar, and print a line every 5 % (logs and CI, where no bar is drawn, see progress too)."""
+    progress.advance(bar)
+    task = progress.tasks[bar]
+    every = max(1, int(task.total) // 20)
+    if int(task.completed) % every == 0 or task.completed == task.total:
+        progress.console.print(f"{int(task.completed)}/{int(task.total)} episodes driven ({task.elapsed or 0:.0f} s; "
+                               f"last: {row['policy']}, {row['family']} seed {row['seed']} #{row['index']})")
+
+
+def resolve_latencies(pipeline, policies: list[PolicySpec], sample_episode, log=print) -> list[PolicySpec]:
+    """Each network policy with its latency: drive.latency_ms when given; else gate.json's figure for
+    TensorRT bundles (measured on the target or predicted); else measured here, one thread, median of 7."""
+    from stack.sim.policies import Observation, bundle_latency, measure_latency
+
+    given = pipeline.drive.latency_ms
+    resolved, observation = [], None
+    for spec in policies:
+        if not spec.needs_cameras:
+            resolved.append(spec)
+            continue
+        if given >= 0:
+            resolved.append(replace(spec, latency_s=given / 1000.0, latency_how=f"given (drive.latency_ms={given:g})"))
+            continue
+        from_gate = bundle_latency(spec.source) if spec.kind == "bundle" and spec.source else None
+        if from_gate is not None:
+            resolved.append(replace(spec, latency_s=from_gate[0], latency_how=from_gate[1]))
+            continue
+        if observation is None:
+            world = _world(pipeline, sample_episode)
+            images = world.render(pipeline.data.rig)["images"]
+            x, y, yaw, speed, accel = world.ego_state()
+            observation = Observation(0.0, np.array([speed, accel, 0.0], np.float32), world.command(), images, world)
+        seconds = measure_latency(build_policy(spec, pipeline), observation)
+        runtime = "ONNX Runtime" if spec.kind == "bundle" else "PyTorch"
+        resolved.append(replace(spec, latency_s=seconds,
+                                latency_how=f"measured on this host ({cpu_name()}, {runtime}, 1 thread): {seconds * 1000:.1f} ms"))
+        log(f"{spec.name}: latency {seconds * 1000:.1f} ms ({resolved[-1].latency_how})")
+    return resolved
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def worst_episodes(rows: list[dict], per_policy: int) -> list[dict]:
+    """The `per_policy` lowest driving scores (then PDMS) of each policy."""
+    chosen = []
+    for name in dict.fromkeys(r["policy"] for r in rows):
+        own = sorted((r for r in rows if r["policy"] == name),
+                     key=lambda r: (r["metrics"]["driving_score"], r["metrics"]["pdms"], r["index"]))
+        chosen += own[:per_policy]
+    return chosen
+
+
+def drive(pipeline, policies: list[PolicySpec], log=print, sources: dict | None = None) -> dict:
+    """`stack drive`: drive every policy on drive.episodes held-out episodes, write drive.md / .json / .png and
+    the clips of each policy's worst episodes into drive.out_dir; returns {"summary", "rows", "files"}."""
+    from stack.sim.drive_report import write_report
+    from stack.sim.scenarios import episode_specs
+    from stack.metrics.driving import aggregate
+
+    cfg = pipeline.drive
+    episodes = episode_specs(list(cfg.scenarios), cfg.episodes, list(cfg.seeds), cfg.episode_seconds)
+    policies = resolve_latencies(pipeline, policies, episodes[0], log)
+    started = time.perf_counter()
+    rows = evaluate(pipeline, policies, episodes, log)
+    driving_seconds = time.perf_counter() - started
+    summary = aggregate([{k: r[k] for k in ("policy", "family", "seed", "metrics")} for r in rows])
+    out = Path(cfg.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    clips = _write_clips(pipeline, policies, rows, out, log) if cfg.clips else {}
+    meta = {"pipeline": pipeline.name, "sources": sources or {}, "cpu": cpu_name(), "host_cores": os.cpu_count(),
+            "episodes": len(episodes), "seeds": list(cfg.seeds), "scenarios": list(cfg.scenarios),
+            "episode_seconds": cfg.episode_seconds, "sim_hz": cfg.sim_hz, "replan_hz": cfg.replan_hz,
+            "latency": {p.name: {"ms": p.latency_s * 1000.0, "how": p.latency_how} for p in policies},
+            "policies": {p.name: {"kind": p.kind, "blind": p.kind in ("constant_velocity", "ego_rollout"),
+                                  "privileged": p.kind == "expert"} for p in policies},
+            "wall_seconds": driving_seconds, "workers": cfg.workers, "clips": clips}
+    public = [{k: v for k, v in r.items() if k != "trace"} for r in rows]
+    files = write_report(out, summary, public, meta)
+    log(f"drove {len(rows)} episodes in {driving_seconds:.0f} s; report: {out / 'drive.md'}")
+    return {"summary": summary, "rows": public, "files": files, "meta": meta}
+
+
+def _write_clips(pipeline, policies: list[PolicySpec], rows: list[dict], out: Path, log) -> dict:
+    """Replay each policy's worst episodes (runs are deterministic) with the front camera and write MP4s."""
+    by_name = {p.name: p for p in policies}
+    by_name.setdefault("expert", PolicySpec("expert", "expert"))
+    tasks, names = [], []
+    for row in worst_episodes(rows, pipeline.drive.clips):
+        spec = next(e for e in _episodes_of(pipeline) if (e.family, e.seed, e.index) ==
+                    (row["family"], row["seed"], row["index"]))
+        label = re.sub(r"[^\w.-]+", "_", row["policy"])
+        name = f"{label}-{row['family']}-seed{row['seed']}-ep{row['index']:03d}.mp4"
+        tasks.append((by_name[row["policy"]], spec, str(out / "clips" / name)))
+        names.append((row["policy"], name, row["metrics"]["driving_score"], row["index"]))
+    (out / "clips").mkdir(exist_ok=True)
+    log(f"replaying {len(tasks)} worst episodes into clips ({out / 'clips'})")
+    run_tasks(pipeline, tasks, max(1, min(pipeline.drive.workers, os.cpu_count() or 1)))
+    clips: dict = {}
+    for policy, name, score, index in names:
+        clips.setdefault(policy, []).append({"file": f"clips/{name}", "driving_score": score, "index": index})
+    return clips
+
+
+def _episodes_of(pipeline) -> list:
+    from stack.sim.scenarios import episode_specs
+
+    cfg = pipeline.drive
+    return episode_specs(list(cfg.scenarios), cfg.episodes, list(cfg.seeds), cfg.episode_seconds)

@@ -1,0 +1,183 @@
+"""The closed loop end to end: episodes replay exactly, the expert drives clean, blind policies crash where
+the cameras matter, latency delays the reaction, the checkpoint and its fp32 ONNX drive alike, and bad
+input to `stack drive` is refused with exit 2.
+
+Network policies use a micro BevNet (128x64 images) with untrained weights: what these tests check
+(determinism, equality of the two runtimes, the plumbing) does not depend on training.
+"""
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from stack.cli import main
+from stack.config import load_pipeline
+from stack.sim.episode import run_episode
+from stack.sim.policies import PolicySpec, build_policy
+from stack.sim.scenarios import EpisodeSpec, build_world
+from stack.metrics.driving import score_episode
+
+REPO = Path(__file__).resolve().parents[2]
+FILES = [str(REPO / "configs/pipeline.yaml"), str(REPO / "configs/presets/tiny.yaml")]
+MICRO = ["data.rig.image_width=128", "data.rig.image_height=64", "model.bev.x_range=[-16.0,16.0]",
+         "model.bev.y_range=[-16.0,16.0]", "model.depth.bins=16", "model.neck_channels=16", "model.bev_channels=16",
+         "drive.episode_seconds=6.0", "drive.workers=1", "drive.clips=0"]
+PERCEPTION_FAMILIES = ("lead_brake", "stopped_vehicle", "zebra_crossing", "jaywalker")
+
+
+def micro_pipeline(*extra):
+    return load_pipeline(FILES, [*MICRO, *extra])
+
+
+@pytest.fixture(scope="module")
+def pipeline():
+    return micro_pipeline()
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory, pipeline):
+    from stack.checkpoint import save_model_checkpoint
+    from stack.models import build_model
+
+    torch.manual_seed(0)
+    return save_model_checkpoint(tmp_path_factory.mktemp("drive") / "model.pt", pipeline,
+                                 build_model(pipeline).state_dict())
+
+
+def drive_once(pipeline, spec: PolicySpec, episode: EpisodeSpec):
+    world = build_world(episode, pipeline.data.world, 1.0 / pipeline.drive.sim_hz)
+    return run_episode(world, build_policy(spec, pipeline), pipeline.drive, pipeline.data.rig)
+
+
+def episode(family: str, index: int = 0, seed: int = 0, seconds: float = 6.0) -> EpisodeSpec:
+    return EpisodeSpec(family, index, seed, seconds)
+
+
+def expert_progress(pipeline, spec: EpisodeSpec) -> float:
+    return float(np.max(drive_once(pipeline, PolicySpec("expert", "expert"), spec).trace.progress))
+
+
+def test_the_same_policy_and_seed_replay_the_same_episode(pipeline):
+    spec = episode("route", 3, 1)
+    first = drive_once(pipeline, PolicySpec("expert", "expert"), spec).trace
+    second = drive_once(pipeline, PolicySpec("expert", "expert"), spec).trace
+    assert np.array_equal(first.ego, second.ego) and np.array_equal(first.agents, second.agents)
+    other = drive_once(pipeline, PolicySpec("expert", "expert"), episode("route", 3, 2)).trace
+    assert not np.array_equal(first.ego, other.ego), "another seed must give another episode"
+
+
+@pytest.mark.parametrize("family", ["route", "lead_brake", "stopped_vehicle", "zebra_crossing", "jaywalker",
+                                    "unprotected_turn", "cut_in"])
+def test_the_expert_completes_its_routes_without_collisions(pipeline, family):
+    for index in range(3):
+        spec = episode(family, index, index % 3)
+        trace = drive_once(pipeline, PolicySpec("expert", "expert"), spec).trace
+        score = score_episode(trace, float(np.max(trace.progress)))
+        assert score["collisions"] == 0, f"{family} #{index}: the expert collided ({score})"
+        assert score["drivable_area_compliance"] == 1.0, f"{family} #{index}: the expert left the road"
+        assert score["route_completion"] > 0.6, f"{family} #{index}: the expert stalled ({score['route_completion']:.2f})"
+
+
+def test_the_simulation_rate_is_configurable():
+    pipeline = micro_pipeline("drive.sim_hz=20", "drive.replan_hz=4")
+    trace = drive_once(pipeline, PolicySpec("expert", "expert"), episode("lead_brake", 2, 1)).trace
+    assert trace.dt == 0.05 and len(trace.ego) == 121
+    score = score_episode(trace, float(np.max(trace.progress)))
+    assert score["collisions"] == 0 and score["route_completion"] > 0.6, score
+
+
+@pytest.mark.parametrize("blind", ["constant_velocity", "ego_rollout"])
+def test_blind_policies_fail_where_the_scenario_needs_the_cameras(pipeline, blind):
+    """Blind to the cameras, a policy runs into what it cannot see (or, rolling out a bend's yaw rate, off the
+    road): the expert, seeing everything, does neither."""
+    failed, collided, expert_scores, blind_scores = 0, 0, [], []
+    for family in PERCEPTION_FAMILIES:
+        for index in range(2):
+            spec = episode(family, index, index)
+            reference = expert_progress(pipeline, spec)
+            expert_scores.append(score_episode(drive_once(pipeline, PolicySpec("expert", "expert"), spec).trace,
+                                               reference)["pdms"])
+            score = score_episode(drive_once(pipeline, PolicySpec(blind, blind), spec).trace, reference)
+            blind_scores.append(score["pdms"])
+            collided += score["collisions"] > 0
+            failed += score["collisions"] > 0 or score["drivable_area_compliance"] < 1
+    assert failed >= 6 and collided >= 4, f"{blind}: {failed} of 8 perception episodes failed, {collided} by collision"
+    assert np.mean(blind_scores) < np.mean(expert_scores) - 0.3, (blind_scores, expert_scores)
+
+
+def _first_brake_time(trace, threshold: float = -0.5) -> float:
+    braking = np.flatnonzero(trace.ego[:, 4] < threshold)
+    return float(braking[0] * trace.dt) if len(braking) else float("inf")
+
+
+def test_latency_delays_the_reaction_on_the_braking_scenario():
+    """Replanning every sim step (10 Hz), a policy whose plans arrive 1 s late starts braking 1 s later."""
+    pipeline = micro_pipeline("drive.replan_hz=10")
+    spec = episode("lead_brake", 0, 0)
+    prompt = drive_once(pipeline, PolicySpec("expert", "expert"), spec).trace
+    late = drive_once(pipeline, PolicySpec("expert", "expert", latency_s=1.0, latency_how="given"), spec).trace
+    delay = _first_brake_time(late) - _first_brake_time(prompt)
+    assert 0.8 <= delay <= 1.3, (_first_brake_time(prompt), _first_brake_time(late))
+    assert late.ego[:, 4].min() < prompt.ego[:, 4].min() - 1.0, "reacting late must take harder braking"
+    world = build_world(spec, pipeline.data.world, 1.0 / pipeline.drive.sim_hz)
+    lead = list(world.agents_now()["track_ids"]).index(world.scripts[0].agent)  # the car that brakes
+    gap = lambda t: np.min(np.linalg.norm(t.agents[:, lead, :2] - t.ego[:, :2], axis=1))  # noqa: E731
+    assert gap(late) < gap(prompt) - 1.0, "a policy that reacts 1 s later must come closer to the braking car"
+
+
+def test_the_checkpoint_and_its_fp32_onnx_drive_the_same_episode(pipeline, checkpoint, tmp_path):
+    from stack.checkpoint import load_model_checkpoint
+    from stack.deploy.calibration import Calibration
+    from stack.deploy.export import export_onnx
+    from stack.deploy.network import export_network
+
+    _, state_dict, _ = load_model_checkpoint(checkpoint)
+    network = export_network(pipeline, state_dict, Calibration.from_rig(pipeline.data.rig))
+    onnx_path = tmp_path / "model.onnx"
+    export_onnx(network.net, network.example, network.output_names, onnx_path, pipeline.export.opset, network.metadata)
+    spec = episode("lead_brake", 1, 0)
+    torch_run = drive_once(pipeline, PolicySpec("checkpoint", "checkpoint", str(checkpoint)), spec).trace
+    onnx_run = drive_once(pipeline, PolicySpec("fp32", "bundle", "", str(onnx_path)), spec).trace
+    reference = expert_progress(pipeline, spec)
+    a, b = score_episode(torch_run, reference), score_episode(onnx_run, reference)
+    assert a["collisions"] == b["collisions"] and abs(a["driving_score"] - b["driving_score"]) < 0.02
+    assert np.max(np.linalg.norm(torch_run.ego[:, :2] - onnx_run.ego[:, :2], axis=1)) < 0.05, \
+        "ONNX Runtime and PyTorch trajectories must agree within 5 cm over the episode"
+
+
+def test_stack_drive_runs_a_checkpoint_beside_the_baselines(checkpoint, tmp_path):
+    out = tmp_path / "drive"
+    code = main(["drive", str(checkpoint), "--episodes", "3", "--scenarios", "lead_brake,route",
+                 f"drive.out_dir={out}", "drive.seeds=[0]", "drive.latency_ms=0", "drive.episode_seconds=4.0"])
+    assert code == 0
+    report = (out / "drive.md").read_text()
+    for policy in ("checkpoint", "expert", "constant_velocity", "ego_rollout"):
+        assert policy in report
+    assert (out / "drive.json").is_file() and (out / "drive.png").stat().st_size > 1000
+
+
+def test_bad_input_exits_2_with_a_clear_message(checkpoint, tmp_path, capsys):
+    from stack.checkpoint import save_model_checkpoint
+    from stack.models import build_model
+
+    assert main(["drive", str(checkpoint), "--scenarios", "highway_merge", f"drive.out_dir={tmp_path}"]) == 2
+    assert "highway_merge" in capsys.readouterr().err
+    pipeline = micro_pipeline()
+    state = {k: v for k, v in build_model(pipeline).state_dict().items() if not k.startswith("planning_head.")}
+    no_planner = save_model_checkpoint(tmp_path / "perception_only.pt", pipeline, state)
+    assert main(["drive", str(no_planner), f"drive.out_dir={tmp_path}"]) == 2
+    assert "no planning head" in capsys.readouterr().err
+    other = micro_pipeline("data.rig.image_width=160")
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    (bundle / "gate.json").write_text("{}")
+    from stack.config import pipeline_to_yaml
+
+    (bundle / "pipeline.yaml").write_text(pipeline_to_yaml(other))
+    assert main(["drive", str(checkpoint), str(bundle), f"drive.out_dir={tmp_path}"]) == 2
+    err = capsys.readouterr().err
+    assert "another pipeline" in err and "data.rig" in err, err
+    assert main(["drive", str(tmp_path / "missing.pt")]) == 2
