@@ -23,42 +23,15 @@ bytes — DALI cannot decode H.264 on the CPU.
 
 from __future__ import annotations
 
-import io
 import json
-from fractions import Fraction
 
 import numpy as np
 
 from stack.data.format import ARRAY_MEMBERS, DTYPES, SCHEMA_VERSION, npy_bytes
+from stack.video import decode_h264, encode_h264
 
 PER_CLIP = ("intrinsics", "cam_to_ego")
 """Members stored once per clip rather than per frame."""
-H264_OPTIONS = {"crf": "18", "preset": "veryfast", "threads": "1", "bf": "0"}
-
-
-def encode_h264(frames: np.ndarray, rate_hz: float) -> bytes:
-    """MP4 bytes of uint8 RGB frames (T, H, W, 3)."""
-    import av
-
-    buffer = io.BytesIO()
-    with av.open(buffer, mode="w", format="mp4", options={"fflags": "+bitexact"}) as container:
-        stream = container.add_stream("libx264", rate=Fraction(rate_hz).limit_denominator(1000))
-        stream.width, stream.height, stream.pix_fmt = frames.shape[2], frames.shape[1], "yuv420p"
-        stream.options = dict(H264_OPTIONS)
-        for frame in frames:
-            for packet in stream.encode(av.VideoFrame.from_ndarray(np.ascontiguousarray(frame), format="rgb24")):
-                container.mux(packet)
-        for packet in stream.encode():
-            container.mux(packet)
-    return buffer.getvalue()
-
-
-def decode_h264(data: bytes) -> np.ndarray:
-    """uint8 RGB frames (T, H, W, 3) of MP4 bytes, decoded on the CPU with PyAV."""
-    import av
-
-    with av.open(io.BytesIO(data)) as container:
-        return np.stack([frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)])
 
 
 def _padded(rows: list, width: int, fill, dtype) -> np.ndarray:

@@ -1,10 +1,12 @@
-"""`stack bench infer` and `stack bench latency`: the deploy stage's side-by-side measurements.
+"""`stack bench infer`, `latency` and `drive`: the deploy stage's side-by-side measurements.
 
 infer: the trained network (`{train.out_dir}/model.pt`) on ONNX Runtime CPU, fp32 vs INT8
 in both QDQ flavours (U8S8 for the CPU, S8S8 as TensorRT wants), timed in interleaved
 rounds in one process (so drift hits all alike), each with its per-head accuracy on the
 same validation samples. Floor: the graph's FLOPs over this machine's fp32 matmul rate
 (the reference workload, timed in the same run).
+
+drive: the closed loop's speed (`stack.sim.bench`) with the network as its camera policy.
 
 latency: the latency model's fit to the published Jetson Orin references, each one's leave-one-out
 error, the per-class efficiencies, the spread and the gate margin it gives, and the predicted
@@ -161,3 +163,20 @@ def _latency_predictions(pipeline, references_for) -> None:
         int8 = predict(model, target, keep_fp32=tuple(pipeline.export.keep_fp32), all_int8=True).total_ms
         print(f"| {name} | {fp16:.2f} | {int8:.2f} | {int8 * GATE_MARGIN:.2f} | {target.min_fps:g} | "
               f"{target_validation(name)} |")
+
+
+def drive(pipeline, args) -> int:
+    """`stack bench drive`: the closed loop's speed (`stack.sim.bench`) with the network as the camera policy:
+    `{train.out_dir}/model.pt` when it exists, else the pipeline's network with untrained weights (same cost)."""
+    from stack.checkpoint import save_model_checkpoint
+    from stack.deploy.policies import checkpoint_spec
+    from stack.models import build_model
+    from stack.sim import bench
+
+    checkpoint = Path(pipeline.train.out_dir) / "model.pt"
+    if checkpoint.is_file():
+        return bench.run(pipeline, checkpoint_spec("checkpoint", str(checkpoint)), f"trained weights ({checkpoint})")
+    with tempfile.TemporaryDirectory() as folder:
+        path = save_model_checkpoint(Path(folder) / "untrained.pt", pipeline, build_model(pipeline).state_dict())
+        return bench.run(pipeline, checkpoint_spec("checkpoint", str(path)), "untrained weights (same cost as trained)")
+

@@ -1,8 +1,9 @@
 """`stack bench drive`: how fast the closed loop runs, and where its time goes.
 
 Drives `BENCH_EPISODES` episodes (one per scenario family, round-robin) in this process, one thread,
-twice: with the network (`{train.out_dir}/model.pt` when it exists, else the pipeline's network with
-untrained weights: its cost is the same) and with the blind ego-status rollout, which renders nothing.
+twice: with a camera policy (`stack bench drive` gives the network, `stack.deploy.bench.drive`: the
+trained `{train.out_dir}/model.pt` when it exists, else the pipeline's network with untrained weights,
+whose cost is the same) and with the blind ego-status rollout, which renders nothing.
 Reports simulated seconds per wall second and the split into render / policy / simulation.
 
 The floor: a camera policy cannot run faster than the renderer makes its frames (cameras x replans per
@@ -13,24 +14,10 @@ The projection for `drive.episodes` with `drive.workers` processes assumes the c
 
 from __future__ import annotations
 
-import tempfile
 import time
-from pathlib import Path
 
 BENCH_EPISODES = 4
-
-
-def _network_spec(pipeline, folder: Path):
-    from stack.sim.policies import PolicySpec
-
-    checkpoint = Path(pipeline.train.out_dir) / "model.pt"
-    if checkpoint.is_file():
-        return PolicySpec("checkpoint", "checkpoint", str(checkpoint)), f"trained weights ({checkpoint})"
-    from stack.checkpoint import save_model_checkpoint
-    from stack.models import build_model
-
-    path = save_model_checkpoint(folder / "untrained.pt", pipeline, build_model(pipeline).state_dict())
-    return PolicySpec("checkpoint", "checkpoint", str(path)), "untrained weights (same cost as trained)"
+NETWORK_ROW = "network (checkpoint, PyTorch)"
 
 
 def _drive(pipeline, spec, episodes) -> dict:
@@ -45,28 +32,28 @@ def _drive(pipeline, spec, episodes) -> dict:
             "simulated": pipeline.drive.episode_seconds * len(episodes)}
 
 
-def run(pipeline, args) -> int:
+def run(pipeline, network, weights: str) -> int:
+    """Time the camera policy `network` (a PolicySpec; `weights` says which) beside the blind rollout, and print
+    the table for BENCHMARKS.md."""
     from stack.sim.drive import cpu_name
     from stack.sim.policies import PolicySpec
     from stack.sim.scenarios import episode_specs
 
     cfg = pipeline.drive
     episodes = episode_specs(list(cfg.scenarios), BENCH_EPISODES, list(cfg.seeds), cfg.episode_seconds)
-    with tempfile.TemporaryDirectory() as folder:
-        network, weights = _network_spec(pipeline, Path(folder))
-        print(f"stack bench drive: {len(episodes)} episodes x {cfg.episode_seconds:g} s, sim {cfg.sim_hz:g} Hz, "
-              f"replanning {cfg.replan_hz:g} Hz, {len(pipeline.data.rig.cameras)} cameras at "
-              f"{pipeline.data.rig.image_width}x{pipeline.data.rig.image_height}; one process, one thread; "
-              f"{cpu_name()}; network: {weights}")
-        results = {"network (checkpoint, PyTorch)": _drive(pipeline, network, episodes),
-                   "blind (ego-status rollout)": _drive(pipeline, PolicySpec("ego_rollout", "ego_rollout"), episodes)}
+    print(f"stack bench drive: {len(episodes)} episodes x {cfg.episode_seconds:g} s, sim {cfg.sim_hz:g} Hz, "
+          f"replanning {cfg.replan_hz:g} Hz, {len(pipeline.data.rig.cameras)} cameras at "
+          f"{pipeline.data.rig.image_width}x{pipeline.data.rig.image_height}; one process, one thread; "
+          f"{cpu_name()}; network: {weights}")
+    results = {NETWORK_ROW: _drive(pipeline, network, episodes),
+               "blind (ego-status rollout)": _drive(pipeline, PolicySpec("ego_rollout", "ego_rollout"), episodes)}
     print("\n| policy | sim-s / wall-s | wall s | render s | policy s | simulation s | other s |")
     print("|---|---|---|---|---|---|---|")
     for name, r in results.items():
         other = r["wall"] - sum(r["parts"].values())
         print(f"| {name} | {r['simulated'] / r['wall']:.2f} | {r['wall']:.1f} | {r['parts']['render']:.1f} | "
               f"{r['parts']['policy']:.1f} | {r['parts']['simulation']:.1f} | {other:.1f} |")
-    net = results["network (checkpoint, PyTorch)"]
+    net = results[NETWORK_ROW]
     per_frame = net["parts"]["render"] / max(net["replans"], 1)
     floor = net["simulated"] / max(net["parts"]["render"], 1e-9)
     print(f"\nfloor: rendering {len(pipeline.data.rig.cameras)} cameras takes {per_frame * 1000:.0f} ms per replan "

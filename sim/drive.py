@@ -133,9 +133,9 @@ def _advance(progress, bar, row: dict) -> None:
 
 
 def resolve_latencies(pipeline, policies: list[PolicySpec], sample_episode, log=print) -> list[PolicySpec]:
-    """Each network policy with its latency: drive.latency_ms when given; else gate.json's figure for
-    TensorRT bundles (measured on the target or predicted); else measured here, one thread, median of 7."""
-    from stack.sim.policies import Observation, bundle_latency, measure_latency
+    """Each camera policy with its latency: drive.latency_ms when given; else the latency its artifact states
+    (a TensorRT bundle's gate.json: measured on the target or predicted); else measured here, one thread, median of 7."""
+    from stack.sim.policies import Observation, measure_latency
 
     given = pipeline.drive.latency_ms
     resolved, observation = [], None
@@ -146,9 +146,9 @@ def resolve_latencies(pipeline, policies: list[PolicySpec], sample_episode, log=
         if given >= 0:
             resolved.append(replace(spec, latency_s=given / 1000.0, latency_how=f"given (drive.latency_ms={given:g})"))
             continue
-        from_gate = bundle_latency(spec.source) if spec.kind == "bundle" and spec.source else None
-        if from_gate is not None:
-            resolved.append(replace(spec, latency_s=from_gate[0], latency_how=from_gate[1]))
+        stated = spec.policy_class.stated_latency(spec)
+        if stated is not None:
+            resolved.append(replace(spec, latency_s=stated[0], latency_how=stated[1]))
             continue
         if observation is None:
             world = _world(pipeline, sample_episode)
@@ -156,7 +156,7 @@ def resolve_latencies(pipeline, policies: list[PolicySpec], sample_episode, log=
             x, y, yaw, speed, accel = world.ego_state()
             observation = Observation(0.0, np.array([speed, accel, 0.0], np.float32), world.command(), images, world)
         seconds = measure_latency(build_policy(spec, pipeline), observation)
-        runtime = "ONNX Runtime" if spec.kind == "bundle" else "PyTorch"
+        runtime = spec.policy_class.runtime or spec.kind
         resolved.append(replace(spec, latency_s=seconds,
                                 latency_how=f"measured on this host ({cpu_name()}, {runtime}, 1 thread): {seconds * 1000:.1f} ms"))
         log(f"{spec.name}: latency {seconds * 1000:.1f} ms ({resolved[-1].latency_how})")

@@ -9,7 +9,7 @@ episode and the simulated time.
 
 Drawing is numpy (the ground: one nearest lookup of the raster per panel pixel)
 plus PIL polygons, so an 80-frame clip draws in well under a second per ten
-frames on one core; encoding is `stack.data.clips.encode_h264` (PyAV's libx264,
+frames on one core; encoding is `stack.video.encode_h264` (PyAV's libx264,
 yuv420p, so every panel size is even).
 """
 
@@ -58,7 +58,7 @@ def write_clip(path, frames: list, ground: GroundRaster, fps: float) -> Path:
     "ego" (x, y, yaw) of the box centre; "ego_size" (length, width); "agents" (A, 5) x, y, yaw, length,
     width boxes; "classes" A class names; "plan" (T, 2) world xy or None; "route" (R, 2) world xy; "title".
     """
-    from stack.data.clips import encode_h264
+    from stack.video import encode_h264
 
     if not frames:
         raise ValueError(f"write_clip({path}): no frames to write; an episode clip needs at least one")

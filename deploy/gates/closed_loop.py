@@ -23,7 +23,6 @@ from pathlib import Path
 
 import numpy as np
 
-from stack.sim.policies import PolicySpec
 
 
 def _means(rows: list[dict], name: str) -> dict:
@@ -54,11 +53,11 @@ def _paired(rows: list[dict]) -> list[dict]:
 
 def closed_loop_gate(pipeline, int8_path: Path, fp32_path: Path, budget, latency_ms: float, log=print) -> dict:
     """Drive both models on the same episodes; {"passed", "reasons", "int8", "fp32", "expert", ...}."""
+    from stack.deploy.calibration import Calibration
+    from stack.deploy.policies import bundle_spec
+    from stack.deploy.runner import DeployedNetwork
     from stack.sim.drive import evaluate
     from stack.sim.scenarios import episode_specs
-
-    from stack.deploy.calibration import Calibration
-    from stack.deploy.runner import DeployedNetwork
 
     bundle_cameras = DeployedNetwork.from_model(fp32_path).calibration
     differences = bundle_cameras.compare(Calibration.from_rig(pipeline.data.rig))
@@ -68,8 +67,8 @@ def closed_loop_gate(pipeline, int8_path: Path, fp32_path: Path, budget, latency
     cfg = pipeline.drive
     episodes = episode_specs(list(cfg.scenarios), budget.episodes, list(cfg.seeds), cfg.episode_seconds)
     how = f"the target's latency budget ({latency_ms:.1f} ms), for both models"
-    specs = [PolicySpec("int8", "bundle", "", str(int8_path), latency_ms / 1000.0, how),
-             PolicySpec("fp32", "bundle", "", str(fp32_path), latency_ms / 1000.0, how)]
+    specs = [bundle_spec("int8", "", str(int8_path), latency_s=latency_ms / 1000.0, latency_how=how),
+             bundle_spec("fp32", "", str(fp32_path), latency_s=latency_ms / 1000.0, latency_how=how)]
     rows = evaluate(pipeline, specs, episodes, log, title="closed-loop gate (INT8 vs fp32)")
     int8, fp32, expert = _means(rows, "int8"), _means(rows, "fp32"), _means(rows, "expert")
     drop = fp32["driving_score"] - int8["driving_score"]

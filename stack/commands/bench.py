@@ -18,7 +18,7 @@ BENCHMARKS: dict[str, str] = {
     "train-memory": "stack.train.bench:run_memory",
     "infer": "stack.deploy.bench:infer",
     "latency": "stack.deploy.bench:latency",
-    "drive": "stack.sim.bench:run",
+    "drive": "stack.deploy.bench:drive",
     "checkpoint": "stack.train.checkpoint_bench:run",
 }
 """Benchmark name -> "module:function". Add an entry when the benchmark works."""

@@ -90,7 +90,7 @@ def _pipeline(sources: list[str], args):
     for source in sources:
         if _kind(source) == "checkpoint":
             pipeline, state_dict, _ = load_model_checkpoint(source)
-            from stack.sim.policies import check_has_planner
+            from stack.deploy.policies import check_has_planner
 
             check_has_planner(state_dict, source)
         else:
@@ -128,6 +128,7 @@ def _check_same(source: str, stored, pipeline) -> None:
 
 
 def _policies(sources: list[str], chosen: list[str]):
+    from stack.deploy.policies import bundle_spec, checkpoint_spec
     from stack.sim.policies import PolicySpec
 
     specs = []
@@ -139,11 +140,10 @@ def _policies(sources: list[str], chosen: list[str]):
             raise StackError(f"--policy int8/fp32 choose a bundle's model; {source} is a checkpoint (use network)")
         for choice in wanted:
             if kind == "checkpoint":
-                specs.append(PolicySpec("checkpoint" if len(sources) == 1 else f"checkpoint {source}", "checkpoint",
-                                        source))
+                specs.append(checkpoint_spec("checkpoint" if len(sources) == 1 else f"checkpoint {source}", source))
             else:
                 model = None if choice == "network" else choice
-                specs.append(PolicySpec(f"bundle {label}" + (f" {choice}" if model else ""), "bundle", source, model))
+                specs.append(bundle_spec(f"bundle {label}" + (f" {choice}" if model else ""), source, model))
     specs += [PolicySpec(c, c) for c in chosen if c in ("expert", "constant_velocity", "ego_rollout")]
     names = [s.name for s in specs]
     clash = sorted({n for n in names if names.count(n) > 1})

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from stack.data import build_loader
-from stack.data.clips import decode_h264, decode_h264_gpu, encode_h264
+from stack.data.clips import decode_h264_gpu
+from stack.video import decode_h264, encode_h264
 from stack.errors import StackError
 
 

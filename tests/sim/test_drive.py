@@ -15,6 +15,7 @@ import torch
 
 from stack.cli import main
 from stack.config import load_pipeline
+from stack.deploy.policies import bundle_spec, checkpoint_spec
 from stack.sim.episode import run_episode
 from stack.sim.policies import PolicySpec, build_policy
 from stack.sim.scenarios import EpisodeSpec, build_world
@@ -139,8 +140,8 @@ def test_the_checkpoint_and_its_fp32_onnx_drive_the_same_episode(pipeline, check
     onnx_path = tmp_path / "model.onnx"
     export_onnx(network.net, network.example, network.output_names, onnx_path, pipeline.export.opset, network.metadata)
     spec = episode("lead_brake", 1, 0)
-    torch_run = drive_once(pipeline, PolicySpec("checkpoint", "checkpoint", str(checkpoint)), spec).trace
-    onnx_run = drive_once(pipeline, PolicySpec("fp32", "bundle", "", str(onnx_path)), spec).trace
+    torch_run = drive_once(pipeline, checkpoint_spec("checkpoint", str(checkpoint)), spec).trace
+    onnx_run = drive_once(pipeline, bundle_spec("fp32", "", str(onnx_path)), spec).trace
     reference = expert_progress(pipeline, spec)
     a, b = score_episode(torch_run, reference), score_episode(onnx_run, reference)
     assert a["collisions"] == b["collisions"] and abs(a["driving_score"] - b["driving_score"]) < 0.02

@@ -3,6 +3,7 @@
 import numpy as np
 import torch
 
+from stack.deploy.policies import bundle_spec, checkpoint_spec
 from stack.sim.drive import run_tasks, score_rows
 from stack.sim.policies import PolicySpec
 from stack.sim.scenarios import episode_specs
@@ -37,8 +38,8 @@ def test_worker_processes_replay_the_episodes_of_one_process(tmp_path):
     torch.manual_seed(0)
     weights = build_model(pipeline).state_dict()
     checkpoint = save_model_checkpoint(tmp_path / "model.pt", pipeline, weights)
-    specs = [PolicySpec("checkpoint", "checkpoint", str(checkpoint), latency_s=0.2),
-             PolicySpec("fp32", "bundle", "", _onnx(pipeline, weights, tmp_path / "model.onnx"), latency_s=0.1),
+    specs = [checkpoint_spec("checkpoint", str(checkpoint), latency_s=0.2),
+             bundle_spec("fp32", "", _onnx(pipeline, weights, tmp_path / "model.onnx"), latency_s=0.1),
              PolicySpec("expert", "expert")]
     episodes = episode_specs(["lead_brake", "cut_in"], 2, [0], 3.0)
     alone = score_rows(_drive(pipeline, specs, episodes, workers=1))

@@ -241,7 +241,7 @@ def test_camera_panel_is_nearest_upscaled_and_blind_is_grey():
 
 
 def test_clip_decodes_to_its_frames(tmp_path):
-    from stack.data.clips import decode_h264
+    from stack.video import decode_h264
 
     path = clips.write_clip(tmp_path / "clips" / "episode.mp4", _frames(12), _ground(), fps=10)
     assert path == tmp_path / "clips" / "episode.mp4"
@@ -256,7 +256,7 @@ def test_clip_decodes_to_its_frames(tmp_path):
 
 
 def test_blind_clip_has_the_grey_panel(tmp_path):
-    from stack.data.clips import decode_h264
+    from stack.video import decode_h264
 
     path = clips.write_clip(tmp_path / "blind.mp4", _frames(3, front=False), _ground(), fps=10)
     video = decode_h264(path.read_bytes())

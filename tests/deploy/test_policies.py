@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from stack.sim.policies import bundle_latency
+from stack.deploy.policies import bundle_latency, checkpoint_spec
 from stack.errors import StackError
 
 
@@ -41,7 +41,7 @@ def test_a_network_without_a_finite_plan_stops_the_car_instead_of_ending_the_eva
     import torch
 
     from stack.checkpoint import save_model_checkpoint
-    from stack.sim.policies import PolicySpec
+
     from stack.metrics.driving import score_episode
     from stack.models import build_model
     from tests.sim.test_drive import drive_once, episode, micro_pipeline
@@ -50,6 +50,6 @@ def test_a_network_without_a_finite_plan_stops_the_car_instead_of_ending_the_eva
     weights = {name: torch.full_like(value, float("nan")) if name.startswith("planning_head.") and
                value.is_floating_point() else value for name, value in build_model(pipeline).state_dict().items()}
     diverged = save_model_checkpoint(tmp_path / "diverged.pt", pipeline, weights)
-    run = drive_once(pipeline, PolicySpec("diverged", "checkpoint", str(diverged)), episode("route", 0, 0, 3.0))
+    run = drive_once(pipeline, checkpoint_spec("diverged", str(diverged)), episode("route", 0, 0, 3.0))
     assert run.trace.ego[0, 3] > 5.0 and run.trace.ego[-1, 3] < 1.0, "the car must brake to a stop"
     assert score_episode(run.trace, 25.0)["ego_progress"] < 0.5
