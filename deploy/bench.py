@@ -25,10 +25,10 @@ ROUNDS = 5
 
 def infer(pipeline, args) -> int:
     from stack.checkpoint import check_same_network, load_model_checkpoint
-    from stack.deploy.evaluate import make_evaluator
-    from stack.deploy.latency import predict
+    from stack.deploy.gates.head_scores import make_evaluator
+    from stack.deploy.latency.roofline import predict
     from stack.deploy.network import batch_feeds, export_network
-    from stack.deploy.accuracy import as_scores, session_runner
+    from stack.deploy.gates.accuracy import as_scores, session_runner
     from stack.deploy.calibration import Calibration, check_samples
     from stack.deploy.export import export_onnx
     from stack.deploy.quantize import quantize
@@ -103,8 +103,9 @@ def _print_infer(metrics: dict, times: dict, gflop: float, rate_gflops: float, r
 
 
 def latency(pipeline, args) -> int:
-    from stack.deploy.latency import GATE_MARGIN, LOO_ERRORS, P99_OVER_MEDIAN
-    from stack.deploy.latency_refs import FITTED, references_for, table
+    from stack.deploy.latency.roofline import GATE_MARGIN, LOO_ERRORS, P99_OVER_MEDIAN
+    from stack.deploy.latency.fit import table
+    from stack.deploy.latency.references import FITTED, references_for
 
     result = table(pipeline.targets, log=lambda message: print(f"# {message}", flush=True))
     print(f"\n# latency model fitted to {result['references']} published AGX Orin references (refs not on "
@@ -144,7 +145,7 @@ def _latency_breakdown(result: dict) -> None:
 
 def _latency_predictions(pipeline, references_for) -> None:
     from stack.deploy.export import export_onnx
-    from stack.deploy.latency import GATE_MARGIN, P99_OVER_MEDIAN, predict, target_validation
+    from stack.deploy.latency.roofline import GATE_MARGIN, P99_OVER_MEDIAN, predict, target_validation
     from stack.deploy.network import export_network
     from stack.models import build_model
 

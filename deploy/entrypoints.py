@@ -71,7 +71,7 @@ def deploy_checkpoint(pipeline, state_dict: dict, checkpoint: str, target_name: 
     """Build and gate the bundle `{export.out_dir}/{target_name}/` for one camera calibration; returns gate.json.
     `chosen_store`: the tracking store the user chose (DeploySpec.chosen_store)."""
     from stack.config import load_target, pipeline_hash, pipeline_to_yaml
-    from stack.deploy.evaluate import head_budgets, make_evaluator
+    from stack.deploy.gates.head_scores import head_budgets, make_evaluator
     from stack.deploy.validation import deploy_samples
 
     target = load_target(target_name, pipeline)

@@ -26,10 +26,10 @@ from typing import Callable
 
 import onnx
 
-from stack.deploy import accuracy as acc
+from stack.deploy.gates import accuracy as acc
 from stack.deploy.bundle import check_replaceable, stage, swap_in, verify_bundle, vouch
 from stack.deploy.export import check_parity, export_onnx
-from stack.deploy.gate import measured_gate, predicted_gate
+from stack.deploy.gates.fps import measured_gate, predicted_gate
 from stack.deploy.quantize import check_calibration_set, fp32_nodes, quantizable_nodes, quantize
 from stack.deploy.report import markdown, plot_latency, write_gate_json
 from stack.deploy.trt_ops import tensorrt_problems
@@ -267,7 +267,7 @@ def _finish_speed(result: dict) -> None:
 
 
 def _measure_onnxruntime(spec, folder, engine_onnx, fp32_path, target, cfg, result, log):
-    from stack.deploy.profile import profile_nodes
+    from stack.deploy.ort_profile import profile_nodes
 
     feeds = spec.accuracy_feeds[0]
     paths = [engine_onnx] + ([fp32_path] if engine_onnx != fp32_path else [])
@@ -288,7 +288,7 @@ def _measure_onnxruntime(spec, folder, engine_onnx, fp32_path, target, cfg, resu
 
 def _time_side_by_side(paths: list, feeds: dict, cfg) -> tuple[dict, float]:
     """({file name: LatencyStats}, reference workload ms now), the models and the reference interleaved."""
-    from stack.deploy.gate import time_side_by_side
+    from stack.deploy.gates.fps import time_side_by_side
     from stack.deploy.runtime import ort_session
 
     return time_side_by_side({path.name: ort_session(path) for path in paths}, feeds, cfg.timing_runs,
@@ -353,7 +353,7 @@ def _measure_tensorrt(spec, folder, engine_onnx, target, cfg, result, log, fp32:
 
 
 def _predict(folder, engine_onnx, target, cfg, result, log):
-    from stack.deploy.latency import GATE_MARGIN, loo_summary, predict, target_validation
+    from stack.deploy.latency.roofline import GATE_MARGIN, loo_summary, predict, target_validation
 
     prediction = predict(onnx.load(str(engine_onnx)), target, keep_fp32=tuple(cfg.keep_fp32))
     note = (f"{PREDICTION_ERROR_NOTE}: {loo_summary()}; the margin covers the worst optimistic one; "

@@ -696,7 +696,7 @@ class Target:
     reference_workload_ms: float = 0.0
     """Time per run of the reference workload (a 512x512 fp32 MatMul in ONNX Runtime) on the machine the
     bar was set for. When > 0, measured latency is scaled by this / the reference timed in the same run
-    (mean per run over blocks between the model's timing rounds, `stack.deploy.gate.time_side_by_side`),
+    (mean per run over blocks between the model's timing rounds, `stack.deploy.gates.fps.time_side_by_side`),
     so a busier or slower machine does not flip the gate; 0 compares raw latency."""
     accuracy_budget: AccuracyBudget = field(default_factory=AccuracyBudget)
     """Largest accuracy drop allowed per head."""

@@ -5,7 +5,7 @@ import numpy as np
 import onnx
 import pytest
 
-from stack.deploy.accuracy import (BOOTSTRAP_LEVEL, HeadBudget, HeadResult, accuracy_gate, compare, frame_means,
+from stack.deploy.gates.accuracy import (BOOTSTRAP_LEVEL, HeadBudget, HeadResult, accuracy_gate, compare, frame_means,
                                    paired_bootstrap)
 from stack.deploy.export import export_onnx
 from stack.deploy.quantize import quantizable_nodes, quantize
@@ -36,7 +36,7 @@ def _setup(tmp_path, outlier):
     fp32 = tmp_path / "net.onnx"
     export_onnx(net, example_inputs(), ["segmentation", "speed"], fp32, opset=17, metadata={})
     calibration, validation = make_samples(8, seed=1), make_samples(6, seed=2)
-    from stack.deploy.accuracy import session_runner
+    from stack.deploy.gates.accuracy import session_runner
 
     evaluate = make_evaluator(validation, session_runner(fp32))
     counter = iter(range(1000))
@@ -141,7 +141,7 @@ def test_drop_sign_follows_metric_direction():
 
 
 def test_screen_ranks_the_outlier_first_in_one_pass(tmp_path):
-    from stack.deploy.accuracy import screen
+    from stack.deploy.gates.accuracy import screen
 
     fp32, _, quantize_with, candidates, few = _setup(tmp_path, outlier=True)
     ranked = screen(fp32, quantize_with([]), candidates, few)

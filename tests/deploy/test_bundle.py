@@ -26,7 +26,7 @@ REPO = HERE.parents[1]
 DEPLOY_SCRIPT = """
 import dataclasses, sys
 from stack.config import load_pipeline, load_target
-from stack.deploy.accuracy import HeadBudget
+from stack.deploy.gates.accuracy import HeadBudget
 from stack.deploy.orchestrate import DeploySpec, run_deploy
 from deploy_fixture_net import example_inputs, make_net, make_samples, segmentation_error
 

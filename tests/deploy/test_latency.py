@@ -6,7 +6,7 @@ from onnx import TensorProto, helper, numpy_helper
 import numpy as np
 
 from stack.config import load_pipeline, load_target
-from stack.deploy.latency import Efficiency, predict
+from stack.deploy.latency.roofline import Efficiency, predict
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +117,7 @@ def test_operator_classes(orin):
 
 def _workload(compute_ms: float, memory_ms: float = 0.0, kind: str = "conv", precision: str = "int8"):
     """A one-layer Workload with the given ideal times (what `Workload` derives from a graph)."""
-    from stack.deploy.latency import Workload
+    from stack.deploy.latency.roofline import Workload
 
     load = Workload.__new__(Workload)
     load.compute_ms, load.memory_ms = np.array([compute_ms]), np.array([memory_ms])
@@ -127,7 +127,7 @@ def _workload(compute_ms: float, memory_ms: float = 0.0, kind: str = "conv", pre
 
 
 def _ref(name: str, published: float):
-    from stack.deploy.latency_refs import Reference
+    from stack.deploy.latency.references import Reference
 
     return Reference(name, "synthetic", "none", (1,), "int8", published, "hand-made")
 
@@ -136,7 +136,7 @@ def test_leave_one_out_on_a_hand_checkable_case():
     """One efficiency, three 1 ms (ideal) networks published at 2, 2 and 2.42 ms, plain least squares in log space:
     log e = mean(log(ideal / published)). Without C, e = 0.5 predicts C at 2 ms: -17.36%. Without A,
     e = sqrt(0.5 / 2.42) = 1 / 2.2 predicts A at 2.2 ms: +10%."""
-    from stack.deploy.latency_refs import fit, leave_one_out
+    from stack.deploy.latency.fit import fit, leave_one_out
 
     loads = {_ref("A", 2.0): _workload(1.0), _ref("B", 2.0): _workload(1.0), _ref("C", 2.42): _workload(1.0)}
     prior = Efficiency(conv_int8=0.9, launch_us=0.0)
@@ -149,7 +149,7 @@ def test_leave_one_out_on_a_hand_checkable_case():
 
 def test_a_model_fitted_to_one_regime_fails_the_20_percent_check():
     """Efficiencies pinned by a compute-bound network alone mis-predict memory-bound ones: the LOO check fails."""
-    from stack.deploy.latency_refs import fit, leave_one_out, outside
+    from stack.deploy.latency.fit import fit, leave_one_out, outside
 
     compute = {_ref(f"conv{i}", 2.0 * ms): _workload(ms) for i, ms in enumerate((1.0, 2.0, 4.0))}
     memory = {_ref(f"mem{i}", 3.0 * ms): _workload(0.01, ms, kind="memory") for i, ms in enumerate((1.0, 2.0))}
@@ -161,7 +161,7 @@ def test_a_model_fitted_to_one_regime_fails_the_20_percent_check():
 
 
 def test_every_reference_is_sourced_and_the_fit_covers_three_families():
-    from stack.deploy.latency_refs import FIT_TARGET, REFERENCES
+    from stack.deploy.latency.references import FIT_TARGET, REFERENCES
 
     assert all(len(ref.source) > 40 and ("http" in ref.source or "docs/" in ref.source or "issue" in ref.source)
                for ref in REFERENCES)
@@ -171,7 +171,7 @@ def test_every_reference_is_sourced_and_the_fit_covers_three_families():
 
 
 def test_gate_margin_comes_from_the_worst_optimistic_leave_one_out_error():
-    from stack.deploy.latency import GATE_MARGIN, LOO_ERRORS, gate_margin
+    from stack.deploy.latency.roofline import GATE_MARGIN, LOO_ERRORS, gate_margin
 
     assert gate_margin({"a": -0.2, "b": 0.3}) == 1.25 and gate_margin({"a": 0.1}) == 1.0
     assert GATE_MARGIN == gate_margin(LOO_ERRORS) and GATE_MARGIN * (1 + min(LOO_ERRORS.values())) >= 0.995
@@ -181,8 +181,8 @@ def test_predicted_p99_is_the_median_times_the_published_ratio(orin):
     """A network whose median fits but whose tail (median x P99_OVER_MEDIAN) overruns the p99 bar fails."""
     from dataclasses import replace
 
-    from stack.deploy.gate import predicted_gate
-    from stack.deploy.latency import P99_OVER_MEDIAN, LayerCost, Prediction
+    from stack.deploy.gates.fps import predicted_gate
+    from stack.deploy.latency.roofline import P99_OVER_MEDIAN, LayerCost, Prediction
 
     prediction = Prediction([LayerCost("net", ["Conv"], "int8", 1.0, 1.0, 40.0, "compute")])
     target = replace(orin, min_fps=20.0, max_p99_latency_ms=42.0)
@@ -201,8 +201,8 @@ def test_a_heavier_network_predicts_proportionally_slower(orin):
 
 
 def test_targets_say_whether_they_have_references_of_their_own():
-    from stack.deploy.latency import target_validation
-    from stack.deploy.latency_refs import references_for
+    from stack.deploy.latency.roofline import target_validation
+    from stack.deploy.latency.references import references_for
 
     assert "no published reference of its own" in target_validation("orin-nano")
     assert not references_for("orin-nano")
@@ -210,14 +210,14 @@ def test_targets_say_whether_they_have_references_of_their_own():
 
 
 def test_yolo11_rebuild_has_ultralytics_parameter_counts():
-    from stack.deploy.latency_nets import YOLO11_PARAMETERS, Yolo11
+    from stack.deploy.latency.networks import YOLO11_PARAMETERS, Yolo11
 
     for scale in "nsm":
         assert sum(p.numel() for p in Yolo11(scale).parameters()) == YOLO11_PARAMETERS[scale]
 
 
 def test_reference_graphs_are_built_once_and_cached_without_weights(tmp_path, monkeypatch):
-    from stack.deploy import latency_nets
+    from stack.deploy.latency import networks as latency_nets
 
     monkeypatch.setenv("STACK_CACHE_DIR", str(tmp_path))
     messages = []
@@ -234,8 +234,9 @@ def test_reference_graphs_are_built_once_and_cached_without_weights(tmp_path, mo
 def test_stated_error_is_what_the_published_references_give():
     """Refit on the published references: the efficiencies, leave-one-out errors and per-target checks the
     gate and reports use are what the fit gives today (builds the reference graphs once per cache)."""
-    from stack.deploy.latency import FITTED_EFFICIENCY, LOO_ERRORS, TARGET_CHECKS
-    from stack.deploy.latency_refs import FITTED, FIT_TARGET, fit, outside, table, workloads
+    from stack.deploy.latency.roofline import FITTED_EFFICIENCY, LOO_ERRORS, TARGET_CHECKS
+    from stack.deploy.latency.fit import fit, outside, table, workloads
+    from stack.deploy.latency.references import FITTED, FIT_TARGET
 
     targets = load_pipeline().targets
     loads = {r: w for r, w in workloads(targets).items() if r.target == FIT_TARGET}
@@ -259,7 +260,7 @@ def test_the_predicted_gate_states_its_error_and_the_targets_own_references(tmp_
     applied, and whether the target was ever checked against published figures of its own."""
     from types import SimpleNamespace
 
-    from stack.deploy.latency import GATE_MARGIN, P99_OVER_MEDIAN
+    from stack.deploy.latency.roofline import GATE_MARGIN, P99_OVER_MEDIAN
     from stack.deploy.orchestrate import _predict
 
     path = tmp_path / "m.onnx"

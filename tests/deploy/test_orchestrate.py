@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from stack.config import load_pipeline, load_target
-from stack.deploy.accuracy import HeadBudget, session_runner
+from stack.deploy.gates.accuracy import HeadBudget, session_runner
 from stack.deploy.orchestrate import DeploySpec, run_deploy
 
 from deploy_fixture_net import example_inputs, make_net, make_samples, segmentation_error
@@ -75,7 +75,7 @@ def test_tiny_network_passes_ci_cpu_and_twelve_times_its_work_fails(tiny_onnx):
     """ci-cpu's own bars (12 Hz, the whole 83.3 ms period) and its reference-workload normalisation, timed side
     by side as deploy times them: the tiny network clears them, the same graph run 12x per frame does not (its
     headroom is 6.3x on the reference machine and 8.6x on an idle AVX-512 EPYC, where 8x passed by 7%)."""
-    from stack.deploy.gate import measured_gate, time_side_by_side
+    from stack.deploy.gates.fps import measured_gate, time_side_by_side
     from stack.deploy.runtime import ort_session
 
     path, feeds, tiny = tiny_onnx
@@ -91,8 +91,8 @@ def test_tiny_network_passes_ci_cpu_and_twelve_times_its_work_fails(tiny_onnx):
 
 
 def _orin_gate(model, pipeline, all_int8: bool):
-    from stack.deploy.gate import predicted_gate
-    from stack.deploy.latency import GATE_MARGIN, predict
+    from stack.deploy.gates.fps import predicted_gate
+    from stack.deploy.latency.roofline import GATE_MARGIN, predict
 
     orin = load_target("orin", pipeline)
     prediction = predict(model, orin, keep_fp32=tuple(pipeline.export.keep_fp32), all_int8=all_int8)
@@ -196,7 +196,7 @@ def test_predicted_gate_fails_when_the_target_bar_is_out_of_reach(tmp_path, pipe
 
 
 def test_measured_gate_normalises_by_the_reference_workload():
-    from stack.deploy.gate import measured_gate
+    from stack.deploy.gates.fps import measured_gate
     from stack.deploy.runtime import LatencyStats
 
     target = dataclasses.replace(load_target("ci-cpu", load_pipeline()), min_fps=10.0, max_p99_latency_ms=200.0,

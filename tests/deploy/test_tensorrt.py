@@ -122,7 +122,7 @@ def test_orin_gate_on_another_gpu_uses_the_prediction(tmp_path, monkeypatch, ori
     """TensorRT importable on an x86 H100: its timing is information, the Orin gate is predicted."""
     import numpy as np
 
-    from stack.deploy.accuracy import HeadBudget
+    from stack.deploy.gates.accuracy import HeadBudget
     from stack.deploy.orchestrate import DeploySpec, run_deploy
     from stack.deploy.runtime import summarize
 

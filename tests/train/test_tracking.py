@@ -280,7 +280,7 @@ def test_deploy_on_other_data_warns_records_lineage_in_gate_json_and_logs_into_t
 
     from stack.checkpoint import save_model_checkpoint
     from stack.config import load_pipeline, load_target
-    from stack.deploy.accuracy import HeadBudget
+    from stack.deploy.gates.accuracy import HeadBudget
     from stack.deploy.bundle import verify_bundle
     from stack.deploy.orchestrate import DeploySpec, run_deploy
     from stack.lineage import set_active_run

@@ -17,7 +17,7 @@ the ego-status rollout, so INT8 must not turn a planner that beats `PLANNING_BAR
 rollout's L2 (on the same frames) into one that does not.
 
 Each frame keeps its own metric accumulators, so the gate can rescore any resample of the
-frames without running the network again (the paired bootstrap in `stack.deploy.accuracy`).
+frames without running the network again (the paired bootstrap in `stack.deploy.gates.accuracy`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import math
 import numpy as np
 import torch
 
-from stack.deploy.accuracy import HeadBudget, Scores
+from stack.deploy.gates.accuracy import HeadBudget, Scores
 from stack.deploy.network import batch_feeds
 from stack.metrics.planning import PLANNING_BAR
 

@@ -140,7 +140,7 @@ def predicted_gate(target, prediction, error_note: str, margin: float = 1.0, p99
     """The gate on the latency model's prediction (`prediction`: latency.Prediction) times `margin`; the p99
     bar is checked against that times `p99_ratio` (default `latency.P99_OVER_MEDIAN`): a prediction is a
     median, and a frame that waits is decided by the tail."""
-    from stack.deploy.latency import P99_OVER_MEDIAN
+    from stack.deploy.latency.roofline import P99_OVER_MEDIAN
 
     p99_ratio = P99_OVER_MEDIAN if p99_ratio is None else p99_ratio
     how = (f"predicted: per-layer roofline over the QDQ graph against {target.description or 'the target'} peaks "

@@ -20,7 +20,7 @@ computed on TensorRT's view of the graph rather than ONNX's node list:
 - everything else is a memory-bound kernel that reads its inputs and writes its outputs.
 
 Efficiencies are per operator class (`KINDS`) and precision, fitted to 12 published Jetson AGX
-Orin TensorRT timings from three network families (`stack.deploy.latency_refs.REFERENCES`,
+Orin TensorRT timings from three network families (`stack.deploy.latency.references.REFERENCES`,
 refit by `stack bench latency`); each reference's leave-one-out error is the stated error
 (`LOO_ERRORS`), its worst optimistic value sets `GATE_MARGIN`, and BENCHMARKS.md records them.
 Roofline model: Williams, Waterman, Patterson, CACM 2009
@@ -84,7 +84,7 @@ class Efficiency:
 
 
 FITTED_EFFICIENCY = Efficiency(conv_int8=0.3154, conv_fp16=0.4499, memory=0.7366)
-"""`stack.deploy.latency_refs.fit` on the 12 AGX Orin references (`stack bench latency` refits and prints
+"""`stack.deploy.latency.fit.fit` on the 12 AGX Orin references (`stack bench latency` refits and prints
 it; the slow test checks these figures are what the fit gives). The other fields are the priors."""
 LOO_ERRORS = {
     "ResNet-50 v1.5 224x224 int8": 0.182,
@@ -95,7 +95,7 @@ LOO_ERRORS = {
     "YOLO11l 640x640 int8": -0.059, "YOLO11x 640x640 int8": 0.136,
 }
 """Leave-one-out relative error per AGX Orin reference (fitted on the other 11, then predicted; positive =
-pessimistic), from `stack.deploy.latency_refs.table` (`stack bench latency`)."""
+pessimistic), from `stack.deploy.latency.fit.table` (`stack bench latency`)."""
 
 
 def gate_margin(loo_errors: dict) -> float:
