@@ -24,7 +24,7 @@ ROUNDS = 5
 
 
 def infer(pipeline, args) -> int:
-    from stack.checkpoint import check_same_network, load_model_checkpoint
+    from stack.checkpoint.model_file import check_same_network, load_model_checkpoint
     from stack.deploy.gates.head_scores import make_evaluator
     from stack.deploy.latency.roofline import predict
     from stack.deploy.network import batch_feeds, export_network
@@ -169,7 +169,7 @@ def _latency_predictions(pipeline, references_for) -> None:
 def drive(pipeline, args) -> int:
     """`stack bench drive`: the closed loop's speed (`stack.sim.bench`) with the network as the camera policy:
     `{train.out_dir}/model.pt` when it exists, else the pipeline's network with untrained weights (same cost)."""
-    from stack.checkpoint import save_model_checkpoint
+    from stack.checkpoint.model_file import save_model_checkpoint
     from stack.deploy.policies import checkpoint_spec
     from stack.models import build_model
     from stack.sim import bench

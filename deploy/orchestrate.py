@@ -119,7 +119,7 @@ def run_deploy(spec: DeploySpec, name: str, target, export_cfg, folder: Path, lo
 def _lineage(spec: DeploySpec, log) -> dict:
     """gate.json's lineage: the dataset the bundle was calibrated and gated on, the one its checkpoint trained on,
     and the MLflow run of that checkpoint; warns (stack.lineage) when the two datasets differ."""
-    from stack.checkpoint import read_lineage
+    from stack.checkpoint.model_file import read_lineage
     from stack.lineage import DATASET_KEY, TRACKING_KEY, data_warning, dataset_fingerprint
 
     if not spec.checkpoint or not Path(spec.checkpoint).is_file():

@@ -55,7 +55,7 @@ class CheckpointPolicy(Policy):
         super().__init__(spec, steps)
         import torch
 
-        from stack.checkpoint import check_weights_fit, load_model_checkpoint
+        from stack.checkpoint.model_file import check_weights_fit, load_model_checkpoint
         from stack.models import build_model
         from stack.rig import rig_matrices
 

@@ -2,7 +2,7 @@
 
 The state is what `stack train` checkpoints for the pipeline's network: weights plus AdamW's two
 moments (one optimizer step on zero gradients fills them), and a small meta part. Both ways write
-the same folder format through `stack.train.dcp_io.AsyncCheckpointWriter`:
+the same folder format through `stack.checkpoint.sharded.AsyncCheckpointWriter`:
 
 - synchronous: the loop waits for staging, the write of every shard, the fsyncs and the commit
   (what `RollingCheckpoints.save(blocking=True)` does);
@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from stack.pipeline import Pipeline
-from stack.train.dcp_io import AsyncCheckpointWriter
+from stack.checkpoint.sharded import AsyncCheckpointWriter
 
 GOAL = 0.1
 ROUNDS = 6

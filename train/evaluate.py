@@ -94,7 +94,7 @@ def evaluate_checkpoint(checkpoint: Path, pipeline: Pipeline | None, progress: b
     """Rebuild the checkpoint's network, evaluate it on `pipeline`'s `split` (val, or train unaugmented); (metrics, out folder).
     `chosen_store`: the tracking store the user chose (`stack.train.tracking.chosen_store`); the eval is logged into
     the checkpoint's run on a remote store only when it is that one."""
-    from stack.checkpoint import load_model_checkpoint
+    from stack.checkpoint.model_file import load_model_checkpoint
     from stack.data import build_loader
     from stack.models import build_model
     from stack.train.parallel import accelerator_name

@@ -222,7 +222,7 @@ def finish_tracking(logger: SafeMLFlowLogger | None, trainer) -> None:
 
 class LineageCallback(pl.Callback):
     """Puts the dataset fingerprint and the MLflow run record into every resumable checkpoint (model.pt gets
-    them from `stack.checkpoint.save_model_checkpoint`), and tags the run with its step count at the end."""
+    them from `stack.checkpoint.model_file.save_model_checkpoint`), and tags the run with its step count at the end."""
 
     def __init__(self, pipeline: Pipeline, logger: SafeMLFlowLogger | None):
         self.dataset = dataset_fingerprint(pipeline.data.root)

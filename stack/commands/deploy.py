@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
 
         raise StackError("stack deploy needs --target NAME (a file stem in configs/targets/, e.g. orin) and a "
                          "checkpoint, or --verify BUNDLE to check a bundle that exists.")
-    from stack.checkpoint import load_for_deploy
+    from stack.checkpoint.model_file import load_for_deploy
     from stack.commands.export import take_checkpoint
     from stack.config import check_target_name, load_target
 

@@ -83,7 +83,7 @@ def _kind(source: str) -> str:
 def _pipeline(sources: list[str], args):
     """The pipeline to drive under: -c files + overrides, or the first source's own pipeline + overrides;
     refused when any source holds another network or was built for another camera rig."""
-    from stack.checkpoint import load_model_checkpoint, pipeline_for_checkpoint
+    from stack.checkpoint.model_file import load_model_checkpoint, pipeline_for_checkpoint
     from stack.config import pipeline_from_yaml, pipeline_to_yaml
 
     stored = []
@@ -110,7 +110,7 @@ def _pipeline(sources: list[str], args):
 
 def _check_same(source: str, stored, pipeline) -> None:
     """A source drives only the world its network was built for: same network, same cameras."""
-    from stack.checkpoint import check_same_network
+    from stack.checkpoint.model_file import check_same_network
     from stack.deploy.calibration import Calibration
 
     try:

@@ -54,7 +54,7 @@ def _checked_pipeline(checkpoint: str, args: argparse.Namespace):
     """The -c files + overrides, or the checkpoint's own pipeline + overrides when no file is given (as export
     and deploy do; None with neither); refused before any data is read when its model or rig differs from the
     checkpoint's (the data would not fit the network), or when the weights do not fit the network."""
-    from stack.checkpoint import check_weights_fit, load_model_checkpoint, pipeline_for_checkpoint
+    from stack.checkpoint.model_file import check_weights_fit, load_model_checkpoint, pipeline_for_checkpoint
     from stack.config import pipeline_to_yaml
 
     stored, state_dict, _ = load_model_checkpoint(checkpoint)

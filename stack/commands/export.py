@@ -46,7 +46,7 @@ def take_checkpoint(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from stack.checkpoint import load_for_deploy
+    from stack.checkpoint.model_file import load_for_deploy
     from stack.deploy.entrypoints import export_checkpoint
 
     args.checkpoint = take_checkpoint(args)

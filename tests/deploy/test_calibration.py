@@ -282,7 +282,7 @@ def _convert_fixture():
 @pytest.fixture(scope="module")
 def converted(micro, tmp_path_factory):
     """(checkpoint, data root) of the micro network and a converted nuScenes-format dataset."""
-    from stack.checkpoint import save_model_checkpoint
+    from stack.checkpoint.model_file import save_model_checkpoint
     from stack.data.convert import convert
 
     fixture = _convert_fixture()

@@ -24,7 +24,7 @@ def stack(*args):
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """(checkpoint of an untrained tiny network, overrides pointing at a small rendered dataset)."""
-    from stack.checkpoint import save_model_checkpoint
+    from stack.checkpoint.model_file import save_model_checkpoint
     from stack.config import load_pipeline
     from stack.models import build_model
 

@@ -40,7 +40,7 @@ def test_a_gate_json_without_the_gates_fields_is_a_clear_error(tmp_path, gate, s
 def test_a_network_without_a_finite_plan_stops_the_car_instead_of_ending_the_evaluation(tmp_path):
     import torch
 
-    from stack.checkpoint import save_model_checkpoint
+    from stack.checkpoint.model_file import save_model_checkpoint
 
     from stack.metrics.driving import score_episode
     from stack.models import build_model

@@ -40,7 +40,7 @@ def pipeline():
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory, pipeline):
-    from stack.checkpoint import save_model_checkpoint
+    from stack.checkpoint.model_file import save_model_checkpoint
     from stack.models import build_model
 
     torch.manual_seed(0)
@@ -130,7 +130,7 @@ def test_latency_delays_the_reaction_on_the_braking_scenario():
 
 
 def test_the_checkpoint_and_its_fp32_onnx_drive_the_same_episode(pipeline, checkpoint, tmp_path):
-    from stack.checkpoint import load_model_checkpoint
+    from stack.checkpoint.model_file import load_model_checkpoint
     from stack.deploy.calibration import Calibration
     from stack.deploy.export import export_onnx
     from stack.deploy.network import export_network
@@ -161,7 +161,7 @@ def test_stack_drive_runs_a_checkpoint_beside_the_baselines(checkpoint, tmp_path
 
 
 def test_bad_input_exits_2_with_a_clear_message(checkpoint, tmp_path, capsys):
-    from stack.checkpoint import save_model_checkpoint
+    from stack.checkpoint.model_file import save_model_checkpoint
     from stack.models import build_model
 
     assert main(["drive", str(checkpoint), "--scenarios", "highway_merge", f"drive.out_dir={tmp_path}"]) == 2

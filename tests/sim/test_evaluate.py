@@ -31,7 +31,7 @@ def _onnx(pipeline, state_dict, path):
 def test_worker_processes_replay_the_episodes_of_one_process(tmp_path):
     """PyTorch and ONNX Runtime networks built in this process first (as latency measurement does), then
     forked into the workers: what the deploy gate and `stack drive` run."""
-    from stack.checkpoint import save_model_checkpoint
+    from stack.checkpoint.model_file import save_model_checkpoint
     from stack.models import build_model
 
     pipeline = micro_pipeline("drive.episode_seconds=3.0")

@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from stack.checkpoint import CheckpointError, load_model_checkpoint, save_model_checkpoint
+from stack.checkpoint.model_file import CheckpointError, load_model_checkpoint, save_model_checkpoint
 from stack.cli import main
 from stack.config import load_pipeline, pipeline_to_yaml
 
@@ -111,7 +111,7 @@ def test_train_resume_refuses_a_crafted_checkpoint(crafted, tmp_path):
 def test_overrides_without_files_apply_to_the_checkpoints_own_pipeline(tmp_path, tiny):
     """`stack eval model.pt data.root=...` evaluates the tiny network (the default pipeline would not fit it);
     an override that changes the network is refused, for export too."""
-    from stack.checkpoint import load_for_deploy
+    from stack.checkpoint.model_file import load_for_deploy
     from stack.commands.eval import _checked_pipeline
 
     from stack.models import build_model

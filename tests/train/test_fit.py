@@ -12,10 +12,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from standin import TinyMultiTask, synthetic_loaders, tiny_pipeline  # noqa: E402
 
-from stack.checkpoint import load_model_checkpoint
+from stack.checkpoint.model_file import load_model_checkpoint
 from stack.errors import StackError
-from stack.train.checkpoints import resolve_resume
-from stack.train.dcp_io import load_sharded_checkpoint
+from stack.checkpoint.training import resolve_resume
+from stack.checkpoint.sharded import load_sharded_checkpoint
 from stack.train.fit import fit
 from stack.train.module import TrainingDiverged
 
@@ -82,7 +82,7 @@ def test_non_finite_loss_stops_naming_step_and_term_and_keeps_last_good_checkpoi
 
 
 def test_failed_checkpoint_write_keeps_the_previous_one(tmp_path, monkeypatch):
-    from stack.train import dcp_io
+    from stack.checkpoint import sharded as dcp_io
 
     original, calls = dcp_io._FencedWriter.write_data, []
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from stack.train.dcp_io import load_sharded_checkpoint
+from stack.checkpoint.sharded import load_sharded_checkpoint
 
 SCRIPT = Path(__file__).resolve().parent / "run_tiny.py"
 REPO = Path(__file__).resolve().parents[2]

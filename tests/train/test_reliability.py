@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from standin import TinyMultiTask, synthetic_loaders, tiny_pipeline  # noqa: E402
 
 from stack.errors import StackError
-from stack.train.dcp_io import load_sharded_checkpoint
+from stack.checkpoint.sharded import load_sharded_checkpoint
 from stack.train.fit import fit
 from stack.train.module import TrainingDiverged, TrainModule
 

@@ -11,9 +11,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from standin import TinyMultiTask, synthetic_loaders, tiny_pipeline  # noqa: E402
 
-from stack.checkpoint import load_model_checkpoint
+from stack.checkpoint.model_file import load_model_checkpoint
 from stack.lineage import dataset_fingerprint
-from stack.train.checkpoints import read_resume_checkpoint
+from stack.checkpoint.training import read_resume_checkpoint
 from stack.train.fit import fit
 
 RECIPE = ["train.max_epochs=1", "train.log_every_n_steps=1", "train.checkpoint_every_n_steps=3", "train.seed=7",
@@ -168,7 +168,7 @@ def tracked_model(two_datasets, tmp_path):
     """An (untrained) model.pt of the small network, saved as training on the first dataset in a tracked run."""
     from mlflow.tracking import MlflowClient
 
-    from stack.checkpoint import save_model_checkpoint
+    from stack.checkpoint.model_file import save_model_checkpoint
     from stack.lineage import set_active_run
     from stack.models import build_model
 
@@ -278,7 +278,7 @@ def test_deploy_on_other_data_warns_records_lineage_in_gate_json_and_logs_into_t
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "deploy"))
     from deploy_fixture_net import example_inputs, make_net, make_samples, segmentation_error
 
-    from stack.checkpoint import save_model_checkpoint
+    from stack.checkpoint.model_file import save_model_checkpoint
     from stack.config import load_pipeline, load_target
     from stack.deploy.gates.accuracy import HeadBudget
     from stack.deploy.bundle import verify_bundle
@@ -383,7 +383,7 @@ def test_a_checkpoint_naming_a_server_the_user_did_not_choose_gets_no_request(tm
     even probe it) unless the user chose that server in this invocation."""
     import torch
 
-    from stack.checkpoint import read_lineage, save_model_checkpoint
+    from stack.checkpoint.model_file import read_lineage, save_model_checkpoint
     from stack.deploy.orchestrate import _attach
     from stack.lineage import TRACKING_KEY, attach_to_run, set_active_run
     from stack.train.evaluate import attach_eval

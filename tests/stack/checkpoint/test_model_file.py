@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from stack.checkpoint import (CheckpointError, check_same_network, load_for_deploy, load_model_checkpoint,
+from stack.checkpoint.model_file import (CheckpointError, check_same_network, load_for_deploy, load_model_checkpoint,
                               save_model_checkpoint)
 from stack.config import load_pipeline, pipeline_hash, pipeline_to_yaml
 from stack.lineage import dataset_fingerprint

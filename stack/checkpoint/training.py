@@ -3,7 +3,7 @@
 Every `train.checkpoint_every_n_steps` (and when fitting ends) the full training state
 — model, optimizer, LR schedule, step, loop and loader position, RNG, and the
 resolved pipeline — is staged into CPU memory and written in the background while
-training continues (`stack.train.dcp_io`: torch.distributed.checkpoint, one folder of
+training continues (`stack.checkpoint.sharded`: torch.distributed.checkpoint, one folder of
 shards for any number of ranks, DDP or FSDP2). The folder is written under a temporary
 name and renamed into place only once every file is durable; `checkpoints/latest` then
 names it (replaced atomically), and only then are checkpoints beyond
@@ -11,7 +11,7 @@ names it (replaced atomically), and only then are checkpoints beyond
 previous checkpoint and `latest` intact.
 
 When fitting ends, rank 0 also writes `model.pt` — the full network weights with the
-pipeline (`stack.checkpoint.save_model_checkpoint`) — which `stack export` and
+pipeline (`stack.checkpoint.model_file.save_model_checkpoint`) — which `stack export` and
 `stack eval` read on any number of devices.
 
 A checkpoint is written only if every weight and optimizer-state tensor is finite (every
@@ -35,7 +35,7 @@ import lightning.pytorch as pl
 import torch
 
 from stack.errors import StackError
-from stack.train.dcp_io import (LATEST, AsyncCheckpointWriter, CheckpointWriteFailed, ShardedCheckpointIO,
+from stack.checkpoint.sharded import (LATEST, AsyncCheckpointWriter, CheckpointWriteFailed, ShardedCheckpointIO,
                                read_checkpoint_safely)
 
 __all__ = ["LATEST", "RollingCheckpoints", "ShardedCheckpointIO", "check_resume", "prepare_out_dir", "resolve_resume"]
@@ -117,7 +117,7 @@ class RollingCheckpoints(pl.Callback):
     def _write_model_weights(self, trainer, pl_module) -> None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        from stack.checkpoint import save_model_checkpoint
+        from stack.checkpoint.model_file import save_model_checkpoint
 
         model = pl_module.model
         if pl_module.sharded_units:  # collective: gathers the full weights onto rank 0's CPU
@@ -284,8 +284,8 @@ def check_resume(path: Path, pipeline, model: torch.nn.Module) -> dict:
 
 
 def _differing_model_keys(pipeline_yaml, pipeline, source: str) -> list[str]:
-    """'key: checkpoint value vs current value' for every key that shapes the network (`stack.checkpoint.MODEL_SECTIONS`)."""
-    from stack.checkpoint import model_differences
+    """'key: checkpoint value vs current value' for every key that shapes the network (`stack.checkpoint.model_file.MODEL_SECTIONS`)."""
+    from stack.checkpoint.model_file import model_differences
     from stack.config import pipeline_from_yaml
 
     if not isinstance(pipeline_yaml, str):
