@@ -7,4 +7,6 @@ editable install); installed from a wheel, the benchmark rows that need it say s
 - `raycast_reference`: the world renderer as it was before issue 16, camera by camera; the oracle of
   tests/data/test_render_equality.py and the baseline of the renderer rows of `stack bench data`.
 - `render_side_by_side`: both renderers on the same frames, interleaved, in CPU seconds.
+- `bev_pool_v1` (+ `csrc/bev_pool_cpu_v1.cpp`): the previous CPU kernels of `stack::bev_pool`, compiled on
+  first use into a library of their own, timed beside the current ones by `stack bench ops`.
 """

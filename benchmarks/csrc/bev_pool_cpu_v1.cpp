@@ -1,6 +1,8 @@
 // The previous fused BEV pooling CPU kernels, kept only so that `stack bench ops` can time them
-// side by side with bev_pool_cpu.cpp in one run: registered as the bench-only ops
-// stack::bev_pool_v1 / stack::bev_pool_backward_v1 (same arguments and results). Nothing else calls them.
+// side by side with csrc/bev_pool_cpu.cpp in one run. Not part of stack._C: benchmarks/bev_pool_v1.py
+// compiles this file (with csrc/bev_pool_checks.cpp) into a library of its own on first use, registering
+// stack_bench::bev_pool_v1 / stack_bench::bev_pool_backward_v1 (the arguments and results of stack::bev_pool
+// and stack::bev_pool_backward). Nothing a user runs calls them.
 //
 // Forward: tiles of 64 cells, intervals summed point by point into a (cells x C) accumulator in
 // memory, written out with scalar strided stores. Backward: a dense map depth entry -> point, one
@@ -246,7 +248,14 @@ std::tuple<at::Tensor, at::Tensor> bev_pool_backward_cpu(const at::Tensor& grad_
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(stack, CPU, m) {
+TORCH_LIBRARY(stack_bench, m) {
+  m.def("bev_pool_v1(Tensor depth, Tensor feat, Tensor ranks_depth, Tensor ranks_feat, Tensor ranks_bev, "
+        "Tensor interval_starts, Tensor interval_lengths, int batch, int grid_x, int grid_y) -> Tensor");
+  m.def("bev_pool_backward_v1(Tensor grad_out, Tensor depth, Tensor feat, Tensor ranks_depth, Tensor ranks_feat, "
+        "Tensor ranks_bev) -> (Tensor, Tensor)");
+}
+
+TORCH_LIBRARY_IMPL(stack_bench, CPU, m) {
   m.impl("bev_pool_v1", &bev_pool_cpu);
   m.impl("bev_pool_backward_v1", &bev_pool_backward_cpu);
 }
