@@ -27,7 +27,7 @@ def infer(pipeline, args) -> int:
     from stack.checkpoint.model_file import check_same_network, load_model_checkpoint
     from stack.deploy.gates.head_scores import make_evaluator
     from stack.deploy.latency.roofline import predict
-    from stack.deploy.network import batch_feeds, export_network
+    from stack.deploy.exportable import batch_feeds, export_network
     from stack.deploy.gates.accuracy import as_scores, session_runner
     from stack.deploy.calibration import Calibration, check_samples
     from stack.deploy.export import export_onnx
@@ -104,7 +104,7 @@ def _print_infer(metrics: dict, times: dict, gflop: float, rate_gflops: float, r
 
 def latency(pipeline, args) -> int:
     from stack.deploy.latency.roofline import GATE_MARGIN, LOO_ERRORS, P99_OVER_MEDIAN
-    from stack.deploy.latency.fit import table
+    from stack.deploy.latency.efficiency_fit import table
     from stack.deploy.latency.references import FITTED, references_for
 
     result = table(pipeline.targets, log=lambda message: print(f"# {message}", flush=True))
@@ -146,7 +146,7 @@ def _latency_breakdown(result: dict) -> None:
 def _latency_predictions(pipeline, references_for) -> None:
     from stack.deploy.export import export_onnx
     from stack.deploy.latency.roofline import GATE_MARGIN, P99_OVER_MEDIAN, predict, target_validation
-    from stack.deploy.network import export_network
+    from stack.deploy.exportable import export_network
     from stack.models import build_model
 
     network = export_network(pipeline, build_model(pipeline).state_dict())
@@ -170,7 +170,7 @@ def drive(pipeline, args) -> int:
     """`stack bench drive`: the closed loop's speed (`stack.sim.bench`) with the network as the camera policy:
     `{train.out_dir}/model.pt` when it exists, else the pipeline's network with untrained weights (same cost)."""
     from stack.checkpoint.model_file import save_model_checkpoint
-    from stack.deploy.policies import checkpoint_spec
+    from stack.deploy.network_policies import checkpoint_spec
     from stack.models import build_model
     from stack.sim import bench
 

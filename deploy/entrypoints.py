@@ -13,7 +13,7 @@ from pathlib import Path
 
 from stack.deploy.calibration import BUNDLE_FILE as CALIBRATION_FILE
 from stack.deploy.calibration import Calibration, check_samples
-from stack.deploy.network import batch_feeds, export_network, training_path_network
+from stack.deploy.exportable import batch_feeds, export_network, training_path_network
 from stack.deploy.orchestrate import DeploySpec, run_deploy
 
 

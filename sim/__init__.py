@@ -16,6 +16,6 @@
 Imports run one way: `stack.sim` imports only the ground floor (`stack.pipeline`, `stack.rig`,
 `stack.kinematics`, `stack.metrics`, `stack.video`, `stack.errors`); `stack.data`, `stack.train` and
 `stack.deploy` import it. A network drives through the policy interface: the checkpoint and bundle
-policies live with their runtimes in `stack.deploy.policies`, and the closed-loop deploy gate in
+policies live with their runtimes in `stack.deploy.network_policies`, and the closed-loop deploy gate in
 `stack.deploy.gates.closed_loop` (tests/stack/test_layering.py checks the direction).
 """

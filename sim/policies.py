@@ -16,7 +16,7 @@ whether it uses the cameras (`uses_cameras`), and the loop renders only for thos
   end-to-end autonomous driving in nuScenes", AD-MLP; Li et al. 2024, "Is ego status all you need for
   open-loop end-to-end autonomous driving?"): in closed loop it must fail where the cameras matter.
 
-Policies that run a network live with the runtime they use, not here: `stack.deploy.policies` has the
+Policies that run a network live with the runtime they use, not here: `stack.deploy.network_policies` has the
 trained network in PyTorch (`checkpoint`) and a deployed bundle on ONNX Runtime (`bundle`). They reach the
 loop through `PolicySpec.builder`, so nothing in `stack.sim` imports a model, a trainer or a runtime.
 
@@ -79,7 +79,7 @@ class PolicySpec:
             return self.builder
         if self.kind not in BASELINES:
             raise StackError(f"unknown policy kind {self.kind!r}: expected one of {', '.join(BASELINE_KINDS)}, or a "
-                             f"network policy given with its builder (stack.deploy.policies)")
+                             f"network policy given with its builder (stack.deploy.network_policies)")
         return BASELINES[self.kind]
 
     @property

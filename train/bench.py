@@ -186,7 +186,7 @@ def run_memory(pipeline: Pipeline, args) -> int:
 def parallel_case(pipeline: Pipeline) -> dict | None:
     """2-rank fit on synthetic batches (this process is one rank); rank 0 returns the figures."""
     from stack.models.testing import random_batch
-    from stack.train.data import ResumableLoader
+    from stack.train.datamodule import ResumableLoader
     from stack.train.fit import fit
 
     def loaders(split: str, rank: int, world: int):

@@ -36,7 +36,7 @@ from stack.pipeline import Pipeline
 from stack.train.callbacks import LoaderPosition, StepStats
 from stack.checkpoint.training import (LATEST, RollingCheckpoints, ShardedCheckpointIO, check_resume, prepare_out_dir,
                                     resolve_resume)
-from stack.train.data import LoaderFactory, PipelineData
+from stack.train.datamodule import LoaderFactory, PipelineData
 from stack.train.module import TrainModule
 from stack.train.parallel import accelerator_name, build_strategy
 from stack.train.precision import for_this_hardware

@@ -54,7 +54,7 @@ def _paired(rows: list[dict]) -> list[dict]:
 def closed_loop_gate(pipeline, int8_path: Path, fp32_path: Path, budget, latency_ms: float, log=print) -> dict:
     """Drive both models on the same episodes; {"passed", "reasons", "int8", "fp32", "expert", ...}."""
     from stack.deploy.calibration import Calibration
-    from stack.deploy.policies import bundle_spec
+    from stack.deploy.network_policies import bundle_spec
     from stack.deploy.runner import DeployedNetwork
     from stack.sim.drive import evaluate
     from stack.sim.scenarios import episode_specs

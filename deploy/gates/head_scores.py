@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from stack.deploy.gates.accuracy import HeadBudget, Scores
-from stack.deploy.network import batch_feeds
+from stack.deploy.exportable import batch_feeds
 from stack.metrics.planning import PLANNING_BAR
 
 

@@ -4,7 +4,7 @@
   bandwidth, each scaled by a fitted efficiency), and the gate margin the model's error gives.
 - `references`: published Jetson Orin timings (MLPerf, Ultralytics YOLO11, CUDA-BEVFusion) it is fitted
   to and checked against.
-- `fit`: the least-squares fit of the efficiencies to those references and its leave-one-out error.
+- `efficiency_fit`: the least-squares fit of the efficiencies to those references and its leave-one-out error.
 - `networks`: the reference networks rebuilt from their architecture definitions (random weights, cached
   graphs), so each reference's graph is the one the model predicts.
 

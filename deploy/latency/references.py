@@ -5,7 +5,7 @@ latency does not depend on the weights' values), its input, the precision of the
 engine, the published latency, the device (a target in configs/targets) and its source.
 
 `PRIOR` is the efficiency the fit starts from and `FITTED` the classes it may set
-(`stack.deploy.latency.fit`). References on other devices (Orin Nano Super, Orin NX) are never
+(`stack.deploy.latency.efficiency_fit`). References on other devices (Orin Nano Super, Orin NX) are never
 fitted: they check that the AGX Orin efficiencies carry over to another target's peaks.
 """
 

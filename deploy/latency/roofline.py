@@ -84,7 +84,7 @@ class Efficiency:
 
 
 FITTED_EFFICIENCY = Efficiency(conv_int8=0.3154, conv_fp16=0.4499, memory=0.7366)
-"""`stack.deploy.latency.fit.fit` on the 12 AGX Orin references (`stack bench latency` refits and prints
+"""`stack.deploy.latency.efficiency_fit.fit` on the 12 AGX Orin references (`stack bench latency` refits and prints
 it; the slow test checks these figures are what the fit gives). The other fields are the priors."""
 LOO_ERRORS = {
     "ResNet-50 v1.5 224x224 int8": 0.182,
@@ -95,7 +95,7 @@ LOO_ERRORS = {
     "YOLO11l 640x640 int8": -0.059, "YOLO11x 640x640 int8": 0.136,
 }
 """Leave-one-out relative error per AGX Orin reference (fitted on the other 11, then predicted; positive =
-pessimistic), from `stack.deploy.latency.fit.table` (`stack bench latency`)."""
+pessimistic), from `stack.deploy.latency.efficiency_fit.table` (`stack bench latency`)."""
 
 
 def gate_margin(loo_errors: dict) -> float:

@@ -90,7 +90,7 @@ def _pipeline(sources: list[str], args):
     for source in sources:
         if _kind(source) == "checkpoint":
             pipeline, state_dict, _ = load_model_checkpoint(source)
-            from stack.deploy.policies import check_has_planner
+            from stack.deploy.network_policies import check_has_planner
 
             check_has_planner(state_dict, source)
         else:
@@ -128,7 +128,7 @@ def _check_same(source: str, stored, pipeline) -> None:
 
 
 def _policies(sources: list[str], chosen: list[str]):
-    from stack.deploy.policies import bundle_spec, checkpoint_spec
+    from stack.deploy.network_policies import bundle_spec, checkpoint_spec
     from stack.sim.policies import PolicySpec
 
     specs = []

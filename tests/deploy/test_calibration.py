@@ -56,7 +56,7 @@ def micro():
 
 def export(pipeline, state_dict, calibration, path):
     from stack.deploy.export import export_onnx
-    from stack.deploy.network import export_network
+    from stack.deploy.exportable import export_network
 
     network = export_network(pipeline, state_dict, calibration)
     export_onnx(network.net, network.example, network.output_names, path, pipeline.export.opset, network.metadata)
@@ -189,7 +189,7 @@ def test_parity_reference_is_the_training_path_of_the_calibration(micro, exporte
     """Export parity's reference pools with bev_pool per call: it accepts the graph built for its calibration
     and rejects one built for another (baked against baked would accept both)."""
     from stack.deploy.export import check_parity
-    from stack.deploy.network import training_path_network
+    from stack.deploy.exportable import training_path_network
 
     pipeline, state_dict = micro
     feeds = frames(pipeline, 1, seed=7)

@@ -16,7 +16,7 @@ from tests.sim.test_drive import micro_pipeline
 def export(pipeline, state_dict, path):
     from stack.deploy.calibration import Calibration
     from stack.deploy.export import export_onnx
-    from stack.deploy.network import export_network
+    from stack.deploy.exportable import export_network
 
     network = export_network(pipeline, state_dict, Calibration.from_rig(pipeline.data.rig))
     export_onnx(network.net, network.example, network.output_names, path, pipeline.export.opset, network.metadata)

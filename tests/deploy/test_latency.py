@@ -136,7 +136,7 @@ def test_leave_one_out_on_a_hand_checkable_case():
     """One efficiency, three 1 ms (ideal) networks published at 2, 2 and 2.42 ms, plain least squares in log space:
     log e = mean(log(ideal / published)). Without C, e = 0.5 predicts C at 2 ms: -17.36%. Without A,
     e = sqrt(0.5 / 2.42) = 1 / 2.2 predicts A at 2.2 ms: +10%."""
-    from stack.deploy.latency.fit import fit, leave_one_out
+    from stack.deploy.latency.efficiency_fit import fit, leave_one_out
 
     loads = {_ref("A", 2.0): _workload(1.0), _ref("B", 2.0): _workload(1.0), _ref("C", 2.42): _workload(1.0)}
     prior = Efficiency(conv_int8=0.9, launch_us=0.0)
@@ -149,7 +149,7 @@ def test_leave_one_out_on_a_hand_checkable_case():
 
 def test_a_model_fitted_to_one_regime_fails_the_20_percent_check():
     """Efficiencies pinned by a compute-bound network alone mis-predict memory-bound ones: the LOO check fails."""
-    from stack.deploy.latency.fit import fit, leave_one_out, outside
+    from stack.deploy.latency.efficiency_fit import fit, leave_one_out, outside
 
     compute = {_ref(f"conv{i}", 2.0 * ms): _workload(ms) for i, ms in enumerate((1.0, 2.0, 4.0))}
     memory = {_ref(f"mem{i}", 3.0 * ms): _workload(0.01, ms, kind="memory") for i, ms in enumerate((1.0, 2.0))}
@@ -235,7 +235,7 @@ def test_stated_error_is_what_the_published_references_give():
     """Refit on the published references: the efficiencies, leave-one-out errors and per-target checks the
     gate and reports use are what the fit gives today (builds the reference graphs once per cache)."""
     from stack.deploy.latency.roofline import FITTED_EFFICIENCY, LOO_ERRORS, TARGET_CHECKS
-    from stack.deploy.latency.fit import fit, outside, table, workloads
+    from stack.deploy.latency.efficiency_fit import fit, outside, table, workloads
     from stack.deploy.latency.references import FITTED, FIT_TARGET
 
     targets = load_pipeline().targets

@@ -60,7 +60,7 @@ class Repeated:
 def tiny_onnx(tmp_path_factory, pipeline):
     """(the tiny preset's fp32 graph with random weights, its example feeds, the tiny pipeline)."""
     from stack.deploy.export import export_onnx
-    from stack.deploy.network import export_network
+    from stack.deploy.exportable import export_network
     from stack.models import build_model
 
     tiny = load_pipeline(["configs/pipeline.yaml", "configs/presets/tiny.yaml"])
@@ -116,7 +116,7 @@ def test_large_preset_fails_the_orin_budget_even_all_int8(tmp_path):
     import onnx
 
     from stack.deploy.export import export_onnx
-    from stack.deploy.network import export_network
+    from stack.deploy.exportable import export_network
     from stack.models import build_model
 
     large = load_pipeline(["configs/pipeline.yaml", "configs/presets/large.yaml"])

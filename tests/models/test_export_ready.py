@@ -57,7 +57,7 @@ def test_deploy_export_keeps_its_three_inputs_and_the_unrotated_plan(tmp_path):
     import onnxruntime
 
     from stack.deploy.export import export_onnx
-    from stack.deploy.network import export_network
+    from stack.deploy.exportable import export_network
 
     warnings.filterwarnings("ignore")
     pipeline = load_pipeline(["configs/pipeline.yaml", "configs/presets/tiny.yaml"], ["export.batch_size=1"])

@@ -15,7 +15,7 @@ import torch
 
 from stack.cli import main
 from stack.config import load_pipeline
-from stack.deploy.policies import bundle_spec, checkpoint_spec
+from stack.deploy.network_policies import bundle_spec, checkpoint_spec
 from stack.sim.episode import run_episode
 from stack.sim.policies import PolicySpec, build_policy
 from stack.sim.scenarios import EpisodeSpec, build_world
@@ -133,7 +133,7 @@ def test_the_checkpoint_and_its_fp32_onnx_drive_the_same_episode(pipeline, check
     from stack.checkpoint.model_file import load_model_checkpoint
     from stack.deploy.calibration import Calibration
     from stack.deploy.export import export_onnx
-    from stack.deploy.network import export_network
+    from stack.deploy.exportable import export_network
 
     _, state_dict, _ = load_model_checkpoint(checkpoint)
     network = export_network(pipeline, state_dict, Calibration.from_rig(pipeline.data.rig))

@@ -3,7 +3,7 @@
 import numpy as np
 import torch
 
-from stack.deploy.policies import bundle_spec, checkpoint_spec
+from stack.deploy.network_policies import bundle_spec, checkpoint_spec
 from stack.sim.drive import run_tasks, score_rows
 from stack.sim.policies import PolicySpec
 from stack.sim.scenarios import episode_specs
@@ -21,7 +21,7 @@ def _drive(pipeline, specs, episodes, workers):
 def _onnx(pipeline, state_dict, path):
     from stack.deploy.calibration import Calibration
     from stack.deploy.export import export_onnx
-    from stack.deploy.network import export_network
+    from stack.deploy.exportable import export_network
 
     network = export_network(pipeline, state_dict, Calibration.from_rig(pipeline.data.rig))
     export_onnx(network.net, network.example, network.output_names, path, pipeline.export.opset, network.metadata)

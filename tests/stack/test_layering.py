@@ -8,7 +8,7 @@
 
 Checked on the source (every `import` statement, at any depth), so a lazy import inside a function that
 breaks the direction is caught too. A network drives the simulator through `stack.sim.policies.Policy`,
-whose implementations live with the runtime they use (`stack.deploy.policies`), never the other way round.
+whose implementations live with the runtime they use (`stack.deploy.network_policies`), never the other way round.
 """
 
 import ast

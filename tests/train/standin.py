@@ -98,7 +98,7 @@ def synthetic_loaders(pipeline, batches_per_epoch: int = 6, nan_at: int = -1):
 
     `nan_at` puts a NaN into rank 0's depth labels at that batch index (for the divergence tests).
     """
-    from stack.train.data import ResumableLoader
+    from stack.train.datamodule import ResumableLoader
 
     def make(split: str, rank: int, world: int):
         offset = 0 if split == "train" else 10_000

@@ -14,7 +14,7 @@ from standin import TinyMultiTask, synthetic_loaders, tiny_pipeline  # noqa: E40
 
 from stack.train import callbacks
 from stack.train.callbacks import StepStats, datasheet_peak, step_flop_counter
-from stack.train.data import ResumableLoader
+from stack.train.datamodule import ResumableLoader
 from stack.train.fit import fit
 
 VALIDATION_BATCH_S = 0.5

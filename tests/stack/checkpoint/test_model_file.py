@@ -84,7 +84,7 @@ def test_weights_of_another_shape_are_named_not_a_traceback():
     import torch
 
     from stack.config import load_pipeline
-    from stack.deploy.network import export_network
+    from stack.deploy.exportable import export_network
     from stack.errors import StackError
     from stack.models import build_model
 

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from stack.deploy.policies import bundle_latency, checkpoint_spec
+from stack.deploy.network_policies import bundle_latency, checkpoint_spec
 from stack.errors import StackError
 
 
