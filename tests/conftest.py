@@ -1,15 +1,48 @@
-"""Turns hardware markers (`gpu`, `trt`) into skips that say why they cannot run here, and compares results with
-reference data stored in `tests/assets/` (`arrays_reference`)."""
+"""Turns hardware markers (`gpu`, `trt`) into skips that say why they cannot run here, runs the tests as another
+CPU would (`--emulate-cpu`), and compares results with reference data stored in `tests/assets/`
+(`arrays_reference`)."""
 
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from stack.testing import MARKER_SKIP_REASONS
+from stack.testing import EMULATED_CPUS, MARKER_SKIP_REASONS, cpu_kernels, emulated_cpu_env, emulation_problems
 
 ASSETS = Path(__file__).resolve().parent / "assets"
+
+
+def pytest_addoption(parser):
+    parser.addoption("--emulate-cpu", choices=list(EMULATED_CPUS), default=None,
+                     help="run the tests as on an AVX2-only CPU (avx2) or an SSE4.2 one (x86-64-v2): pytest starts "
+                          "again with numpy's SIMD dispatch, PyTorch's kernels, oneDNN, MKL and OpenBLAS limited to "
+                          "that CPU's instructions (stack.testing.EMULATED_CPUS)")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+    """--emulate-cpu: numpy and oneDNN read their limits once, at start-up, so pytest runs again in a process
+    started with them; that process checks that they took (numpy dispatch, PyTorch's capability) or stops."""
+    level = config.getoption("emulate_cpu")
+    if level is None:
+        return None
+    if os.environ.get("STACK_EMULATED_CPU") == level:
+        problems = emulation_problems(level)
+        if problems:
+            raise pytest.UsageError(f"--emulate-cpu={level} did not take: " + "; ".join(problems))
+        return None
+    env = emulated_cpu_env(level)
+    print(f"--emulate-cpu={level}: running pytest again with " + " ".join(f"{k}={v!r}" for k, v in env.items()),
+          file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os.chdir(config.invocation_params.dir)
+    os.execve(sys.executable, [sys.executable, "-m", "pytest", *config.invocation_params.args], {**os.environ, **env})
+
+
+def pytest_report_header(config):
+    return f"CPU kernels: {cpu_kernels()}"
 
 
 def pytest_collection_modifyitems(config, items):
