@@ -97,8 +97,9 @@ class OneNodeCluster:
         logs = "\n".join(f"--- {p.name}\n{p.read_text()[-1500:]}" for p in sorted((self.root / "log").iterdir()))
         raise RuntimeError(f"SLURM test cluster: gave up waiting for {what}\n{logs}")
 
-    def run_job(self, script: Path, timeout: float = 300) -> dict:
-        """Submit `script`, wait for it to finish; returns scontrol's fields of the finished job."""
+    def run_job(self, script: Path, timeout: float = 600) -> dict:
+        """Submit `script`, wait for it to finish; returns scontrol's fields of the finished job. The wait ends
+        when the job does; `timeout` only ends one that hangs, and is generous for a loaded machine."""
         job = subprocess.run(["sbatch", "--parsable", str(script)], env=self.env, capture_output=True, text=True,
                              check=True).stdout.strip().split(";")[0]
         state: dict = {}

@@ -4,7 +4,8 @@ FSDP2 runs as torchtitan checks it: the loss curve of FSDP2 equals DDP's from th
 seed (to 1e-4 in fp32 and 1e-3 in bf16-mixed: FSDP2's bf16 gather rounds each weight as
 DDP's autocast cast does, and on gloo the curves agree to 6 digits; NCCL's reduction order
 may differ), bf16-mixed all-gathers bf16 parameters and reduces fp32
-gradients (measured at the collectives), and HSDP meshes 1x2 (pure sharding) and 2x1
+gradients (measured at the collectives) on a CPU with bf16 instructions and trains in fp32, saying why, on one
+without (test_bf16_fsdp2_gathers_bf16_reduces_fp32_and_matches_ddp), and HSDP meshes 1x2 (pure sharding) and 2x1
 (pure replication) hold the training state each mesh implies."""
 
 import csv
@@ -66,6 +67,7 @@ def bf16_runs(tmp_path_factory):
         result = train(out, f"train.strategy={strategy}", "train.precision=bf16-mixed",
                        *(FSDP_UNITS if strategy == "fsdp" else []))
         assert result.returncode == 0, result.stderr[-3000:]
+        (out / "stderr.txt").write_text(result.stderr)  # what the run said about its precision
         outs.append(out)
     return outs
 
@@ -117,23 +119,47 @@ def test_divergence_on_one_rank_stops_both_with_the_step(tmp_path):
     assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "step-0000002.ckpt"
 
 
+def _trained_in(out: Path) -> str:
+    """The precision a run trained in, as its pipeline.yaml records it."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.load(out / "pipeline.yaml").train.precision
+
+
 @pytest.mark.slow
 def test_bf16_fsdp2_gathers_bf16_reduces_fp32_and_matches_ddp(fsdp_run, bf16_runs):
+    """What bf16-mixed promises on this CPU. With bf16 matrix instructions (as PyTorch may use them here:
+    `cpu_has_fast_bf16`), FSDP2 gathers bf16 and reduces fp32 and matches DDP in bf16; without (an AVX2-only EPYC,
+    or one emulated with ONEDNN_MAX_CPU_ISA=AVX2), both runs train in fp32 exactly as the fp32 run, say why, and
+    record 32-true."""
+    from stack.train.precision import cpu_has_fast_bf16
+
     ddp_bf16, fsdp_bf16 = bf16_runs
-    # torchtitan's convergence check, in bf16: same seed and data, same curve within bf16 rounding.
+    # torchtitan's convergence check: same seed and data, same curve (within bf16 rounding).
     assert curve(fsdp_bf16) == pytest.approx(curve(ddp_bf16), rel=1e-3)
-    assert curve(fsdp_bf16) != pytest.approx(curve(fsdp_run), rel=1e-6), "bf16-mixed trained in fp32"
     fp32, bf16 = comm(fsdp_run), comm(fsdp_bf16)
     assert set(fp32) >= {"all_gather/float32", "reduce_scatter/float32"} and "all_gather/bfloat16" not in fp32
-    # Parameters gathered in bf16 (the norm layers' few stay fp32), gradients reduced in fp32.
-    gathered = {dtype: bf16.get(f"all_gather/{dtype}", {}).get("payload_mb", 0) for dtype in ("bfloat16", "float32")}
-    assert gathered["bfloat16"] > 5 * gathered["float32"]
-    assert sum(gathered.values()) < 0.6 * fp32["all_gather/float32"]["payload_mb"]
+    # Gradients are reduced in fp32 either way; DDP all-reduces every fp32 gradient: twice the bytes a rank sends
+    # in a reduce-scatter of them.
     assert "reduce_scatter/bfloat16" not in bf16
     assert bf16["reduce_scatter/float32"]["payload_mb"] == pytest.approx(fp32["reduce_scatter/float32"]["payload_mb"])
-    # DDP all-reduces every fp32 gradient: twice the bytes a rank sends in a reduce-scatter of them.
-    ddp = comm(ddp_bf16)
-    assert ddp["all_reduce/float32"]["sent_mb"] >= 1.9 * bf16["reduce_scatter/float32"]["sent_mb"]
+    assert comm(ddp_bf16)["all_reduce/float32"]["sent_mb"] >= 1.9 * bf16["reduce_scatter/float32"]["sent_mb"]
+    said = [(out / "stderr.txt").read_text() for out in bf16_runs]
+    if cpu_has_fast_bf16():
+        assert [_trained_in(out) for out in bf16_runs] == ["bf16-mixed", "bf16-mixed"]
+        assert [text.count("; training in bf16-mixed.") for text in said] == [1, 1], said  # once, by rank 0
+        assert curve(fsdp_bf16) != pytest.approx(curve(fsdp_run), rel=1e-6), "bf16-mixed trained in fp32"
+        # Parameters gathered in bf16 (the norm layers' few stay fp32).
+        gathered = {dtype: bf16.get(f"all_gather/{dtype}", {}).get("payload_mb", 0) for dtype in ("bfloat16", "float32")}
+        assert gathered["bfloat16"] > 5 * gathered["float32"]
+        assert sum(gathered.values()) < 0.6 * fp32["all_gather/float32"]["payload_mb"]
+    else:
+        # fp32 throughout, said once per run (by rank 0): the same curve and collectives as the fp32 run.
+        assert [_trained_in(out) for out in bf16_runs] == ["32-true", "32-true"]
+        assert [text.count("; training in 32-true") for text in said] == [1, 1], said
+        assert curve(fsdp_bf16) == pytest.approx(curve(fsdp_run), rel=1e-6)
+        assert "all_gather/bfloat16" not in bf16
+        assert bf16["all_gather/float32"]["payload_mb"] == pytest.approx(fp32["all_gather/float32"]["payload_mb"])
 
 
 @pytest.mark.slow

@@ -87,7 +87,7 @@ def test_sbatch_reads_a_hostile_out_dir_as_one_path(tmp_path):
     script.write_text(sbatch_script(pipeline, program, workdir=tmp_path))
     cluster = OneNodeCluster(tmp_path / "cluster").start()
     try:
-        job = cluster.run_job(script, timeout=120)
+        job = cluster.run_job(script)
     finally:
         cluster.stop()
     assert job["JobState"] == "COMPLETED", job

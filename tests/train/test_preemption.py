@@ -215,13 +215,28 @@ def _latest_step(out: Path) -> int:
         return -1
 
 
-def _wait(condition, timeout: float, what: str, log: Path) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+CEILING_S = 600
+"""The most a test here waits, in all, for the events it watches (checkpoints, requeues, the job's end). Each wait
+ends as soon as its event happens (about a minute in all on an idle 2-core machine); the ceiling only ends a run
+that hangs. It is generous because a loaded machine (a second job on both cores, fp32 steps on an AVX2 CPU)
+stretches every start-up and step: a fixed 90 s for a restarted job to import torch, resume and checkpoint was
+outlasted once. It stays below pytest's 900 s timeout, so the failure names what was awaited."""
+
+FINISHED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED")
+
+
+def _wait(condition, deadline: float, what: str, log: Path, gone=lambda: None) -> None:
+    """Poll `condition` until it holds; fail at `deadline` (time.monotonic()), or at once when `gone()` says why the
+    event can no longer happen."""
+    while True:
         if condition():
             return
+        reason = gone()
+        if reason or time.monotonic() > deadline:
+            why = reason or f"not seen in {CEILING_S} s (the test's ceiling)"
+            raise AssertionError(f"gave up waiting for {what}: {why}; log:\n"
+                                 f"{log.read_text()[-3000:] if log.exists() else '(none)'}")
         time.sleep(0.2)
-    raise AssertionError(f"gave up waiting for {what}; log:\n{log.read_text()[-3000:] if log.exists() else '(none)'}")
 
 
 def _job(cluster: OneNodeCluster, job: str) -> dict:
@@ -230,12 +245,20 @@ def _job(cluster: OneNodeCluster, job: str) -> dict:
     return dict(item.split("=", 1) for item in shown.split() if "=" in item)
 
 
-def _start_now_when_requeued(cluster: OneNodeCluster, job: str, restarts: int, log: Path) -> None:
+def _finished(cluster: OneNodeCluster, job: str):
+    """For `_wait`: why the job can make no more progress (it ended), else None."""
+    def reason():
+        state = _job(cluster, job).get("JobState")
+        return f"the job ended ({state})" if state in FINISHED else None
+    return reason
+
+
+def _start_now_when_requeued(cluster: OneNodeCluster, job: str, restarts: int, log: Path, deadline: float) -> None:
     """SLURM holds a requeued job for 2 minutes (BeginTime); the test lets it start at once."""
     def requeued() -> bool:
         state = _job(cluster, job)
         return state.get("Restarts") == str(restarts) and state.get("JobState") == "PENDING"
-    _wait(requeued, 60, f"the job to be requeued ({restarts})", log)
+    _wait(requeued, deadline, f"the job to be requeued ({restarts})", log, _finished(cluster, job))
     subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=cluster.env, check=True)
 
 
@@ -254,25 +277,25 @@ def test_a_signalled_and_requeued_job_resumes_by_itself_to_the_uninterrupted_wei
     script = tmp_path / "job.sbatch"
     program = [sys.executable, str(HERE / "run_preemptible.py"), *overrides, "train.launcher=local"]
     script.write_text(sbatch_script(tiny_pipeline(*overrides), program))
+    deadline = time.monotonic() + CEILING_S
     cluster = OneNodeCluster(tmp_path / "cluster").start()
     try:
         job = subprocess.run(["sbatch", "--parsable", str(script)], env=cluster.env, capture_output=True, text=True,
                              check=True).stdout.strip().split(";")[0]
-        log = out / f"slurm-{job}.out"
-        _wait(lambda: _latest_step(out) >= EVERY, 90, "the first checkpoint", log)
+        log, gone = out / f"slurm-{job}.out", _finished(cluster, job)
+        _wait(lambda: _latest_step(out) >= EVERY, deadline, "the first checkpoint", log, gone)
         subprocess.run(["scancel", "--signal=USR1", job], env=cluster.env, check=True)
-        _start_now_when_requeued(cluster, job, 1, log)
+        _start_now_when_requeued(cluster, job, 1, log, deadline)
         first_stop = _latest_step(out)
-        _wait(lambda: _latest_step(out) > first_stop, 90, "a checkpoint after the first restart", log)
+        _wait(lambda: _latest_step(out) > first_stop, deadline, "a checkpoint after the first restart", log, gone)
         subprocess.run(["scontrol", "requeue", job], env=cluster.env, check=True)
-        _start_now_when_requeued(cluster, job, 2, log)
+        _start_now_when_requeued(cluster, job, 2, log, deadline)
         second_stop = _latest_step(out)
-        _wait(lambda: _job(cluster, job).get("JobState") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"), 120,
-              "the job to finish", log)
+        _wait(lambda: gone() is not None, deadline, "the job to finish", log)
         state = _job(cluster, job)
     finally:
         cluster.stop()
-        _, errors = uninterrupted.communicate(timeout=300)
+        _, errors = uninterrupted.communicate(timeout=max(60.0, deadline - time.monotonic()))
     assert uninterrupted.returncode == 0, errors[-3000:]
     text = log.read_text()
     assert state["JobState"] == "COMPLETED", text[-3000:]
@@ -304,9 +327,11 @@ def test_sigusr1_under_slurm_checkpoints_at_a_step_boundary_and_requeues(tmp_pat
     rank = subprocess.Popen([sys.executable, str(HERE / "run_preemptible.py"), f"train.out_dir={out}", *OVERRIDES],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        _wait(lambda: _latest_step(out) >= EVERY or rank.poll() is not None, 120, "the first checkpoint", out / "none")
+        deadline = time.monotonic() + CEILING_S
+        _wait(lambda: _latest_step(out) >= EVERY, deadline, "the first checkpoint", out / "none",
+              lambda: rank.poll() is not None and f"the rank exited ({rank.returncode})" or None)
         rank.send_signal(signal.SIGUSR1)
-        _, errors = rank.communicate(timeout=120)
+        _, errors = rank.communicate(timeout=max(60.0, deadline - time.monotonic()))
     finally:
         rank.kill()
     assert rank.returncode == 0, errors[-3000:]
