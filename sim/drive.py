@@ -55,7 +55,7 @@ def run_task(task: tuple) -> dict:
     run = run_episode(world, policy, pipeline.drive, pipeline.data.rig, record_clip=clip_path is not None,
                       clip_rig=_front_rig(pipeline.data.rig))
     row = {"policy": policy_spec.name, "family": episode.family, "seed": episode.seed, "index": episode.index,
-           "latency_ms": policy_spec.latency_s * 1000.0, "trace": run.trace, "replans": run.replans,
+           "latency_ms": policy_spec.latency_s * 1000.0, "trace": run.trace, "replans": run.replans, "end": run.end,
            "timings": dict(run.timings, wall=time.perf_counter() - start)}
     if clip_path is not None:
         from stack.sim.drive_clips import write_clip
@@ -99,10 +99,12 @@ def score_rows(rows: list[dict]) -> list[dict]:
     """Add "metrics" to every row: `score_episode` against the expert's progress on the same episode."""
     from stack.metrics.driving import score_episode
 
-    expert = {(r["family"], r["seed"], r["index"]): float(r["trace"].progress[-1] - r["trace"].progress[0])
+    expert = {(r["family"], r["seed"], r["index"]): (float(r["trace"].progress[-1] - r["trace"].progress[0]),
+                                                     (r["trace"].steps - 1) * r["trace"].dt)
               for r in rows if r["policy"] == "expert"}
     for row in rows:
-        row["metrics"] = score_episode(row["trace"], expert.get((row["family"], row["seed"], row["index"])))
+        progress, seconds = expert.get((row["family"], row["seed"], row["index"]), (None, None))
+        row["metrics"] = score_episode(row["trace"], progress, seconds)
     return rows
 
 

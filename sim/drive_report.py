@@ -39,6 +39,10 @@ COLUMNS = (
     ("ttc", "TTC", True),
     ("comfort", "comfort", True),
     ("ego_progress", "EP", True),
+    ("min_speed_penalty", "min-speed penalty", True),
+    ("ended_collision", "ended: crash", False),
+    ("ended_blocked", "ended: blocked", False),
+    ("ended_route_deviation", "ended: off route", False),
 )
 """(metric key, column header, higher is better), in table order."""
 OVERALL = "all"

@@ -5,14 +5,18 @@ The loop, at the simulation rate (`drive.sim_hz`):
 
     every sim_hz / replan_hz steps: observe (render the cameras if the policy uses them), plan, stamp the
         plan in world coordinates with the times of its waypoints, and queue it for time t + latency
-    take the newest plan that has arrived; the tracker turns it into acceleration and steering
-    step the ego's bicycle, place it in the world, step every other road user; record the step
+    step the ego's bicycle through the step, switching to each queued plan at the instant it arrives
+        (the tracker turns the active plan into acceleration and steering for each piece of the step)
+    place the ego in the world, step every other road user; record the step
+    end the episode at an at-fault collision, when blocked, or off the route (`stack.sim.infractions`)
 
 A slow network therefore drives on stale plans, as it would on the car: its plan from time t is
-followed from t + latency on, its first waypoints already in the past (the delay is rounded up to whole
-simulation steps: 30 ms drives as one 100 ms step at 10 Hz, never as no delay). Until the first plan arrives
-the ego keeps its speed and heading. Everything is seeded by the episode's spec, so the same
-policy, latency and spec replay the same episode step for step (clips are replays).
+followed from exactly t + latency on, its first waypoints already in the past. The ego's vehicle model
+steps finer than the world where a plan arrives inside a simulation step (a 30 ms policy drives 30 ms on
+its previous plan, then on the new one), so a 1.5 ms and a 43 ms policy drive differently, as on the car;
+the other road users see the ego at the simulation rate. Until the first plan arrives the ego keeps its
+speed and heading. Everything is seeded by the episode's spec, so the same policy, latency and spec replay
+the same episode step for step (clips are replays).
 """
 
 from __future__ import annotations
@@ -38,6 +42,9 @@ class EpisodeRun:
     """Per step, when recorded: the dicts `stack.sim.drive_clips.write_clip` draws."""
     timings: dict = field(default_factory=dict)
     """Seconds spent in render / policy / simulation (the bench reads them)."""
+    end: dict | None = None
+    """The infraction that ended the episode early (`stack.sim.infractions`: kind, time_s, x, y, what, actor),
+    None when it ran its time."""
 
 
 def _plan_to_world(plan_ego: np.ndarray, pose: tuple) -> np.ndarray:
@@ -94,10 +101,10 @@ class Recorder:
         corners = _footprint(cx, cy, state.yaw, *self.ego_size)
         self.on_drivable.append(bool(np.all(self.world.on_drivable(corners))))
 
-    def trace(self, dt: float):
+    def trace(self, dt: float, ended: str = ""):
         from stack.metrics.driving import EpisodeTrace
 
-        return EpisodeTrace(
+        return EpisodeTrace(ended=ended, 
             dt=dt, ego=np.array(self.ego, np.float64), ego_size=tuple(self.ego_size),
             agents=np.stack(self.agents).reshape(len(self.agents), -1, 4), agent_sizes=self.agent_sizes,
             agent_classes=self.agent_classes, agent_static=self.agent_static,
@@ -113,7 +120,8 @@ def run_episode(world, policy: Policy, drive, rig, limits=None, record_clip: boo
     import time
 
     from stack.sim.world.scene import EGO_SIZE, REAR_AXLE_OFFSET
-    from stack.sim.vehicle import PlanTracker, VehicleLimits, VehicleState, step_bicycle
+    from stack.sim.infractions import RouteMonitor
+    from stack.sim.vehicle import PlanTracker, VehicleLimits, VehicleState
 
     limits = limits or VehicleLimits()
     dt = 1.0 / drive.sim_hz
@@ -124,12 +132,14 @@ def run_episode(world, policy: Policy, drive, rig, limits=None, record_clip: boo
                          f"build it with build_world(spec, world_config, 1 / drive.sim_hz)")
     steps = int(round(drive.episode_seconds * drive.sim_hz))
     replan_every = int(round(drive.sim_hz / drive.replan_hz))
-    delay_steps = int(math.ceil(policy.spec.latency_s / dt - 1e-9))
+    latency = float(policy.spec.latency_s)
     x, y, yaw, speed, accel = world.ego_state()
     state = VehicleState(x, y, yaw, speed, accel, _route_steer(world, limits))
     tracker = PlanTracker(limits, dt=dt)
     recorder = Recorder(world, EGO_SIZE[:2], REAR_AXLE_OFFSET)
     recorder.record(state)
+    monitor = RouteMonitor(world, drive, EGO_SIZE[:2], REAR_AXLE_OFFSET)
+    end = None
     pending: deque = deque()
     active = _hold_plan(state, 0.0, policy.steps)
     timings = {"render": 0.0, "policy": 0.0, "simulation": 0.0}
@@ -146,22 +156,52 @@ def run_episode(world, policy: Policy, drive, rig, limits=None, record_clip: boo
                               np.float32)
             plan = policy.plan(Observation(now, status, world.command(), images, world))
             timings["policy"] += time.perf_counter() - start
-            pending.append((k + delay_steps, _plan_to_world(plan, (state.x, state.y, state.yaw)),
+            pending.append((now + latency, _plan_to_world(plan, (state.x, state.y, state.yaw)),
                             now + WAYPOINT_STEP_S * np.arange(1, len(plan) + 1)))
             replans += 1
-        while pending and pending[0][0] <= k:
-            _, xy, times = pending.popleft()
-            active = (xy, times)
+        active = _arrived(pending, now, active)
         if record_clip:
             frames.append(_clip_frame(world, state, active[0], clip_rig, now, policy.spec.name, REAR_AXLE_OFFSET))
         start = time.perf_counter()
-        accel_cmd, steer_cmd = tracker.command(state, active[0], active[1], now)
-        state = step_bicycle(state, accel_cmd, steer_cmd, dt, limits)
+        state, active = _drive_step(state, tracker, pending, active, now, dt, limits)
         world.step()  # everyone else moves from k to k + 1, seeing the ego at step k
         world.set_ego(state.x, state.y, state.yaw, state.speed, state.accel)
         recorder.record(state)
+        end = monitor.check(state, now + dt)
         timings["simulation"] += time.perf_counter() - start
-    return EpisodeRun(recorder.trace(dt), replans, frames, timings)
+        if end is not None:
+            break
+    return EpisodeRun(recorder.trace(dt, end["kind"] if end else ""), replans, frames, timings, end)
+
+
+ARRIVAL_TOLERANCE_S = 1e-9
+"""Plans that arrive within this of an instant count as arrived then (k * dt sums are not exact)."""
+
+
+def _arrived(pending: deque, now: float, active: tuple) -> tuple:
+    """The newest plan that has arrived by `now` (popping it and any older ones), else `active`."""
+    while pending and pending[0][0] <= now + ARRIVAL_TOLERANCE_S:
+        _, xy, times = pending.popleft()
+        active = (xy, times)
+    return active
+
+
+def _drive_step(state, tracker, pending: deque, active: tuple, now: float, dt: float, limits) -> tuple:
+    """The ego's state after one simulation step, switching plans at their exact arrival times inside it.
+
+    The step is cut at every arrival; each piece holds the tracker's command for the plan active then
+    (`PlanTracker.command`'s `dt`), and the bicycle is exact for constant commands over any piece."""
+    from stack.sim.vehicle import step_bicycle
+
+    t, end = now, now + dt
+    while end - t > ARRIVAL_TOLERANCE_S:
+        active = _arrived(pending, t, active)
+        until = min(end, pending[0][0]) if pending else end
+        piece = until - t if until - t > ARRIVAL_TOLERANCE_S else end - t
+        accel_cmd, steer_cmd = tracker.command(state, active[0], active[1], t, dt=piece)
+        state = step_bicycle(state, accel_cmd, steer_cmd, piece, limits)
+        t += piece
+    return state, active
 
 
 def _clip_frame(world, state, plan_xy, clip_rig, now: float, name: str, rear_offset: float) -> dict:

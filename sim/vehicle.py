@@ -220,30 +220,38 @@ class PlanTracker:
         self.gains = gains
         self.dt = dt
 
-    def command(self, state: VehicleState, plan_xy: np.ndarray, plan_t: np.ndarray, now: float) -> tuple[float, float]:
+    def command(self, state: VehicleState, plan_xy: np.ndarray, plan_t: np.ndarray, now: float,
+                dt: float | None = None) -> tuple[float, float]:
         """(acceleration m/s^2, road-wheel angle rad) that follow plan_xy (T,2), world frame, rear axle, at times plan_t (T,).
+
+        `dt` is how long the command will be held (default: the control period): the episode loop holds a
+        command for less when a new plan arrives inside a period (`stack.sim.episode`), and the comfort ramp
+        and the stop are sized for the time the command is actually held.
 
         now may be past some (or all) of the plan's times: the plan is followed from where
         the car is, at the speeds the plan asks for from now on, along its path extended
         beyond its last waypoint. A plan whose path leads behind the car asks it to reverse,
         which it cannot: it stops, as it does for a plan that stays where the car is.
         """
+        held = self.dt if dt is None else dt
+        if not held > 0:
+            raise ValueError(f"a command is held for a positive time, got dt={dt!r}")
         plan_xy, plan_t = self._checked(plan_xy, plan_t)
         path = PlanPath(plan_xy, state.yaw)
         position = np.array([state.x, state.y])
         s_car = path.project(position)
         forward, left = self._goal(state, path, s_car)
         if forward < 0.0 or self._asks_to_stop(path, plan_xy, plan_t, now, position, s_car):
-            return self._comfortable(self._stop(state), state), state.steer
+            return self._comfortable(self._stop(state, held), state, held), state.steer
         accel = self._longitudinal(state, path, plan_t, now, s_car)
-        return self._comfortable(accel, state), self._pure_pursuit(forward, left)
+        return self._comfortable(accel, state, held), self._pure_pursuit(forward, left)
 
-    def _comfortable(self, accel: float, state: VehicleState) -> float:
+    def _comfortable(self, accel: float, state: VehicleState, held: float) -> float:
         """Ramp the command at comfort_jerk within normal driving; into or out of harder braking than
         comfort_brake (an emergency, or its release) it goes at once, and only the car's jerk limit applies."""
         if min(accel, state.accel) < -self.gains.comfort_brake:
             return accel
-        ramp = self.gains.comfort_jerk * self.dt
+        ramp = self.gains.comfort_jerk * held
         return _clip(accel, state.accel - ramp, state.accel + ramp)
 
     @staticmethod
@@ -275,7 +283,7 @@ class PlanTracker:
             return True
         return path.waypoint_s[-1] - path.waypoint_s[-2] < self.gains.rest_speed * (plan_t[-1] - plan_t[-2])
 
-    def _stop(self, state: VehicleState) -> float:
+    def _stop(self, state: VehicleState, held: float) -> float:
         """Brake as hard as the car can, easing off so the deceleration reaches zero as the speed does, then hold.
 
         A deceleration a released at jerk j reaches zero after the car loses a^2 / (2 j) of
@@ -293,7 +301,7 @@ class PlanTracker:
             decel = math.sqrt(2.0 * gentle * state.speed)
         else:
             decel = math.sqrt(firm ** 2 + 2.0 * hard * (state.speed - gentle_speed))
-        return -min(decel, self.limits.max_brake, state.speed / self.dt)
+        return -min(decel, self.limits.max_brake, state.speed / held)
 
     @staticmethod
     def _plan_s_at(path, plan_t, t: float) -> float:

@@ -783,6 +783,12 @@ class DriveConfig:
     """Worker processes that run episodes in parallel (one torch / ONNX Runtime thread each)."""
     clips: int = 2
     """MP4 clips written per policy, of its worst episodes (lowest driving score)."""
+    blocked_seconds: float = 3.0
+    """An episode ends as blocked when the ego makes no route progress for this long where the privileged
+    expert would drive on (CARLA's agent-blocked rule, scaled to our seconds-long episodes; stack.sim.infractions)."""
+    route_deviation_m: float = 10.0
+    """An episode ends when the ego's centre is farther than this from its route's centreline (CARLA's
+    route-deviation rule; our roads are 12 m wide)."""
 
     def problems(self) -> Problems:
         found: Problems = []
@@ -794,7 +800,7 @@ class DriveConfig:
             found.append(("baselines", f"got {list(self.baselines)!r}; choose from {', '.join(DRIVE_BASELINES)}"))
         if not self.seeds:
             found.append(("seeds", "got an empty list; give at least one evaluation seed"))
-        for name in ("episodes", "episode_seconds", "sim_hz", "replan_hz"):
+        for name in ("episodes", "episode_seconds", "sim_hz", "replan_hz", "blocked_seconds", "route_deviation_m"):
             _positive(found, name, getattr(self, name))
         if self.sim_hz > 0 and self.replan_hz > 0:
             ratio = self.sim_hz / self.replan_hz

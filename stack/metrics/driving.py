@@ -59,6 +59,14 @@ EP_MIN_EXPERT_PROGRESS_M = 5.0
 NC_STATIC = 0.5
 """NAVSIM's NC for an at-fault collision with a static object (0 for a vehicle, pedestrian or cyclist)."""
 
+ENDINGS = ("collision", "blocked", "route_deviation")
+"""Infractions that end a drive early (`stack.sim.infractions`), as the CARLA leaderboard ends a route."""
+MIN_SPEED_BASE = 0.7
+"""CARLA leaderboard 2.0's minimum-speed infraction: penalty 0.7 + 0.3 x (the ego's average speed over the
+surrounding traffic's), per infraction below 100 % (its results report 'Average speed is 89.22% of the
+surrounding traffic's one' with a penalty factor of 0.9677). Our reference speed is the privileged expert's on
+the same episode (`min_speed_penalty`)."""
+
 CARLA_PENALTIES = {"pedestrian": 0.50, "vehicle": 0.60, "static": 0.65}
 """The CARLA leaderboard's penalty coefficients per collision (leaderboard.carla.org/#driving-score; the
 leaderboard's statistics_manager PENALTY_VALUE_DICT). Cyclists count as vehicles there: scenario_runner's
@@ -87,8 +95,13 @@ class EpisodeTrace:
     agent_valid: np.ndarray | None = None
     """Optional (S, A) bool: the agent exists at that step (not yet spawned / gone: False, its values
     may be NaN and are ignored). None: every agent exists at every step."""
+    ended: str = ""
+    """Why the drive ended before its time, if it did: one of ENDINGS (`stack.sim.infractions`); "" when it ran
+    its time. The trace then stops at that step, and every score is of the part driven."""
 
     def __post_init__(self):
+        if self.ended not in ("",) + ENDINGS:
+            raise _trace_error("ended", f"'' or one of {ENDINGS}", repr(self.ended))
         self.dt = _positive_scalar("dt", self.dt)
         self.route_length = _positive_scalar("route_length", self.route_length)
         self._check_ego()
@@ -249,17 +262,24 @@ def collision_events(trace: EpisodeTrace) -> list[dict]:
     events = []
     for agent in np.flatnonzero(touching.any(axis=0)):
         step = int(np.argmax(touching[:, agent]))
-        kind = _collision_kind(trace, ego[step], agents[step, agent], step, agent)
+        kind = collision_kind(ego[step], trace.ego[step, 3], agents[step, agent], trace.agents[step, agent, 3],
+                              bool(trace.agent_static[agent]))
         events.append({"agent": int(agent), "step": step, "time_s": step * trace.dt, "kind": kind,
-                       "at_fault": kind in ("stopped_track", "active_front", "active_lateral"),
+                       "at_fault": kind in AT_FAULT_KINDS,
                        "category": _category(trace, agent)})
     return sorted(events, key=lambda event: (event["step"], event["agent"]))
 
 
-def _collision_kind(trace: EpisodeTrace, ego: np.ndarray, agent: np.ndarray, step: int, index: int) -> str:
-    if trace.ego[step, 3] < STOPPED_SPEED_MPS:
+AT_FAULT_KINDS = ("stopped_track", "active_front", "active_lateral")
+
+
+def collision_kind(ego: np.ndarray, ego_speed: float, agent: np.ndarray, agent_speed: float, static: bool) -> str:
+    """nuPlan's collision type of one contact (see `collision_events`); boxes are (5,) x, y, yaw, length, width.
+    The simulator calls it every step to end an episode at an at-fault collision (`stack.sim.infractions`),
+    the scores on the trace afterwards: one rule for both."""
+    if ego_speed < STOPPED_SPEED_MPS:
         return "stopped_ego"
-    if trace.agent_static[index] or trace.agents[step, index, 3] < STOPPED_SPEED_MPS:
+    if static or agent_speed < STOPPED_SPEED_MPS:
         return "stopped_track"
     front = boxes_overlap(_bumper(ego[None], +1.0)[0], agent)
     rear = boxes_overlap(_bumper(ego[None], -1.0)[0], agent)
@@ -417,6 +437,22 @@ def carla_penalty(events: list[dict]) -> float:
     return penalty
 
 
+def min_speed_penalty(trace: EpisodeTrace, expert_progress: float | None, expert_seconds: float | None) -> tuple[float, float]:
+    """(ratio, penalty): the ego's average speed over the expert's on the same episode, and CARLA 2.0's
+    minimum-speed penalty MIN_SPEED_BASE + (1 - MIN_SPEED_BASE) x ratio when the ratio is below 1.
+
+    Speeds are route progress over time driven (a drive that ended early is judged on the time it drove).
+    No expert run, or an expert that itself progressed less than EP_MIN_EXPERT_PROGRESS_M (a ratio of small
+    numbers is noise): ratio NaN, penalty 1."""
+    if expert_progress is None or expert_seconds is None or expert_progress < EP_MIN_EXPERT_PROGRESS_M:
+        return float("nan"), 1.0
+    if not (np.isfinite(expert_seconds) and expert_seconds > 0):
+        raise StackError(f"expert_seconds: expected a positive number of seconds, found {expert_seconds!r}.")
+    driven = max((trace.steps - 1) * trace.dt, trace.dt)
+    ratio = max(float(trace.progress[-1] - trace.progress[0]), 0.0) / driven / (float(expert_progress) / expert_seconds)
+    return ratio, (MIN_SPEED_BASE + (1.0 - MIN_SPEED_BASE) * ratio if ratio < 1.0 else 1.0)
+
+
 def pdm_score(no_collision: float, drivable: float, ttc: float, comfort: float, progress: float) -> float:
     """NAVSIM's PDMS = NC * DAC * (5 * TTC + 2 * C + 5 * EP) / 12 (arXiv:2406.15349, Eq. 1)."""
     weighted = (PDMS_WEIGHTS["ttc"] * ttc + PDMS_WEIGHTS["comfort"] * comfort
@@ -424,8 +460,13 @@ def pdm_score(no_collision: float, drivable: float, ttc: float, comfort: float, 
     return float(no_collision * drivable * weighted)
 
 
-def score_episode(trace: EpisodeTrace, expert_progress: float | None) -> dict[str, float]:
+def score_episode(trace: EpisodeTrace, expert_progress: float | None,
+                  expert_seconds: float | None = None) -> dict[str, float]:
     """Every closed-loop metric of one episode (flat dict of floats; first_collision_s NaN without one).
+
+    driving_score = route completion x CARLA's collision penalties x the minimum-speed penalty (against the
+    expert's average speed over `expert_seconds`, when given). ended_* are 1 when that infraction ended the
+    drive early (the trace stops there, so route completion and ego progress count only the part driven).
 
     collisions* count at-fault collisions (one per agent track, `collision_events`);
     collisions_total counts every track touched. drivable_area_compliance is NAVSIM's DAC:
@@ -441,6 +482,7 @@ def score_episode(trace: EpisodeTrace, expert_progress: float | None) -> dict[st
     comfort = float(is_comfortable(signals))
     progress = ego_progress(trace, expert_progress)
     completion = route_completion(trace)
+    speed_ratio, speed_penalty = min_speed_penalty(trace, expert_progress, expert_seconds)
     metrics = {
         "route_completion": completion,
         "collisions": float(len(at_fault)),
@@ -453,7 +495,11 @@ def score_episode(trace: EpisodeTrace, expert_progress: float | None) -> dict[st
         "comfort": comfort,
         "ego_progress": progress,
         "pdms": pdm_score(no_collision, drivable, ttc, comfort, progress),
-        "driving_score": completion * carla_penalty(events),
+        "driving_score": completion * carla_penalty(events) * speed_penalty,
+        "min_speed_ratio": speed_ratio,
+        "min_speed_penalty": speed_penalty,
+        **{f"ended_{name}": float(trace.ended == name) for name in ENDINGS},
+        "driven_s": float((trace.steps - 1) * trace.dt),
         "progress_m": float(trace.progress[-1] - trace.progress[0]),
         "max_abs_accel": float(np.abs(signals["lon_accel"]).max()),
         "max_abs_jerk": float(np.abs(signals["lon_jerk"]).max()),

@@ -325,3 +325,32 @@ def test_scoring_imports_no_torch():
     probe = "import sys, stack.metrics.driving; print('torch' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0 and result.stdout.strip() == "False", result.stderr
+
+
+def test_the_minimum_speed_penalty_follows_carla_against_the_expert():
+    """CARLA 2.0: penalty 0.7 + 0.3 x (ego speed / reference speed) below 100 %; the expert's speed is ours."""
+    from stack.metrics.driving import EpisodeTrace, min_speed_penalty, score_episode
+
+    steps, dt = 41, 0.1
+    x = np.linspace(0.0, 20.0, steps)  # 20 m in 4 s: 5 m/s
+    ego = np.stack([x, np.zeros(steps), np.zeros(steps), np.full(steps, 5.0), np.zeros(steps)], 1)
+    trace = EpisodeTrace(dt=dt, ego=ego, ego_size=(4.5, 1.9), agents=np.zeros((steps, 0, 4)),
+                         agent_sizes=np.zeros((0, 2)), agent_classes=[], agent_static=np.zeros(0, bool),
+                         progress=x, route_length=40.0, on_drivable=np.ones(steps, bool))
+    ratio, penalty = min_speed_penalty(trace, expert_progress=40.0, expert_seconds=4.0)  # the expert did 10 m/s
+    assert ratio == pytest.approx(0.5) and penalty == pytest.approx(0.85)
+    assert min_speed_penalty(trace, 20.0, 4.0) == (pytest.approx(1.0), 1.0)
+    assert np.isnan(min_speed_penalty(trace, 3.0, 4.0)[0]), "an expert that barely moves is no reference"
+    scored = score_episode(trace, 40.0, 4.0)
+    assert scored["driving_score"] == pytest.approx(scored["route_completion"] * 0.85)
+    assert score_episode(trace, 40.0)["driving_score"] == pytest.approx(scored["route_completion"])
+
+
+def test_a_trace_says_why_it_ended_or_is_refused():
+    from stack.errors import StackError
+    from stack.metrics.driving import EpisodeTrace
+
+    with pytest.raises(StackError, match="EpisodeTrace.ended"):
+        EpisodeTrace(dt=0.1, ego=np.zeros((2, 5)), ego_size=(4.5, 1.9), agents=np.zeros((2, 0, 4)),
+                     agent_sizes=np.zeros((0, 2)), agent_classes=[], agent_static=np.zeros(0, bool),
+                     progress=np.zeros(2), route_length=10.0, on_drivable=np.ones(2, bool), ended="crashed")
