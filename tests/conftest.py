@@ -41,6 +41,30 @@ def pytest_cmdline_main(config):
     os.execve(sys.executable, [sys.executable, "-m", "pytest", *config.invocation_params.args], {**os.environ, **env})
 
 
+INDUCTOR_CACHE = pytest.StashKey[str]()
+
+
+def pytest_configure(config):
+    """Each test run compiles into a TorchInductor cache of its own (`torch.compile` tests and their children).
+
+    Inductor's default cache, /tmp/torchinductor_<user>, is shared by every process of the user: two test runs
+    at once (a developer's and a CI job's, or two worktrees) write and load the same generated kernels, and one
+    run once died with SIGABRT loading a kernel the other was writing. A cache per run costs only the first
+    compile of each graph, which a fresh CI machine pays anyway. An explicit TORCHINDUCTOR_CACHE_DIR is kept."""
+    if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+        import tempfile
+
+        config.stash[INDUCTOR_CACHE] = os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="stack-tests-inductor-")
+
+
+def pytest_unconfigure(config):
+    made = config.stash.get(INDUCTOR_CACHE, None)
+    if made:
+        import shutil
+
+        shutil.rmtree(made, ignore_errors=True)
+
+
 def pytest_report_header(config):
     return f"CPU kernels: {cpu_kernels()}"
 
