@@ -27,8 +27,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from stack.sim.policies import Observation, Policy
 from stack.kinematics import WAYPOINT_STEP_S
+from stack.sim.infractions import RouteMonitor
+from stack.sim.policies import Observation, Policy
+from stack.sim.vehicle import PlanTracker, VehicleLimits, VehicleState, step_bicycle
 
 
 @dataclass
@@ -120,8 +122,6 @@ def run_episode(world, policy: Policy, drive, rig, limits=None, record_clip: boo
     import time
 
     from stack.sim.world.scene import EGO_SIZE, REAR_AXLE_OFFSET
-    from stack.sim.infractions import RouteMonitor
-    from stack.sim.vehicle import PlanTracker, VehicleLimits, VehicleState
 
     limits = limits or VehicleLimits()
     dt = 1.0 / drive.sim_hz
@@ -191,8 +191,6 @@ def _drive_step(state, tracker, pending: deque, active: tuple, now: float, dt: f
 
     The step is cut at every arrival; each piece holds the tracker's command for the plan active then
     (`PlanTracker.command`'s `dt`), and the bicycle is exact for constant commands over any piece."""
-    from stack.sim.vehicle import step_bicycle
-
     t, end = now, now + dt
     while end - t > ARRIVAL_TOLERANCE_S:
         active = _arrived(pending, t, active)
