@@ -3,6 +3,7 @@ job on the one-node cluster that is signalled, requeued twice and ends with the 
 
 import csv
 import json
+import math
 import os
 import signal
 import subprocess
@@ -254,11 +255,15 @@ def _finished(cluster: OneNodeCluster, job: str):
 
 
 def _start_now_when_requeued(cluster: OneNodeCluster, job: str, restarts: int, log: Path, deadline: float) -> None:
-    """SLURM holds a requeued job for 2 minutes (BeginTime); the test lets it start at once."""
+    """SLURM holds a requeued job for 2 minutes (BeginTime); the test lets it start as soon as SLURM can run it
+    again. Not within the second it was killed in: slurmd revokes the killed run's credential with a resolution
+    of one second and refuses a run launched in that second ("Job credential revoked"; the job then FAILS, which
+    once looked like a slow restart). The kill came before the requeue this sees, so the next second is safe."""
     def requeued() -> bool:
         state = _job(cluster, job)
         return state.get("Restarts") == str(restarts) and state.get("JobState") == "PENDING"
     _wait(requeued, deadline, f"the job to be requeued ({restarts})", log, _finished(cluster, job))
+    time.sleep(math.floor(time.time()) + 1.05 - time.time())
     subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=cluster.env, check=True)
 
 
