@@ -115,8 +115,13 @@ def cpu_kernels() -> str:
 
 def above_emulated_cpu(level: str) -> list[str]:
     """What this CPU has that a CPU of `level` lacks (empty: emulating it would change no kernel, so a plain run
-    already is such a run)."""
+    already is such a run; and off x86-64, where these levels do not apply)."""
+    import platform
+
     import torch
+
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return []
     from numpy._core._multiarray_umath import __cpu_features__
 
     found = [f"numpy {name}" for name in numpy_features_to_disable(level) if __cpu_features__.get(name)]
