@@ -13,7 +13,7 @@ INSTALL_INPUTS := pyproject.toml setup.py Makefile $(shell find csrc -type f 2>/
 TORCH_PINS := $(shell grep -oE '"torch(vision)?==[^"]+"' pyproject.toml | tr -d '"')
 TINY := -c configs/pipeline.yaml -c configs/presets/tiny.yaml
 
-.PHONY: install demo test recipe gate clean slurm
+.PHONY: install demo test test-portable recipe gate clean slurm
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -41,11 +41,28 @@ demo: install
 		elif [ $$rc -ne 0 ]; then exit $$rc; fi; done
 	$(BIN)/stack drive $(RECIPE_MODEL) runs/tiny/export/cpu $(TINY) --episodes 14 drive.seeds=[0,1]
 
-# pytest, then the tiny recipe end to end on the model it trains: a head below its `stack eval`
-# bar or a failed deploy gate fails `make test` (so CI).
+# pytest, the world, rendering, metrics and closed-loop tests again as other CPUs compute, then the
+# tiny recipe end to end on the model it trains: a head below its `stack eval` bar or a failed deploy
+# gate fails `make test` (so CI).
 test: install slurm
 	$(BIN)/python -m pytest
+	$(MAKE) --no-print-directory test-portable PORTABLE_CPUS=avx2
 	$(MAKE) --no-print-directory recipe
+
+# The tests whose results depend on the SIMD kernels numpy and PyTorch pick (world generation,
+# rendering, datasets, metrics, the closed loop), run as an AVX2-only CPU and as an SSE4.2 one would
+# (`pytest --emulate-cpu`, tests/conftest.py): a result pinned to this CPU's kernels fails here,
+# whatever CPU CI has that day. A CPU with nothing above a level skips it: the plain run was that run.
+# `make test` runs the avx2 level only (the slowest CPU CI gets: there it adds nothing to the budget).
+# The folders are those that exist (the simulator's tests may move).
+PORTABLE_TESTS := $(wildcard tests/data tests/sim tests/stack/metrics tests/deploy/closedloop)
+PORTABLE_CPUS ?= avx2 x86-64-v2
+test-portable: install
+	@for cpu in $(PORTABLE_CPUS); do \
+		$(BIN)/python -m stack.testing above $$cpu; rc=$$?; \
+		if [ $$rc -eq 0 ]; then $(BIN)/python -m pytest -q --emulate-cpu=$$cpu $(PORTABLE_TESTS) || exit 1; \
+		elif [ $$rc -ne 1 ]; then exit $$rc; fi; \
+	done
 
 # The recipe's outputs are make targets under runs/tiny whose prerequisites are the configs and
 # the sources that shape them: a second `make test` renders and trains again only when one of

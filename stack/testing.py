@@ -111,3 +111,49 @@ def cpu_kernels() -> str:
     return (f"numpy dispatches to {' '.join(numpy_targets) or 'its baseline only'}; PyTorch CPU kernels "
             f"{torch.backends.cpu.get_cpu_capability()}" + (f"; {', '.join(limits)}" if limits else "")
             + (f" (emulating an {emulated} CPU)" if emulated else ""))
+
+
+def above_emulated_cpu(level: str) -> list[str]:
+    """What this CPU has that a CPU of `level` lacks (empty: emulating it would change no kernel, so a plain run
+    already is such a run; and off x86-64, where these levels do not apply)."""
+    import platform
+
+    import torch
+
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return []
+    from numpy._core._multiarray_umath import __cpu_features__
+
+    found = [f"numpy {name}" for name in numpy_features_to_disable(level) if __cpu_features__.get(name)]
+    capability = torch.backends.cpu.get_cpu_capability()
+    if capability not in {"avx2": ("DEFAULT", "AVX2"), "x86-64-v2": ("DEFAULT",)}[level]:
+        found.append(f"PyTorch {capability}")
+    probe = {"avx2": "_is_avx512_supported", "x86-64-v2": "_is_avx2_supported"}[level]
+    if getattr(torch.cpu, probe, lambda: False)():
+        found.append("oneDNN " + probe[4:-10].upper())
+    return found
+
+
+def _main(argv: list[str]) -> int:
+    """python -m stack.testing above LEVEL: exit 0 when this CPU has more than LEVEL (so emulating it changes
+    something), 1 when not. python -m stack.testing env LEVEL: `export` lines of LEVEL's settings, for
+    eval "$(python -m stack.testing env avx2)" before a command that should compute as such a CPU would."""
+    import shlex
+    import sys
+
+    if len(argv) != 2 or argv[0] not in ("above", "env") or argv[1] not in EMULATED_CPUS:
+        print(f"usage: python -m stack.testing {{above,env}} {{{','.join(EMULATED_CPUS)}}}", file=sys.stderr)
+        return 2
+    if argv[0] == "env":
+        print("\n".join(f"export {name}={shlex.quote(value)}" for name, value in emulated_cpu_env(argv[1]).items()))
+        return 0
+    extra = above_emulated_cpu(argv[1])
+    print(f"this CPU has {', '.join(extra)} above {argv[1]}" if extra
+          else f"this CPU has nothing above {argv[1]}: a plain run computes as one")
+    return 0 if extra else 1
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(_main(sys.argv[1:]))

@@ -53,16 +53,18 @@ def cpu_bf16_support() -> tuple[bool, str]:
         return True, "this PyTorch cannot tell whether the CPU has bf16 instructions, the config is trusted"
     found = [name for name, probe in probes.items() if probe()]
     if not found:
-        return False, "this CPU has no bf16 matrix instructions (AVX512-BF16/AMX)"
+        return False, ("this CPU has no bf16 matrix instructions (AVX512-BF16/AMX), where bf16 matmuls run hundreds "
+                       "of times slower than fp32")
     variable = next((name for name in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA") if os.environ.get(name)), None)
     onednn = os.environ.get(variable, "").strip().upper() if variable else ""
     if onednn in ONEDNN_ISA_BITS and ONEDNN_ISA_BITS[onednn] & ONEDNN_BF16 != ONEDNN_BF16:
         return False, (f"{variable}={onednn} keeps oneDNN below AVX512_CORE_BF16, off this CPU's bf16 "
-                       "matrix instructions")
+                       "matrix instructions (bf16 matmuls then run hundreds of times slower than fp32)")
     capability = torch.backends.cpu.get_cpu_capability()
     if capability in ("DEFAULT", "AVX2"):
         return False, (f"PyTorch's CPU kernels are limited to {capability} (ATEN_CPU_CAPABILITY="
-                       f"{os.environ.get('ATEN_CPU_CAPABILITY', '')}), below this CPU's AVX512-BF16")
+                       f"{os.environ.get('ATEN_CPU_CAPABILITY', '')}): the run computes as a CPU without AVX-512, "
+                       "so without AVX512-BF16, would")
     return True, f"this CPU has bf16 matrix instructions ({', '.join(found).replace('_', '-').upper()})"
 
 
@@ -76,9 +78,8 @@ def effective_precision(requested: str, accelerator: str) -> tuple[str, str | No
     if accelerator == "cpu" and requested == "bf16-mixed":
         fast, why = cpu_bf16_support()
         if not fast:
-            return "32-true", (f"train.precision=bf16-mixed: {why}, where bf16 matmuls run hundreds of times "
-                               "slower than fp32; training in 32-true (the weights and checkpoints are fp32 "
-                               "either way).")
+            return "32-true", (f"train.precision=bf16-mixed: {why}; training in 32-true (the weights and "
+                               "checkpoints are fp32 either way).")
     return requested, None
 
 

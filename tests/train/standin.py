@@ -26,6 +26,11 @@ TEST_OVERRIDES = [
 """Overrides that make the default pipeline tiny: 2 samples of 6 cameras at 64x32, untracked."""
 
 
+STANDIN_RECIPE = ["train.max_epochs=2", "train.log_every_n_steps=1", "train.checkpoint_every_n_steps=4", "train.seed=7"]
+"""The stand-in recipe of the trainer's tests: 2 epochs of 6 synthetic batches (12 steps), a checkpoint every 4 steps
+(2 kept: 8 and 12), seed 7. tests/train/conftest.py trains it once for the tests that compare with it."""
+
+
 def tiny_pipeline(*overrides: str):
     return load_pipeline([], [*TEST_OVERRIDES, *overrides])
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from standin import TinyMultiTask, synthetic_loaders, tiny_pipeline  # noqa: E402
+from standin import STANDIN_RECIPE, TinyMultiTask, synthetic_loaders, tiny_pipeline  # noqa: E402
 
 import stack.train.fit as fit_module
 from stack.checkpoint import sharded as dcp_io
@@ -23,7 +23,7 @@ from stack.checkpoint.sharded import load_sharded_checkpoint
 from stack.checkpoint.training import RollingCheckpoints
 from stack.errors import StackError
 
-RECIPE = ["train.max_epochs=2", "train.log_every_n_steps=1", "train.checkpoint_every_n_steps=4", "train.seed=7"]
+RECIPE = STANDIN_RECIPE  # trained once per session: tests/train/conftest.py
 
 
 def run(out, *overrides, watch: pl.Callback | None = None, monkeypatch=None):
@@ -74,7 +74,8 @@ def slow_disk(monkeypatch):
     return writes
 
 
-def test_training_goes_on_while_a_checkpoint_is_written_and_ends_with_the_same_weights(tmp_path, monkeypatch):
+def test_training_goes_on_while_a_checkpoint_is_written_and_ends_with_the_same_weights(tmp_path, monkeypatch,
+                                                                                     standin_recipe_run):
     """The first checkpoint's (step 4) write is held until training has ended step 6: with a save that
     blocks the loop, step 6 never comes and the write gives up waiting after 60 s (the test then fails)."""
     original, writes, steps_done = dcp_io._FencedWriter.write_data, [], []
@@ -103,11 +104,9 @@ def test_training_goes_on_while_a_checkpoint_is_written_and_ends_with_the_same_w
     assert watch.latest_complete and all(watch.latest_complete)  # latest never named an unfinished checkpoint
     checkpoints = tmp_path / "slow" / "checkpoints"
     assert sorted(p.name for p in checkpoints.iterdir()) == ["latest", "step-0000008.ckpt", "step-0000012.ckpt"]
-    monkeypatch.undo()
-    run(tmp_path / "plain")
     for step in (8, 12):  # the staged copy is the state at that step, not at the step the write finished
-        slow, plain = (load_sharded_checkpoint(tmp_path / name / "checkpoints" / f"step-{step:07d}.ckpt")
-                       for name in ("slow", "plain"))
+        slow, plain = (load_sharded_checkpoint(out / "checkpoints" / f"step-{step:07d}.ckpt")
+                       for out in (tmp_path / "slow", standin_recipe_run))  # plain: RECIPE trained without a hold
         assert slow["global_step"] == plain["global_step"] == step
         assert slow["state_dict"].keys() == plain["state_dict"].keys()
         assert all(torch.equal(slow["state_dict"][k], plain["state_dict"][k]) for k in plain["state_dict"])

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from standin import TinyMultiTask, synthetic_loaders, tiny_pipeline  # noqa: E402
+from standin import STANDIN_RECIPE, TinyMultiTask, synthetic_loaders, tiny_pipeline  # noqa: E402
 
 from stack.checkpoint.model_file import load_model_checkpoint
 from stack.errors import StackError
@@ -20,7 +20,7 @@ from stack.train.fit import fit
 from stack.train.module import TrainingDiverged
 
 GOLDEN = Path(__file__).resolve().parents[1] / "assets" / "losses" / "train_tiny_standin.json"
-RECIPE = ["train.max_epochs=2", "train.log_every_n_steps=1", "train.checkpoint_every_n_steps=4", "train.seed=7"]
+RECIPE = STANDIN_RECIPE  # trained once per session: tests/train/conftest.py
 
 
 def run(out, *overrides, batches=6, nan_at=-1):
@@ -35,10 +35,9 @@ def losses(out) -> dict[int, float]:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    out = tmp_path_factory.mktemp("reference")
-    run(out)
-    return out
+def reference(standin_recipe_run):
+    """RECIPE trained uninterrupted (the session's run, tests/train/conftest.py)."""
+    return standin_recipe_run
 
 
 def test_loss_curve_matches_golden_file(reference):

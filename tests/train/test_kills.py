@@ -10,11 +10,14 @@ from pathlib import Path
 
 import pytest
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from standin import STANDIN_RECIPE  # noqa: E402
+
 from stack.checkpoint.sharded import load_sharded_checkpoint
 
 SCRIPT = Path(__file__).resolve().parent / "run_tiny.py"
 REPO = Path(__file__).resolve().parents[2]
-RECIPE = ["train.max_epochs=2", "train.log_every_n_steps=1", "train.checkpoint_every_n_steps=4", "train.seed=7"]
+RECIPE = STANDIN_RECIPE  # trained once per session: tests/train/conftest.py
 
 
 def train(out: Path, *overrides: str, fail_at: str | None = None) -> subprocess.CompletedProcess:
@@ -32,11 +35,10 @@ def losses(out: Path) -> list[tuple[int, float]]:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory):
-    out = tmp_path_factory.mktemp("uninterrupted")
-    result = train(out)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return losses(out)
+def uninterrupted(standin_recipe_run):
+    """The losses of RECIPE trained without a kill: the session's run (tests/train/conftest.py; in this process,
+    as run_tiny.py trains it in its own)."""
+    return losses(standin_recipe_run)
 
 
 @pytest.mark.slow  # two Lightning processes per kill point (~40 s on 2 busy cores)

@@ -38,42 +38,53 @@ def losses(out):
         return [float(r["train/loss_total"]) for r in csv.DictReader(handle) if r.get("train/loss_total")]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("backend", ["torch", "dali"])
-def test_real_network_trains_on_rendered_shards(shards, tmp_path, backend):
+@pytest.fixture(scope="module")
+def trained(shards, tmp_path_factory):
+    """backend -> (out_dir, module, trainer, stats) of SMALL trained on the shards, each backend once: the torch
+    run is also the uninterrupted run the CLI test resumes and evaluates (it trained the same run again)."""
     from stack.train.fit import fit
 
-    pipeline = small(shards, f"data.backend={backend}", f"train.out_dir={tmp_path}")
-    module, trainer, stats = fit(pipeline, progress=False)
-    assert trainer.global_step == 4  # 8 train samples / batch 2 on one rank
-    curve = losses(tmp_path)
-    assert len(curve) == 4 and all(value == value for value in curve)
-    assert stats.history and 0 < stats.history[-1]["perf/mfu"] < 1
-    assert (tmp_path / "model.pt").is_file() and (tmp_path / "checkpoints" / "step-0000004.ckpt" / ".metadata").is_file()
+    runs = {}
+
+    def run(backend: str):
+        if backend not in runs:
+            out = tmp_path_factory.mktemp(f"fit-{backend}")
+            runs[backend] = (out, *fit(small(shards, f"data.backend={backend}", f"train.out_dir={out}"), progress=False))
+        return runs[backend]
+    return run
 
 
 @pytest.mark.slow
-def test_resume_and_eval_through_the_cli(shards, tmp_path):
+@pytest.mark.parametrize("backend", ["torch", "dali"])
+def test_real_network_trains_on_rendered_shards(trained, backend):
+    out, module, trainer, stats = trained(backend)
+    assert trainer.global_step == 4  # 8 train samples / batch 2 on one rank
+    curve = losses(out)
+    assert len(curve) == 4 and all(value == value for value in curve)
+    assert stats.history and 0 < stats.history[-1]["perf/mfu"] < 1
+    assert (out / "model.pt").is_file() and (out / "checkpoints" / "step-0000004.ckpt" / ".metadata").is_file()
+
+
+@pytest.mark.slow
+def test_resume_and_eval_through_the_cli(shards, trained, tmp_path):
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     base = [sys.executable, "-m", "stack"]
-    args = [*SMALL, f"data.root={shards}", f"train.out_dir={tmp_path}/full"]
-    full = subprocess.run([*base, "train", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    assert full.returncode == 0, full.stderr[-3000:]
+    full = trained("torch")[0]  # `stack train` runs this same fit; the resumed run below goes through the CLI
     resumed = subprocess.run([*base, "train", *SMALL, f"data.root={shards}", f"train.out_dir={tmp_path}/resumed",
-                              f"train.resume={tmp_path}/full/checkpoints/step-0000002.ckpt"],
+                              f"train.resume={full}/checkpoints/step-0000002.ckpt"],
                              cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    # bf16 autocast on the CPU is deterministic for the same inputs: the resumed steps repeat exactly.
-    assert losses(tmp_path / "resumed") == pytest.approx(losses(tmp_path / "full")[2:], rel=1e-4)
-    evaluated = subprocess.run([*base, "eval", f"{tmp_path}/full/model.pt", f"data.root={shards}", *SMALL],
+    # The CPU is deterministic for the same inputs (bf16 autocast or fp32): the resumed steps repeat exactly.
+    assert losses(tmp_path / "resumed") == pytest.approx(losses(full)[2:], rel=1e-4)
+    evaluated = subprocess.run([*base, "eval", f"{full}/model.pt", f"data.root={shards}", *SMALL],
                                cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert evaluated.returncode in (0, 1), evaluated.stderr[-3000:]  # 1: a 4-step model fails its bars
     for head in ("planning", "depth", "segmentation", "detection"):
         assert f"| {head} |" in evaluated.stdout
-    assert (tmp_path / "full" / "eval" / "metrics.json").is_file() and (tmp_path / "full" / "eval" / "heads.png").is_file()
-    on_train = subprocess.run([*base, "eval", "--split", "train", f"{tmp_path}/full/model.pt", f"data.root={shards}",
+    assert (full / "eval" / "metrics.json").is_file() and (full / "eval" / "heads.png").is_file()
+    on_train = subprocess.run([*base, "eval", "--split", "train", f"{full}/model.pt", f"data.root={shards}",
                                *SMALL], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert on_train.returncode in (0, 1), on_train.stderr[-3000:]
     assert "train batches" in on_train.stdout
-    scored = json.loads((tmp_path / "full" / "eval-train" / "metrics.json").read_text())
-    assert scored["detection/gt_boxes"] > 0 and scored != json.loads((tmp_path / "full" / "eval" / "metrics.json").read_text())
+    scored = json.loads((full / "eval-train" / "metrics.json").read_text())
+    assert scored["detection/gt_boxes"] > 0 and scored != json.loads((full / "eval" / "metrics.json").read_text())

@@ -13,14 +13,14 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from standin import TinyMultiTask, synthetic_loaders, tiny_pipeline  # noqa: E402
+from standin import STANDIN_RECIPE, TinyMultiTask, synthetic_loaders, tiny_pipeline  # noqa: E402
 
 from stack.errors import StackError
 from stack.checkpoint.sharded import load_sharded_checkpoint
 from stack.train.fit import fit
 from stack.train.module import TrainingDiverged, TrainModule
 
-RECIPE = ["train.max_epochs=2", "train.log_every_n_steps=1", "train.checkpoint_every_n_steps=4", "train.seed=7"]
+RECIPE = STANDIN_RECIPE  # trained once per session: tests/train/conftest.py
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -35,11 +35,10 @@ def rows(out) -> list[tuple[int, float]]:
 
 
 @pytest.fixture(scope="module")
-def finished(tmp_path_factory):
-    """A finished 12-step run (checkpoints at 8 and 12, model.pt, CSV and TensorBoard logs)."""
-    out = tmp_path_factory.mktemp("finished")
-    run(out)
-    return out
+def finished(standin_recipe_run):
+    """A finished 12-step run of RECIPE (checkpoints at 8 and 12, model.pt, CSV and TensorBoard logs): the
+    session's run (tests/train/conftest.py), read or copied, never changed."""
+    return standin_recipe_run
 
 
 def test_a_fresh_run_over_an_earlier_one_is_refused_and_changes_nothing(finished, tmp_path):
