@@ -9,10 +9,12 @@ route it completed, when:
   `stack.metrics.driving.collision_kind`, the same one the scores use). In CARLA physics stops a car that
   crashes and the route is then scored on its completed part; nuPlan and NAVSIM zero the no-at-fault-
   collision multiplier. The collision's own penalty is applied by the scores (CARLA_PENALTIES, NAVSIM NC).
-- **blocked**: the ego made less than BLOCKED_PROGRESS_M of route progress over the last
-  `drive.blocked_seconds` while the privileged expert, placed where the ego is, would move on (CARLA's
-  AgentBlockedTest ends a route after 180 s without moving; our episodes last seconds, and asking the
-  expert keeps a car that waits, rightly, behind a stopped lead or for a pedestrian from counting as blocked).
+- **blocked**: for `drive.blocked_seconds` on end, every simulation step, the ego stood (speed under
+  BLOCKED_SPEED) while the privileged expert, placed where the ego is, would move on (CARLA's
+  AgentBlockedTest: under 0.5 m/s for 180 s; our episodes last seconds). The expert is asked at every step
+  of the window, not once at its end: a car that waits, rightly, behind a stopped lead or for a pedestrian
+  and is slow to pull away once the way clears is not blocked; only standing where the expert would
+  have driven on for the whole window is.
 - **route deviation**: the ego's centre is more than `drive.route_deviation_m` from its route's centreline
   (CARLA's InRouteTest ends a route 30 m off it on its multi-lane maps; our roads are 12 m wide).
 
@@ -26,14 +28,12 @@ counterpart here.
 from __future__ import annotations
 
 import math
-from collections import deque
-
 import numpy as np
 
 from stack.metrics.driving import AT_FAULT_KINDS, boxes_overlap, collision_kind
 
-BLOCKED_PROGRESS_M = 0.5
-"""Route progress below this over the blocked window counts as not moving (CARLA: speed under 0.5 m/s)."""
+BLOCKED_SPEED = 0.5
+"""m/s: an ego slower than this is standing (CARLA's AgentBlockedTest threshold)."""
 EXPERT_MOVES_M = 1.0
 """The expert 'would move on' when its plan from the ego's state goes at least this far within its horizon."""
 
@@ -45,13 +45,13 @@ class RouteMonitor:
         self.world, self.ego_size, self.rear_offset = world, ego_size, rear_offset
         self.blocked_steps = max(1, int(round(drive.blocked_seconds / world.dt)))
         self.route_deviation_m = drive.route_deviation_m
-        self.progress: deque = deque(maxlen=self.blocked_steps + 1)
+        self.standing_steps = 0
+        """Consecutive steps, up to now, of standing where the expert would drive on."""
 
     def check(self, state, time_s: float) -> dict | None:
         centre = (state.x + self.rear_offset * math.cos(state.yaw), state.y + self.rear_offset * math.sin(state.yaw))
-        self.progress.append(self.world.route_progress())
         return (self._collision(state, centre, time_s) or self._deviation(centre, time_s)
-                or self._blocked(centre, time_s))
+                or self._blocked(state, centre, time_s))
 
     def _collision(self, state, centre, time_s: float) -> dict | None:
         agents = self.world.agents_now()
@@ -76,14 +76,20 @@ class RouteMonitor:
                           f"(more than drive.route_deviation_m={self.route_deviation_m:g})")
         return None
 
-    def _blocked(self, centre, time_s: float) -> dict | None:
-        if len(self.progress) <= self.blocked_steps or self.progress[-1] - self.progress[0] >= BLOCKED_PROGRESS_M:
+    def _blocked(self, state, centre, time_s: float) -> dict | None:
+        if state.speed >= BLOCKED_SPEED or not self._expert_moves_on():
+            self.standing_steps = 0
             return None
-        plan = np.asarray(self.world.expert_plan(), np.float64)
-        if not len(plan) or float(np.hypot(*plan[-1])) < EXPERT_MOVES_M:
-            return None  # the expert would wait here too: waiting is not being blocked
+        self.standing_steps += 1
+        if self.standing_steps < self.blocked_steps:
+            return None
         seconds = self.blocked_steps * self.world.dt
-        return _event("blocked", time_s, centre, f"no progress for {seconds:g} s where the expert would drive on")
+        return _event("blocked", time_s, centre, f"stood for {seconds:g} s where the expert would drive on")
+
+    def _expert_moves_on(self) -> bool:
+        """Whether the expert's plan from the ego's state goes at least EXPERT_MOVES_M within its horizon."""
+        plan = np.asarray(self.world.expert_plan(), np.float64)
+        return bool(len(plan)) and float(np.hypot(*plan[-1])) >= EXPERT_MOVES_M
 
 
 def _event(kind: str, time_s: float, centre, what: str, **actor) -> dict:

@@ -784,8 +784,8 @@ class DriveConfig:
     clips: int = 2
     """MP4 clips written per policy, of its worst episodes (lowest driving score)."""
     blocked_seconds: float = 3.0
-    """An episode ends as blocked when the ego makes no route progress for this long where the privileged
-    expert would drive on (CARLA's agent-blocked rule, scaled to our seconds-long episodes; stack.sim.infractions)."""
+    """An episode ends as blocked when the ego stands (under 0.5 m/s) for this long while at every step the
+    privileged expert would drive on (CARLA's agent-blocked rule, scaled to our seconds-long episodes; stack.sim.infractions)."""
     route_deviation_m: float = 10.0
     """An episode ends when the ego's centre is farther than this from its route's centreline (CARLA's
     route-deviation rule; our roads are 12 m wide)."""
