@@ -7,6 +7,10 @@ process in scene order. Every random draw comes from generators seeded by
 shards whatever the number of workers. Validation takes whole scenes (the last
 `val_fraction` of them), never frames of a training scene.
 
+With `data.world.drive_episodes`, the train split also holds closed-loop frames: scenario-family episodes
+at training seeds driven by the expert with injected noise, each replanning instant labelled with the
+expert's plan from the state reached (`stack.sim.recording`); their `meta.json` says where each came from.
+
 The shards are rendered into a staging folder and swapped in only when the whole
 dataset is written (`stack.data.staging`): an interrupted run leaves the previous
 dataset as it was, and only files a manifest lists are ever replaced.
@@ -14,6 +18,7 @@ dataset as it was, and only files a manifest lists are ever replaced.
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 from pathlib import Path
 
@@ -73,6 +78,44 @@ def render_scene(task: tuple) -> list:
         torch.set_num_threads(threads)
 
 
+def render_drive_episode(task: tuple) -> list:
+    """(key, members) of every replanning instant of one noisy-expert training episode; runs in a worker."""
+    import torch
+
+    from stack.sim.policies import PolicySpec
+    from stack.sim.recording import NoisyExpertPolicy, record_episode
+
+    pipeline, spec, device = task
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        driver = NoisyExpertPolicy(PolicySpec("noisy expert", "noisy_expert", builder=NoisyExpertPolicy),
+                                   pipeline.model.planning_steps, pipeline)
+        frames, run = record_episode(spec, driver, pipeline, device)
+        cameras = [c.name for c in pipeline.data.rig.cameras]
+        samples = []
+        for index, frame in enumerate(frames):
+            meta = {"source": "closed_loop", "driver": "noisy expert", "family": spec.family, "episode": spec.index,
+                    "frame": index, "time_s": round(float(frame["time_s"]), 3), "split": "train",
+                    "ended": run.end["kind"] if run.end else ""}
+            members = frame_members(frame, cameras, meta, pipeline.data.jpeg_quality)
+            samples.append((f"d{spec.index:05d}f{index:04d}", members))
+        return samples
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _render(task: tuple) -> list:
+    return render_scene(task[1:]) if task[0] == "scene" else render_drive_episode(task[1:])
+
+
+def _drive_specs(pipeline: Pipeline) -> list:
+    from stack.sim.recording import training_specs
+
+    episodes = pipeline.data.world.drive_episodes
+    return training_specs(pipeline.drive.scenarios, episodes, pipeline.drive.episode_seconds) if episodes else []
+
+
 def _device(pipeline: Pipeline) -> str:
     choice = pipeline.data.world.render_device
     if choice == "auto":
@@ -95,22 +138,26 @@ def make_dataset(pipeline: Pipeline, log=print) -> dict:
     stage = staging.prepare(root, log)
     staging.check_free(root, _planned_files(pipeline, splits, per_shard))
     writers = {split: ShardWriter(stage / split, pipeline.data.layout, per_shard) for split in ("train", "val")}
-    tasks = [(pipeline, s, splits[s], device) for s in range(world.scenes)]
-    workers = min(world.workers, world.scenes)
+    drives = _drive_specs(pipeline)
+    tasks = [("scene", pipeline, s, splits[s], device) for s in range(world.scenes)]
+    tasks += [("drive", pipeline, spec, device) for spec in drives]
+    task_splits = [splits[s] for s in range(world.scenes)] + ["train"] * len(drives)
+    workers = min(world.workers, len(tasks))
     context = multiprocessing.get_context("spawn" if device == "cuda" else "fork")
     log(f"rendering {world.scenes} scenes x {world.frames_per_scene} frames x {len(pipeline.data.rig.cameras)} cameras "
-        f"on {device} with {max(workers, 1)} process(es) -> {root} (staged in {stage} until complete)")
+        + (f"and {len(drives)} closed-loop training episodes " if drives else "")
+        + f"on {device} with {max(workers, 1)} process(es) -> {root} (staged in {stage} until complete)")
     with Progress() as progress:
-        bar = progress.add_task("rendering scenes", total=world.scenes)
+        bar = progress.add_task("rendering scenes", total=len(tasks))
         if workers > 1:
             with context.Pool(workers) as pool:
-                for scene_index, samples in enumerate(pool.imap(render_scene, tasks)):
-                    _write(writers[splits[scene_index]], samples)
-                    _advance(progress, bar, scene_index, world.scenes, splits[scene_index])
+                for index, samples in enumerate(pool.imap(_render, tasks)):
+                    _write(writers[task_splits[index]], samples)
+                    _advance(progress, bar, index, tasks, task_splits[index])
         else:
-            for scene_index, task in enumerate(tasks):
-                _write(writers[splits[scene_index]], render_scene(task))
-                _advance(progress, bar, scene_index, world.scenes, splits[scene_index])
+            for index, task in enumerate(tasks):
+                _write(writers[task_splits[index]], _render(task))
+                _advance(progress, bar, index, tasks, task_splits[index])
     for writer in writers.values():
         writer.close_shard()
     manifest = {
@@ -118,7 +165,7 @@ def make_dataset(pipeline: Pipeline, log=print) -> dict:
         "image_size": [pipeline.data.rig.image_height, pipeline.data.rig.image_width],
         "semantic_classes": list(SEG_CLASSES), "detection_classes": list(CLASSES),
         "layout": pipeline.data.layout, "frames_per_clip": world.frames_per_scene,
-        "frame_rate_hz": world.frame_rate_hz, "seed": world.seed,
+        "frame_rate_hz": world.frame_rate_hz, "seed": world.seed, "closed_loop_episodes": len(drives),
         "splits": {split: [{"path": f"{split}/{s['path']}", "samples": s["samples"]} for s in w.shards]
                    for split, w in writers.items()},
     }
@@ -128,22 +175,28 @@ def make_dataset(pipeline: Pipeline, log=print) -> dict:
 
 
 def _planned_files(pipeline: Pipeline, splits: dict, per_shard: int) -> list[str]:
-    """Paths (relative to data.root) of the shards and sidecars this run will write."""
+    """Paths (relative to data.root) of the shards and sidecars this run will write (at most: a closed-loop
+    episode that ends early writes fewer frames)."""
     per_scene = 1 if pipeline.data.layout == "clips" else pipeline.data.world.frames_per_scene
+    drive = pipeline.drive
+    per_episode = math.ceil(drive.episode_seconds * drive.replan_hz)
     paths = []
     for split in ("train", "val"):
         samples = per_scene * sum(1 for s in splits.values() if s == split)
+        if split == "train":
+            samples += per_episode * pipeline.data.world.drive_episodes
         for shard in range(-(-samples // per_shard)):
             paths += [f"{split}/{pipeline.data.layout}-{shard:06d}{suffix}" for suffix in (".tar", *SIDECARS)]
     return paths
 
 
-def _advance(progress, bar, scene_index: int, scenes: int, split: str) -> None:
-    """Advance the bar, and log a line per scene (visible in logs where no bar is drawn)."""
+def _advance(progress, bar, index: int, tasks: list, split: str) -> None:
+    """Advance the bar, and log a line per scene or episode (visible in logs where no bar is drawn)."""
     fail_point("data-render")
     progress.advance(bar)
     elapsed = progress.tasks[bar].elapsed or 0.0
-    progress.console.print(f"scene {scene_index + 1}/{scenes} written to {split} ({elapsed:.0f} s elapsed)")
+    what = "scene" if tasks[index][0] == "scene" else f"closed-loop episode ({tasks[index][2].family})"
+    progress.console.print(f"{what} {index + 1}/{len(tasks)} written to {split} ({elapsed:.0f} s elapsed)")
 
 
 def _write(writer: ShardWriter, samples: list) -> None:

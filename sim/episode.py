@@ -115,10 +115,13 @@ class Recorder:
 
 
 def run_episode(world, policy: Policy, drive, rig, limits=None, record_clip: bool = False,
-                clip_rig=None) -> EpisodeRun:
+                clip_rig=None, observer=None) -> EpisodeRun:
     """Drive one episode of `world` with `policy` under `drive` (stack.pipeline.DriveConfig) and return its run.
 
-    `record_clip` also renders `clip_rig` (the front camera) every step and keeps what the clip draws."""
+    `record_clip` also renders `clip_rig` (the front camera) every step and keeps what the clip draws.
+    `observer(world, ego_status)`, when given, is called at every replanning instant before the policy plans,
+    with the world in the state the policy sees: the hook that records the states a policy visits, labelled by
+    the expert (`stack.sim.recording`); its time is the timings' "labelling"."""
     import time
 
     from stack.sim.world.scene import EGO_SIZE, REAR_AXLE_OFFSET
@@ -142,18 +145,22 @@ def run_episode(world, policy: Policy, drive, rig, limits=None, record_clip: boo
     end = None
     pending: deque = deque()
     active = _hold_plan(state, 0.0, policy.steps)
-    timings = {"render": 0.0, "policy": 0.0, "simulation": 0.0}
+    timings = {"render": 0.0, "policy": 0.0, "simulation": 0.0, "labelling": 0.0}
     frames, replans = [], 0
     for k in range(steps):
         now = k * dt
         world.set_ego(state.x, state.y, state.yaw, state.speed, state.accel)  # the ego where it is at step k
         if k % replan_every == 0:
             start = time.perf_counter()
-            images = world.render(rig)["images"] if policy.spec.needs_cameras else None
+            images = world.render(rig)["images"] if policy.uses_cameras else None
             timings["render"] += time.perf_counter() - start
-            start = time.perf_counter()
             status = np.array([state.speed, state.accel, state.speed * math.tan(state.steer) / limits.wheelbase],
                               np.float32)
+            if observer is not None:
+                start = time.perf_counter()
+                observer(world, status)
+                timings["labelling"] += time.perf_counter() - start
+            start = time.perf_counter()
             plan = policy.plan(Observation(now, status, world.command(), images, world))
             timings["policy"] += time.perf_counter() - start
             pending.append((now + latency, _plan_to_world(plan, (state.x, state.y, state.yaw)),

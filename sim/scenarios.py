@@ -16,8 +16,9 @@ crossing, left turn across path, cut-in) that CARLA's scenario runner and Bench2
 Events that a person triggers fire on the ego's distance, so they happen whatever the policy's speed;
 distances are chosen so that the constant-velocity ego meets the actor. Crossing pedestrians do not
 yield (that is the point); every other road user follows the normal rules and reacts to the ego.
-Held out from training: a world's generator is seeded with five words
-(`[world seed, 0x5EED_D21E, family, index, seed]`) where training scenes use two or three.
+Held out from training: an evaluation world's generator is seeded with five words
+(`[world seed, 0x5EED_D21E, family, index, seed]`) where recorded training scenes use two or three, and the
+closed-loop training episodes (`stack.sim.recording`) five with another second word (TRAINING_WORD).
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ from stack.pipeline import AGENT_CLASS_MIX, DRIVE_SCENARIOS, WorldConfig
 
 FAMILIES = DRIVE_SCENARIOS
 HELD_OUT_WORD = 0x5EED_D21E
+TRAINING_WORD = 0x7EA_C4E5
+"""Second seed word of closed-loop training episodes: never an evaluation world's (HELD_OUT_WORD)."""
 PARKING_OFFSET = (LANE_WIDTH + ROAD_HALF_WIDTH) / 2 + 0.2 - LANE_WIDTH / 2
 """Parking strip centre, right of the lane centre (as recorded scenes park cars), metres."""
 ZEBRA_BEFORE_ENTRY = 2.0
@@ -48,6 +51,8 @@ class EpisodeSpec:
     index: int
     seed: int
     duration_s: float = 8.0
+    held_out: bool = True
+    """An evaluation episode (True), or a closed-loop training episode of the same family (False)."""
 
 
 def episode_specs(families, episodes: int, seeds, duration_s: float = 8.0) -> list:
@@ -62,8 +67,10 @@ def episode_specs(families, episodes: int, seeds, duration_s: float = 8.0) -> li
 
 
 def rng_words(spec: EpisodeSpec, world_config: WorldConfig) -> list:
-    """The world generator's seed words: five, so never a training scene's ([seed, scene] or [seed, scene, 1])."""
-    return [int(world_config.seed), HELD_OUT_WORD, FAMILIES.index(spec.family), int(spec.index), int(spec.seed)]
+    """The world generator's seed words: five, so never a recorded scene's ([seed, scene] or [seed, scene, 1]),
+    and the second word keeps evaluation and closed-loop training episodes apart."""
+    purpose = HELD_OUT_WORD if spec.held_out else TRAINING_WORD
+    return [int(world_config.seed), purpose, FAMILIES.index(spec.family), int(spec.index), int(spec.seed)]
 
 
 def build_world(spec: EpisodeSpec, world_config: WorldConfig, dt: float = SIM_DT) -> InteractiveWorld:

@@ -148,9 +148,15 @@ class WorldConfig:
     """Render processes (one torch thread each); scenes are rendered in parallel."""
     render_device: str = "auto"
     """Where rays are cast: `auto` (CUDA when available), `cpu` or `cuda`."""
+    drive_episodes: int = 0
+    """Closed-loop training episodes of the scenario families (`drive.scenarios`, at training seeds, never
+    the evaluation ones) driven by the expert with injected noise; every replanning instant is written to the
+    train split with the expert's plan from there as its planning target (recovery data, stack.sim.recording).
+    0: the recorded scenes only. Needs the frames layout."""
 
     def problems(self) -> Problems:
         found: Problems = []
+        _in_range(found, "drive_episodes", self.drive_episodes, 0, 100_000)
         for name in ("scenes", "frames_per_scene", "frame_rate_hz", "spawn_radius_m"):
             _positive(found, name, getattr(self, name))
         unknown = sorted(set(self.class_mix) - set(AGENT_CLASS_MIX))
@@ -228,6 +234,10 @@ class DataConfig:
         _positive(found, "samples_per_shard", self.samples_per_shard)
         _in_range(found, "num_workers", self.num_workers, 0, 64)
         _in_range(found, "jpeg_quality", self.jpeg_quality, 1, 100)
+        if self.layout == "clips" and self.world.drive_episodes > 0:
+            found.append(("world.drive_episodes", f"got {self.world.drive_episodes} with layout clips: closed-loop "
+                                                  f"training frames are written as frames shards; set data.layout=frames "
+                                                  f"or data.world.drive_episodes=0"))
         return found
 
 

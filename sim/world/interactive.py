@@ -171,6 +171,12 @@ class InteractiveWorld:
         """The cameras now: render_frame's images (N,H,W,3) uint8, intrinsics and cam_to_ego.
 
         Sensor noise is seeded from the world's seed words and the step, so a replay renders the same pixels."""
+        frame = self.render_labelled(rig, device)
+        return {name: frame[name] for name in ("images", "intrinsics", "cam_to_ego")}
+
+    def render_labelled(self, rig, device="cpu") -> dict:
+        """Everything `render_frame` gives a recorded key frame: the cameras and their exact labels (depth,
+        semantic and instance maps, 3D and 2D boxes with visibility), for training on closed-loop states."""
         from stack.sim.world.frame import TorchGround, render_frame  # torch only for policies that look
 
         key = str(device)
@@ -178,8 +184,7 @@ class InteractiveWorld:
             self._ground[key] = TorchGround(self.town.ground, self.seed_words[-1] * 100003 + self.seed_words[-2], device)
         scene = Scene(self.town, self.ego, self.agents, np.array([self.step_index]), self.light)
         noise = np.random.default_rng([*self.seed_words, 0xCA3E7A, self.step_index])
-        frame = render_frame(scene, self.step_index, rig, self._ground[key], noise, device)
-        return {name: frame[name] for name in ("images", "intrinsics", "cam_to_ego")}
+        return render_frame(scene, self.step_index, rig, self._ground[key], noise, device)
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
