@@ -34,7 +34,7 @@ import torch
 from stack.batch import IGNORE_INDEX, Batch
 from stack.data.dali_augment import GraphAugment
 from stack.data.checksums import ShardSums
-from stack.data.loader import check_arrays, check_layout, read_manifest, split_shards
+from stack.data.loader import check_arrays, check_layout, dataset_shards, read_manifest
 from stack.data.samples import (LOADER_MEMBERS, BadSample, ClassMaps, check_members, decode_arrays,
                                 label_fields, stack_fields)
 from stack.data.shard_index import SampleReader
@@ -129,7 +129,7 @@ class DaliLoader:
             raise StackError("data.backend=dali reads frame shards; clip shards (H.264) decode with data.backend=torch "
                              "(PyAV, CPU), or on a GPU with stack.data.clips.decode_h264_gpu (DALI cannot decode H.264 "
                              "on the CPU)")
-        self.shards = split_shards(self.manifest, pipeline.data.root, split)
+        self.shards = dataset_shards(pipeline, self.manifest, split)
         self.maps = ClassMaps.build(self.manifest, pipeline)
         self.sums = ShardSums() if verify else None
         self.reader = SampleReader()

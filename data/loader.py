@@ -93,6 +93,23 @@ def split_shards(manifest: dict, root: str | Path, split: str) -> list:
     return shards
 
 
+def dataset_shards(pipeline: Pipeline, manifest: dict, split: str) -> list:
+    """[(absolute shard path, samples)] of `split` in data.root, and for "train" also every data.aggregate
+    dataset's train split (after checking it holds frames of the same rig)."""
+    shards = split_shards(manifest, pipeline.data.root, split)
+    if split != "train":
+        return shards
+    for root in pipeline.data.aggregate:
+        other = read_manifest(root)
+        for key in ("cameras", "image_size", "layout", "semantic_classes", "detection_classes"):
+            if other.get(key) != manifest.get(key):
+                raise StackError(f"data.aggregate dataset {root} has {key} {other.get(key)!r} but data.root "
+                                 f"{pipeline.data.root} has {manifest.get(key)!r}: aggregate only datasets recorded "
+                                 f"with the same rig and layout (remove {root} from data.aggregate)")
+        shards += split_shards(other, root, "train")
+    return shards
+
+
 def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
     if rank is not None and world_size is not None:
         return rank, world_size
@@ -252,7 +269,7 @@ class TorchLoader:
         root = pipeline.data.root
         self.manifest = read_manifest(root)
         check_layout(pipeline, self.manifest, root)
-        self.shards = split_shards(self.manifest, root, split)
+        self.shards = dataset_shards(pipeline, self.manifest, split)
         self.epoch, self._epoch_set, self._loader = 0, False, None
         self.skipped = multiprocessing.get_context("fork").Value("q", 0)
         self._shared_epoch = multiprocessing.get_context("fork").Value("q", 0)

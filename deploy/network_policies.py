@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from stack.errors import StackError
-from stack.sim.policies import Observation, Policy, PolicySpec
+from stack.sim.policies import NetworkPolicy, PolicySpec
 
 
 def checkpoint_spec(name: str, path: str, **latency) -> PolicySpec:
@@ -33,56 +33,30 @@ def bundle_spec(name: str, bundle: str = "", model: str | None = None, **latency
     return PolicySpec(name, "bundle", str(bundle), model, builder=BundlePolicy, **latency)
 
 
-def best_plan(trajectories: np.ndarray, scores: np.ndarray) -> np.ndarray:
-    """The highest-scoring mode, as `stack.models.decoders.decode_plan` picks it.
-
-    A network whose output is not finite (diverged weights, a broken INT8 model) has no plan: the
-    car falls back to stopping where it is (every waypoint at the ego's position), the minimal-risk
-    manoeuvre of ISO 21448 / SAE J3016's fallback, and the episode scores what that costs (no
-    progress) instead of the evaluation, or the deploy gate, dying on the controller's check."""
-    if not (np.isfinite(trajectories).all() and np.isfinite(scores).all()):
-        return np.zeros(trajectories.shape[2:], np.float64)
-    return np.asarray(trajectories[0, int(np.argmax(scores[0]))], np.float64)
-
-
-class CheckpointPolicy(Policy):
+class CheckpointPolicy(NetworkPolicy):
     """The trained network in PyTorch, pooling with the rig's geometry (as in training and `stack eval`)."""
 
-    uses_cameras = True
     runtime = "PyTorch"
 
     def __init__(self, spec: PolicySpec, steps: int, pipeline):
         super().__init__(spec, steps)
+        from stack.checkpoint.model_file import load_network
+
+        _, self.net = load_network(spec.source, needs_planner=True)
+        self.geometry = rig_geometry(self.net, pipeline.data.rig)
+
+    def infer(self, images: np.ndarray, ego_status: np.ndarray, command: np.ndarray) -> tuple:
         import torch
 
-        from stack.checkpoint.model_file import check_weights_fit, load_model_checkpoint
-        from stack.models import build_model
-        from stack.rig import rig_matrices
-
-        stored, state_dict, _ = load_model_checkpoint(spec.source)
-        check_has_planner(state_dict, spec.source)
-        check_weights_fit(stored, state_dict, spec.source)
-        self.net = build_model(stored)
-        self.net.load_state_dict(state_dict)
-        self.net.eval()
-        ks, poses = rig_matrices(pipeline.data.rig)
-        self.geometry = self.net.geometry(torch.tensor(ks, dtype=torch.float32)[None],
-                                          torch.tensor(poses, dtype=torch.float32)[None])
-
-    def plan(self, observation: Observation) -> np.ndarray:
-        import torch
-
-        images = torch.from_numpy(np.ascontiguousarray(observation.images.transpose(0, 3, 1, 2)))[None]
         with torch.inference_mode():
-            out = self.net(images, torch.from_numpy(observation.ego_status[None].astype(np.float32)),
-                           torch.tensor([observation.command], dtype=torch.int64), self.geometry)
-        return best_plan(out["plan_trajectories"].float().numpy(), out["plan_scores"].float().numpy())
+            out = self.net(torch.from_numpy(images), torch.from_numpy(ego_status), torch.from_numpy(command),
+                           self.geometry)
+        return out["plan_trajectories"].float().numpy(), out["plan_scores"].float().numpy()
 
 
-class BundlePolicy(Policy):
+class BundlePolicy(NetworkPolicy):
     """A deployed model on ONNX Runtime, fed the calibration of the rig the world renders."""
 
-    uses_cameras = True
     runtime = "ONNX Runtime"
 
     @classmethod
@@ -100,19 +74,19 @@ class BundlePolicy(Policy):
             self.net = DeployedNetwork.from_model(spec.model, threads=1)
         self.calibration = Calibration.from_rig(pipeline.data.rig)
 
-    def plan(self, observation: Observation) -> np.ndarray:
-        images = np.ascontiguousarray(observation.images.transpose(0, 3, 1, 2))[None]
-        out = self.net.infer(images, observation.ego_status[None].astype(np.float32),
-                             np.array([observation.command], np.int64), self.calibration)
-        return best_plan(out["plan_trajectories"], out["plan_scores"])
+    def infer(self, images: np.ndarray, ego_status: np.ndarray, command: np.ndarray) -> tuple:
+        out = self.net.infer(images, ego_status, command, self.calibration)
+        return out["plan_trajectories"], out["plan_scores"]
 
 
-def check_has_planner(state_dict: dict, path: str) -> None:
-    """A checkpoint whose weights hold no planning head cannot drive: say so before any episode runs."""
-    if not any(key.startswith("planning_head.") for key in state_dict):
-        raise StackError(f"checkpoint {path} has no planning head (no planning_head.* weights): it cannot drive. "
-                         f"Drive a checkpoint of the full multi-task network that `stack train` writes "
-                         f"(runs/<preset>/train/model.pt).")
+def rig_geometry(net, rig):
+    """The network's pooling geometry for `rig`'s cameras (batch of one), computed once per policy."""
+    import torch
+
+    from stack.rig import rig_matrices
+
+    ks, poses = rig_matrices(rig)
+    return net.geometry(torch.tensor(ks, dtype=torch.float32)[None], torch.tensor(poses, dtype=torch.float32)[None])
 
 
 def bundle_latency(bundle: str | Path) -> tuple[float, str] | None:

@@ -44,19 +44,29 @@ def _front_rig(rig):
 
 
 def run_task(task: tuple) -> dict:
-    """One (policy, episode) run in a worker; with a clip path, also renders and writes its MP4."""
-    from stack.sim.episode import run_episode
+    """One (policy, episode, clip path, beta) run in a worker; with a clip path, also renders and writes its MP4.
 
-    policy_spec, episode, clip_path = task
+    With `beta` (not None), the policy drives mixed with the expert (`stack.sim.recording.MixturePolicy`) and
+    every replanning instant is recorded with the expert's label: the row's "frames" (DAgger)."""
+    from stack.sim.episode import run_episode
+    from stack.sim.recording import LabelledFrames, MixturePolicy
+
+    policy_spec, episode, clip_path, beta = (*task, None)[:4]
     pipeline = _PIPELINE
     world = _world(pipeline, episode)
     policy = build_policy(policy_spec, pipeline)
+    recorder = None
+    if beta is not None:
+        policy = MixturePolicy(policy, beta)
+        recorder = LabelledFrames(pipeline.data.rig, pipeline.model.planning_steps)
     start = time.perf_counter()
     run = run_episode(world, policy, pipeline.drive, pipeline.data.rig, record_clip=clip_path is not None,
-                      clip_rig=_front_rig(pipeline.data.rig))
+                      clip_rig=_front_rig(pipeline.data.rig), observer=recorder)
     row = {"policy": policy_spec.name, "family": episode.family, "seed": episode.seed, "index": episode.index,
            "latency_ms": policy_spec.latency_s * 1000.0, "trace": run.trace, "replans": run.replans, "end": run.end,
            "timings": dict(run.timings, wall=time.perf_counter() - start)}
+    if recorder is not None:
+        row["frames"] = recorder.frames
     if clip_path is not None:
         from stack.sim.drive_clips import write_clip
 
@@ -108,13 +118,18 @@ def score_rows(rows: list[dict]) -> list[dict]:
     return rows
 
 
-def evaluate(pipeline, policies: list[PolicySpec], episodes: list, log=print, title: str = "driving") -> list[dict]:
-    """Scored rows of every policy on every episode (the expert drives too, for ego progress)."""
+def evaluate(pipeline, policies: list[PolicySpec], episodes: list, log=print, title: str = "driving",
+             record_beta: float | None = None) -> list[dict]:
+    """Scored rows of every policy on every episode (the expert drives too, for ego progress).
+
+    `record_beta`: every policy but the expert drives mixed with the expert at that beta, and its row keeps the
+    labelled frames of the states it visited ("frames", see `run_task`)."""
     from rich.progress import Progress
 
     if not any(p.kind == "expert" for p in policies):
         policies = list(policies) + [PolicySpec("expert", "expert")]
-    tasks = [(policy, episode, None) for policy in policies for episode in episodes]
+    tasks = [(policy, episode, None, None if policy.kind == "expert" else record_beta)
+             for policy in policies for episode in episodes]
     workers = max(1, min(pipeline.drive.workers, os.cpu_count() or 1))
     log(f"{title}: {len(policies)} policies x {len(episodes)} episodes ({pipeline.drive.episode_seconds:g} s each, "
         f"sim {pipeline.drive.sim_hz:g} Hz, replanning {pipeline.drive.replan_hz:g} Hz) in {workers} process(es)")

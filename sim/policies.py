@@ -129,6 +129,36 @@ class EgoRolloutPolicy(Policy):
         return kinematic_rollout(status, self.steps)[0].double().numpy()
 
 
+class NetworkPolicy(Policy):
+    """Base of the policies that run the network: `infer` gives every mode's trajectory and score, `plan`
+    drives the best one (`best_plan`). Subclasses live with the runtime they use (PyTorch, ONNX Runtime)."""
+
+    uses_cameras = True
+
+    def infer(self, images: np.ndarray, ego_status: np.ndarray, command: np.ndarray) -> tuple:
+        """(trajectories (1, K, T, 2), scores (1, K)) as numpy, from images uint8 (1, N, 3, H, W), ego status
+        float32 (1, 3) and command int64 (1,)."""
+        raise NotImplementedError
+
+    def plan(self, observation: Observation) -> np.ndarray:
+        images = np.ascontiguousarray(observation.images.transpose(0, 3, 1, 2))[None]
+        trajectories, scores = self.infer(images, observation.ego_status[None].astype(np.float32),
+                                          np.array([observation.command], np.int64))
+        return best_plan(trajectories, scores)
+
+
+def best_plan(trajectories: np.ndarray, scores: np.ndarray) -> np.ndarray:
+    """The highest-scoring mode, as `stack.models.decoders.decode_plan` picks it.
+
+    A network whose output is not finite (diverged weights, a broken INT8 model) has no plan: the
+    car falls back to stopping where it is (every waypoint at the ego's position), the minimal-risk
+    manoeuvre of ISO 21448 / SAE J3016's fallback, and the episode scores what that costs (no
+    progress) instead of the evaluation, or the deploy gate, dying on the controller's check."""
+    if not (np.isfinite(trajectories).all() and np.isfinite(scores).all()):
+        return np.zeros(trajectories.shape[2:], np.float64)
+    return np.asarray(trajectories[0, int(np.argmax(scores[0]))], np.float64)
+
+
 BASELINES = {"expert": ExpertPolicy, "constant_velocity": ConstantVelocityPolicy, "ego_rollout": EgoRolloutPolicy}
 
 _BUILT: dict = {}

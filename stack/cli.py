@@ -26,6 +26,7 @@ COMMANDS = {
     "eval": "evaluate a trained checkpoint: every head against its trivial baseline on the validation split",
     "export": "export a checkpoint to ONNX (standard ops, metadata) and check it against PyTorch",
     "deploy": "quantize, gate (accuracy per head, FPS measured or predicted) and bundle for a target",
+    "dagger": "closed-loop fine-tuning: the network drives training episodes, the expert labels them (DAgger)",
     "drive": "closed loop: a checkpoint or deployed bundle drives held-out scenarios beside the baselines",
     "runs": "tracked runs (MLflow) side by side: metrics, hashes, eval and deploy verdicts; `compare A B`",
 }

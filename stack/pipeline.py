@@ -205,6 +205,9 @@ class DataConfig:
 
     root: str = "runs/data"
     """Folder that holds the shards (`train/`, `val/`) and their index files."""
+    aggregate: List[str] = field(default_factory=list)
+    """More datasets whose train splits are trained on beside data.root's (DAgger's recorded iterations,
+    `stack dagger`); each has the cameras, image size and layout of data.root. Validation stays data.root's."""
     layout: str = "frames"
     """Shard layout: `frames` (JPEG per camera per sample) or `clips` (H.264 MP4 per camera per clip)."""
     backend: str = "torch"
@@ -766,6 +769,36 @@ DRIVE_BASELINES = ("expert", "constant_velocity", "ego_rollout")
 
 
 @dataclass
+class DaggerConfig:
+    """`stack dagger`: the student drives training episodes, the expert labels the states it visits, the
+    student is fine-tuned on everything recorded so far (DAgger, Ross, Gordon & Bagnell, AISTATS 2011)."""
+
+    out_dir: str = "runs/dagger"
+    """Folder for each iteration's recorded dataset and fine-tuned weights, the summary and its plot."""
+    iterations: int = 3
+    """Rounds of drive -> label -> aggregate -> fine-tune."""
+    episodes: int = 28
+    """Training episodes the student drives per iteration (new worlds each iteration; never evaluation ones)."""
+    beta: float = 0.5
+    """Share of replanning instants the expert drives in the first iteration (Ross et al.'s beta_1)."""
+    beta_decay: float = 0.5
+    """beta_i = beta * beta_decay^(i-1): the student takes over as it improves."""
+    steps: int = 150
+    """Fine-tuning steps per iteration, on data.root's train split plus every recorded iteration."""
+    overwrite: bool = False
+    """Start over in an out_dir that holds an earlier DAgger run (else it is refused)."""
+
+    def problems(self) -> Problems:
+        found: Problems = []
+        _in_range(found, "iterations", self.iterations, 1, 100)
+        _in_range(found, "episodes", self.episodes, 1, 100_000)
+        _in_range(found, "beta", self.beta, 0.0, 1.0)
+        _in_range(found, "beta_decay", self.beta_decay, 0.0, 1.0)
+        _in_range(found, "steps", self.steps, 1, 10_000_000)
+        return found
+
+
+@dataclass
 class DriveConfig:
     """Closed-loop evaluation (`stack drive`): a policy drives the ego in the rendered world."""
 
@@ -850,6 +883,8 @@ class Pipeline:
     """ONNX export and quantization."""
     drive: DriveConfig = field(default_factory=DriveConfig)
     """Closed-loop evaluation."""
+    dagger: DaggerConfig = field(default_factory=DaggerConfig)
+    """Closed-loop fine-tuning on the states the student visits, labelled by the expert."""
     targets: Dict[str, Target] = field(default_factory=dict)
     """Deploy targets by name; `configs/targets/*.yaml` are loaded here under their file names."""
 

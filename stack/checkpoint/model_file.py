@@ -152,6 +152,29 @@ def check_weights_fit(pipeline: Pipeline, state_dict: dict, path: str | Path) ->
             f"use the model.pt that `stack train` wrote with this version.")
 
 
+def load_network(path: str | Path, needs_planner: bool = False):
+    """(stored pipeline, network in eval mode with the checkpoint's weights) of a model.pt, after the checks
+    every reader makes (safe loading, weights that fit); `needs_planner` refuses weights without a planning
+    head (a network that must drive)."""
+    from stack.models import build_model
+
+    stored, state_dict, _ = load_model_checkpoint(path)
+    if needs_planner:
+        check_has_planner(state_dict, path)
+    check_weights_fit(stored, state_dict, path)
+    net = build_model(stored)
+    net.load_state_dict(state_dict)
+    return stored, net.eval()
+
+
+def check_has_planner(state_dict: dict, path: str | Path) -> None:
+    """A checkpoint whose weights hold no planning head cannot drive: say so before any episode runs."""
+    if not any(key.startswith("planning_head.") for key in state_dict):
+        raise CheckpointError(f"checkpoint {path} has no planning head (no planning_head.* weights): it cannot "
+                              f"drive. Drive a checkpoint of the full multi-task network that `stack train` writes "
+                              f"(runs/<preset>/train/model.pt).")
+
+
 def check_same_network(checkpoint: Pipeline, given: Pipeline, path: str | Path) -> None:
     """Raise when `given` describes another network than the one `checkpoint` was trained as."""
     differences = model_differences(checkpoint, given)

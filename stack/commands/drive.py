@@ -83,15 +83,13 @@ def _kind(source: str) -> str:
 def _pipeline(sources: list[str], args):
     """The pipeline to drive under: -c files + overrides, or the first source's own pipeline + overrides;
     refused when any source holds another network or was built for another camera rig."""
-    from stack.checkpoint.model_file import load_model_checkpoint, pipeline_for_checkpoint
+    from stack.checkpoint.model_file import check_has_planner, load_model_checkpoint, pipeline_for_checkpoint
     from stack.config import pipeline_from_yaml, pipeline_to_yaml
 
     stored = []
     for source in sources:
         if _kind(source) == "checkpoint":
             pipeline, state_dict, _ = load_model_checkpoint(source)
-            from stack.deploy.network_policies import check_has_planner
-
             check_has_planner(state_dict, source)
         else:
             file = Path(source) / "pipeline.yaml"

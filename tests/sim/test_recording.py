@@ -2,6 +2,7 @@
 with an evaluation episode, a noisy expert leaves the expert's path while its labels lead back, and DAgger's
 mixture drives as its beta says."""
 
+import json
 import math
 
 import numpy as np
@@ -104,3 +105,28 @@ def test_past_positions_extend_the_first_pose_backwards_before_the_episode(pipel
     assert np.allclose(past[:, 1], 0.0, atol=1e-6)
     assert np.allclose(past[:, 0], -speed * np.array([2.0, 1.5, 1.0, 0.5]), atol=1e-4)
     assert math.isclose(float(np.hypot(*past[-1])), speed * 0.5, rel_tol=1e-4)
+
+
+def test_data_make_writes_noisy_expert_episodes_into_the_train_split(tmp_path):
+    import io
+    import tarfile
+
+    from stack.data.make import make_dataset
+
+    pipeline = micro_pipeline(f"data.root={tmp_path}", "data.world.scenes=2", "data.world.frames_per_scene=2",
+                              "data.world.val_fraction=0.5", "data.world.agents_per_scene=6",
+                              "data.world.drive_episodes=2", "drive.episode_seconds=2.0", "data.world.workers=1")
+    manifest = make_dataset(pipeline, log=lambda *_: None)
+    assert manifest["closed_loop_episodes"] == 2
+    train = sum(shard["samples"] for shard in manifest["splits"]["train"])
+    val = sum(shard["samples"] for shard in manifest["splits"]["val"])
+    assert val == 2 and train == 2 + 2 * 4, "one scene's 2 frames + 2 episodes x 4 replanning instants"
+    sources = []
+    for shard in manifest["splits"]["train"]:
+        with tarfile.open(tmp_path / shard["path"]) as tar:
+            for name in tar.getnames():
+                if name.endswith(".meta.json"):
+                    sources.append(json.loads(tar.extractfile(name).read()).get("source", "recorded"))
+    assert sources.count("closed_loop") == 8 and sources.count("recorded") == 2
+    with pytest.raises(Exception, match="drive_episodes"):
+        micro_pipeline("data.layout=clips", "data.world.drive_episodes=2")

@@ -1,0 +1,148 @@
+"""`stack dagger` (stack.train.dagger): the student drives training episodes mixed with the expert, every state
+it visits is written with the expert's label, the aggregate trains the next student, and the iterations are
+reported; bad input is refused before anything is written."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from stack.cli import main
+from stack.config import load_pipeline
+from stack.errors import StackError
+
+REPO = Path(__file__).resolve().parents[2]
+MICRO = ["data.rig.image_width=128", "data.rig.image_height=64", "model.bev.x_range=[-16.0,16.0]",
+         "model.bev.y_range=[-16.0,16.0]", "model.depth.bins=16", "model.neck_channels=16", "model.bev_channels=16",
+         "data.world.scenes=3", "data.world.frames_per_scene=2", "data.world.agents_per_scene=8",
+         "data.world.val_fraction=0.34", "data.world.render_device=cpu", "data.samples_per_shard=4",
+         "data.num_workers=0", "data.batch_size=2", "drive.episode_seconds=3.0", "drive.workers=1",
+         "train.tracking_uri=off", "train.precision=32-true", "train.checkpoint_every_n_steps=1000",
+         "train.log_every_n_steps=1", "dagger.iterations=2", "dagger.episodes=2", "dagger.steps=2"]
+
+
+def micro(tmp: Path, *extra: str):
+    return load_pipeline([str(REPO / "configs/pipeline.yaml"), str(REPO / "configs/presets/tiny.yaml")],
+                         [*MICRO, f"data.root={tmp / 'data'}", f"dagger.out_dir={tmp / 'dagger'}", *extra])
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    """(folder, pipeline, model.pt): a rendered micro dataset and an untrained network's checkpoint."""
+    from stack.checkpoint.model_file import save_model_checkpoint
+    from stack.data.make import make_dataset
+    from stack.models import build_model
+
+    tmp = tmp_path_factory.mktemp("dagger")
+    pipeline = micro(tmp)
+    make_dataset(pipeline, log=lambda *_: None)
+    torch.manual_seed(0)
+    weights = save_model_checkpoint(tmp / "model.pt", pipeline, build_model(pipeline).state_dict())
+    return tmp, pipeline, weights
+
+
+@pytest.fixture(scope="module")
+def dagger_run(prepared):
+    from stack.deploy.network_policies import CheckpointPolicy
+    from stack.train.dagger import run_dagger
+
+    tmp, pipeline, weights = prepared
+    lines = []
+    summary = run_dagger(pipeline, weights, CheckpointPolicy, log=lines.append)
+    return summary, lines
+
+
+def test_each_iteration_records_the_students_states_with_expert_labels_and_fine_tunes(prepared, dagger_run):
+    from stack.data import build_loader
+    from stack.data.loader import read_manifest
+
+    tmp, pipeline, weights = prepared
+    summary, lines = dagger_run
+    out = tmp / "dagger"
+    assert [row["iteration"] for row in summary["iterations"]] == [1, 2]
+    assert [row["beta"] for row in summary["iterations"]] == [0.5, 0.25]
+    for row in summary["iterations"]:
+        manifest = read_manifest(out / f"iteration-{row['iteration']}" / "data")
+        recorded = sum(shard["samples"] for shard in manifest["splits"]["train"])
+        assert recorded == row["frames"] > 0 and manifest["closed_loop_episodes"] == 2
+        assert 0.0 <= row["driving_score"] <= 1.0 and 0.0 <= row["pdms"] <= 1.0
+        assert Path(row["weights_out"]).is_file()
+    second = summary["iterations"][1]
+    assert second["weights_driven"] == summary["iterations"][0]["weights_out"], "iteration 2 drives iteration 1's student"
+    # every iteration's frames join training: the loader's train split holds data.root's and both recordings
+    base = sum(s["samples"] for s in read_manifest(pipeline.data.root)["splits"]["train"])
+    aggregated = load_pipeline([], [*MICRO, f"data.root={pipeline.data.root}",
+                                    f"data.aggregate=[{','.join(summary['aggregate'])}]"])
+    loader = build_loader(aggregated, "train", rank=0, world_size=1, shuffle=False, augment=False)
+    assert sum(count for _, count in loader.shards) == base + sum(r["frames"] for r in summary["iterations"])
+    batch = next(iter(loader))
+    assert batch.future_trajectory.shape[1:] == (aggregated.model.planning_steps, 2)
+    # fine-tuning changed the weights, the last model is the summary's, and the report exists
+    before = torch.load(weights, weights_only=True)["state_dict"]
+    after = torch.load(out / "model.pt", weights_only=True)["state_dict"]
+    assert any(not torch.equal(before[k], after[k]) for k in before if before[k].is_floating_point())
+    assert json.loads((out / "dagger.json").read_text())["model"] == str(out / "model.pt")
+    assert (out / "dagger.png").stat().st_size > 1000
+    assert any("DAgger iteration 2" in line for line in lines)
+
+
+def test_recorded_frames_carry_their_provenance(dagger_run, prepared):
+    import io
+    import tarfile
+
+    tmp = prepared[0]
+    shard = sorted((tmp / "dagger" / "iteration-1" / "data" / "train").glob("*.tar"))[0]
+    with tarfile.open(shard) as tar:
+        names = tar.getnames()
+        key = names[0].split(".")[0]
+        meta = json.loads(tar.extractfile(f"{key}.meta.json").read())
+        future = np.load(io.BytesIO(tar.extractfile(f"{key}.future.npy").read()))
+    assert meta["source"] == "closed_loop" and "DAgger iteration 1" in meta["driver"] and meta["family"]
+    assert future.shape == (prepared[1].model.planning_steps, 2) and np.isfinite(future).all()
+
+
+def test_dagger_iterations_never_drive_an_evaluation_world(prepared):
+    from stack.sim.scenarios import episode_specs, rng_words
+    from stack.train.dagger import iteration_specs
+
+    pipeline = prepared[1]
+    drive = pipeline.drive
+    held_out = {tuple(rng_words(s, pipeline.data.world))
+                for s in episode_specs(drive.scenarios, 500, drive.seeds, drive.episode_seconds)}
+    seen = set()
+    for iteration in (1, 2, 3):
+        words = {tuple(rng_words(s, pipeline.data.world)) for s in iteration_specs(pipeline, iteration)}
+        assert not words & held_out and not words & seen, "each iteration drives new training worlds only"
+        seen |= words
+
+
+def test_an_earlier_run_is_kept_unless_overwrite_and_bad_input_exits_2(prepared, dagger_run, capsys):
+    tmp, pipeline, weights = prepared
+    before = (tmp / "dagger" / "dagger.json").read_text()
+    files = ["-c", str(REPO / "configs/pipeline.yaml"), "-c", str(REPO / "configs/presets/tiny.yaml")]
+    common = [*MICRO, f"data.root={pipeline.data.root}", f"dagger.out_dir={tmp / 'dagger'}"]
+    assert main(["dagger", str(weights), *files, *common]) == 2
+    assert "dagger.overwrite=true" in capsys.readouterr().err
+    assert (tmp / "dagger" / "dagger.json").read_text() == before, "a refused run must not touch the earlier one"
+    assert main(["dagger", *files, *common]) == 2
+    assert "needs one CHECKPOINT" in capsys.readouterr().err
+    stranger = tmp / "stranger"
+    stranger.mkdir()
+    (stranger / "thesis.tex").write_text("mine")
+    assert main(["dagger", str(weights), *files, *MICRO, f"data.root={pipeline.data.root}",
+                 f"dagger.out_dir={stranger}", "dagger.overwrite=true"]) == 2
+    assert (stranger / "thesis.tex").read_text() == "mine"
+
+
+def test_aggregating_a_dataset_of_another_rig_is_refused(prepared, tmp_path):
+    from stack.data import build_loader
+    from stack.data.make import make_dataset
+
+    tmp, pipeline, _ = prepared
+    other = micro(tmp_path, "data.rig.image_width=96")
+    make_dataset(other, log=lambda *_: None)
+    mixed = load_pipeline([], [*MICRO, f"data.root={pipeline.data.root}", f"data.aggregate=[{other.data.root}]"])
+    with pytest.raises(StackError, match="image_size"):
+        build_loader(mixed, "train", rank=0, world_size=1)
