@@ -41,7 +41,7 @@ from stack.train.module import TrainModule
 from stack.train.parallel import accelerator_name, build_strategy
 from stack.train.precision import for_this_hardware
 from stack.train.preemption import RequeueOnSignal, resume_after_requeue, slurm_environment
-from stack.train.tracking import LineageCallback, start_tracking
+from stack.train.tracking import LineageCallback, check_store, start_tracking
 
 
 class TrainingInterrupted(StackError):
@@ -136,6 +136,8 @@ def fit(pipeline: Pipeline, model: Callable[[Pipeline], nn.Module] | None = None
     pipeline = resume_after_requeue(pipeline)  # a requeued SLURM job continues from its own latest checkpoint
     first_rank = _launching_rank_zero()
     resume = resolve_resume(pipeline.train.resume) if pipeline.train.resume else None  # a missing one is named first
+    if first_rank:
+        check_store(pipeline)
     prepare_out_dir(pipeline, first_rank)
     _quiet_known_warnings()
     pl.seed_everything(pipeline.train.seed, workers=True, verbose=False)

@@ -55,9 +55,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def open_store(pipeline):
-    """(MlflowClient, URI) of the pipeline's tracking store; StackError when tracking is off or the store is missing."""
+    """(MlflowClient, URI) of the pipeline's tracking store; StackError when tracking is off, or the store is missing
+    or not an MLflow store this MLflow reads unchanged (`stack.lineage.store_problem`)."""
     from stack.errors import StackError
-    from stack.lineage import quiet_mlflow, reachable
+    from stack.lineage import quiet_mlflow, reachable, store_problem
     from stack.train.tracking import local_store_path, tracking_store_uri
 
     uri = tracking_store_uri(pipeline.train)
@@ -69,6 +70,10 @@ def open_store(pipeline):
         raise StackError(f"no MLflow store at {path}: no run has been tracked there. `stack train` with this pipeline "
                          f"creates it (train.out_dir={pipeline.train.out_dir}); or give the store with "
                          f"-c (the configs the runs trained with) or train.tracking_uri=PATH_OR_URI.")
+    problem = store_problem(path) if path is not None else None  # MLflow would add its tables, or migrate it
+    if problem:
+        raise StackError(f"{problem}; `stack runs` only reads stores and leaves the file as it is. Give "
+                         f"the store `stack train` wrote (train.tracking_uri=PATH_OR_URI).")
     why = reachable(uri)
     if why is not None:
         raise StackError(f"the MLflow tracking server {uri} is unreachable ({why}). Start it, or give another "

@@ -114,3 +114,24 @@ def test_an_unreachable_server_is_bad_input(capsys):
         port = probe.getsockname()[1]
     code, _, err = runs(capsys, f"train.tracking_uri=http://127.0.0.1:{port}")
     assert code == 2 and "unreachable" in err
+
+
+def user_database(path):
+    """An SQLite database of the user's (not MLflow's), and its bytes."""
+    import sqlite3
+    from contextlib import closing
+
+    with closing(sqlite3.connect(path)) as db:
+        db.execute("CREATE TABLE thesis (chapter TEXT)")
+        db.execute("INSERT INTO thesis VALUES ('one')")
+        db.commit()
+    return path.read_bytes()
+
+
+@pytest.mark.parametrize("kind", ["user database", "empty file"])
+def test_listing_never_creates_tables_in_a_file_that_is_not_an_mlflow_store(tmp_path, capsys, kind):
+    path = tmp_path / "app.db"
+    before = user_database(path) if kind == "user database" else path.write_bytes(b"") or b""
+    code, _, err = runs(capsys, f"train.tracking_uri={path}")
+    assert code == 2 and "is not an MLflow store" in err and "only reads stores" in err, err
+    assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["app.db"]
