@@ -30,6 +30,7 @@ from typing import Callable
 from stack.data.format import MANIFEST, SIDECARS, dataset_files, manifest_files
 from stack.errors import StackError
 from stack.failpoints import fail_point
+from stack.locks import hold_folder
 
 STAGING = ".staging"
 PLAN = "swap.json"
@@ -39,30 +40,12 @@ def staging_folder(root: Path) -> Path:
     return Path(root) / STAGING
 
 
-_held: dict[str, int] = {}
-
-
 def lock(root: Path) -> None:
-    """Hold the writer lock on the `root` folder itself for the rest of this process.
-
-    Two `stack data make`/`convert` runs on one data.root would share the one staging folder and
-    remove each other's work; the second is refused instead. flock(2) on the directory: no lock
-    file is left in the user's folder, and the kernel drops the lock when the process ends.
-    """
-    import fcntl
-
-    key = str(Path(root).resolve())
-    if key in _held:
-        return
-    Path(root).mkdir(parents=True, exist_ok=True)
-    handle = os.open(root, os.O_RDONLY)
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(handle)
-        raise StackError(f"another `stack data make` or `stack data convert` is writing data.root={str(root)!r}; "
-                         f"wait for it to finish, or write to another data.root") from None
-    _held[key] = handle
+    """Hold the writer lock on the `root` folder for the rest of this process (`stack.locks`): two
+    `stack data make`/`convert` runs on one data.root would share the one staging folder and remove each
+    other's work; the second is refused instead."""
+    hold_folder(root, f"another `stack data make` or `stack data convert` is writing data.root={str(root)!r}; "
+                      f"wait for it to finish, or write to another data.root")
 
 
 def prepare(root: Path, log: Callable[[str], None]) -> Path:

@@ -34,8 +34,8 @@ from torch import nn
 from stack.errors import StackError
 from stack.pipeline import Pipeline
 from stack.train.callbacks import LoaderPosition, StepStats
-from stack.checkpoint.training import (LATEST, RollingCheckpoints, ShardedCheckpointIO, check_resume, prepare_out_dir,
-                                    resolve_resume)
+from stack.checkpoint.training import (LATEST, RollingCheckpoints, ShardedCheckpointIO, check_resume, out_dir_lock,
+                                    prepare_out_dir, resolve_resume)
 from stack.train.datamodule import LoaderFactory, PipelineData
 from stack.train.module import TrainModule
 from stack.train.parallel import accelerator_name, build_strategy
@@ -138,7 +138,13 @@ def fit(pipeline: Pipeline, model: Callable[[Pipeline], nn.Module] | None = None
     resume = resolve_resume(pipeline.train.resume) if pipeline.train.resume else None  # a missing one is named first
     if first_rank:
         check_store(pipeline)
-    prepare_out_dir(pipeline, first_rank)
+    with out_dir_lock(pipeline, first_rank):
+        prepare_out_dir(pipeline, first_rank)
+        return _fit_in_out_dir(pipeline, model, loaders, progress, first_rank, resume)
+
+
+def _fit_in_out_dir(pipeline: Pipeline, model, loaders, progress: bool, first_rank: bool, resume):
+    """`fit` once train.out_dir is this run's (locked and prepared)."""
     _quiet_known_warnings()
     pl.seed_everything(pipeline.train.seed, workers=True, verbose=False)
     module = TrainModule(pipeline, model(pipeline) if model is not None else None)
