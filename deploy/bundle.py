@@ -16,6 +16,13 @@ folder whose `gate.json` says PASS about a network it never scored. So
   one changed, missing, or added after the gate ran. The one exception is `device/`, where
   `build_engine.sh` leaves what it makes on the car (engine, timing cache, trtexec log):
   outputs of the gated files, not inputs to the gate.
+
+gate.json itself is covered too: it carries `gate_sha256`, the sha256 of its own content (canonical JSON,
+without that key), and `verify_bundle` also refuses a symbolic link anywhere in the bundle, a `shipped`
+model that is not one of the bundle's vouched model files, and verdicts that do not follow from the
+figures and budgets gate.json records (`stack.deploy.verdicts`). A sha256 anyone can recompute is not a
+signature: it catches an edited or damaged gate.json, while the recomputed verdicts catch an edit that
+also rewrote the digest but left a verdict disagreeing with its figures.
 """
 
 from __future__ import annotations
@@ -33,6 +40,10 @@ from stack.errors import StackError
 from stack.failpoints import fail_point
 
 GATE_FILE = "gate.json"
+GATE_DIGEST = "gate_sha256"
+"""gate.json's key holding the sha256 of the rest of gate.json (`gate_digest`)."""
+MODEL_FILES = ("model.int8.onnx", "model.onnx")
+"""The model files a bundle may ship (gate.json's `shipped`)."""
 DEVICE_FOLDER = "device"
 """Where the on-device build writes; not covered by the checksums."""
 _AT_FDCWD = -100
@@ -152,6 +163,9 @@ def read_gate(folder: str | Path) -> dict:
         gate = json.loads(path.read_text())
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise BundleMismatch(f"{path} is not valid JSON ({exc}); the bundle cannot be trusted. Deploy again.") from None
+    except RecursionError:
+        raise BundleMismatch(f"{path} is nested too deeply to be a gate.json `stack deploy` wrote; the bundle "
+                             "cannot be trusted. Deploy again.") from None
     if not isinstance(gate, dict) or not isinstance(gate.get("files"), dict):
         raise BundleMismatch(f"{path} lists no file checksums (expected a 'files' object of sha256 sums): it was "
                              f"written by an older stack or edited. Deploy again to get a bundle that can be verified.")
@@ -164,10 +178,39 @@ def read_gate(folder: str | Path) -> dict:
     return gate
 
 
+def gate_digest(gate: dict) -> str:
+    """sha256 of gate.json's content without its own digest, in one canonical JSON form (sorted keys)."""
+    body = {key: value for key, value in gate.items() if key != GATE_DIGEST}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def seal(result: dict) -> str:
+    """gate.json's text for `result`, carrying its own sha256 (`GATE_DIGEST`), as `verify_bundle` reads it."""
+    body = json.loads(json.dumps(result, default=float))  # the form a reader gets back (numpy floats -> floats)
+    body[GATE_DIGEST] = gate_digest(body)
+    return json.dumps(body, indent=2) + "\n"
+
+
 def verify_bundle(folder: str | Path) -> dict:
-    """gate.json of the bundle at `folder` after checking that every file is the one it vouches for."""
+    """gate.json of the bundle at `folder` after checking it and every file it vouches for: its own sha256, no
+    symbolic links, the files, the shipped model, and each verdict against its figures."""
     folder = Path(folder)
     gate = read_gate(folder)
+    if gate.get(GATE_DIGEST) != gate_digest(gate):
+        raise BundleMismatch(f"{folder / GATE_FILE} does not match its own sha256 ({GATE_DIGEST}): it was edited, "
+                             "damaged or written by an older stack. Its verdict cannot be trusted; deploy again.")
+    _check_files(folder, gate)
+    _check_verdicts(folder, gate)
+    return gate
+
+
+def _check_files(folder: Path, gate: dict) -> None:
+    """Every file is the one gate.json vouches for, and none is a link (it could point anywhere: at a file outside
+    the bundle, or at /dev/zero, whose sha256 never ends), which is refused before any file is read."""
+    links = [path.relative_to(folder).as_posix() for path in _links(folder)]
+    if links:
+        raise BundleMismatch(f"bundle {folder} holds symbolic links ({', '.join(links[:5])}); a bundle holds only "
+                             "the files `stack deploy` wrote. Its gate verdict does not cover them; deploy again.")
     found, vouched = bundle_files(folder), gate["files"]
     problems = [f"{name}: missing" for name in sorted(set(vouched) - set(found))]
     problems += [f"{name}: changed since the gate ran (sha256 {found[name][:12]}…, vouched {vouched[name][:12]}…)"
@@ -176,4 +219,29 @@ def verify_bundle(folder: str | Path) -> dict:
     if problems:
         raise BundleMismatch(f"bundle {folder} does not match its {GATE_FILE}:\n  " + "\n  ".join(problems)
                              + "\nIts gate verdict does not cover these files; deploy again to rebuild it.")
-    return gate
+
+
+def _links(folder: Path) -> list[Path]:
+    """Symbolic links anywhere in the bundle except the device/ outputs (never followed while looking)."""
+    found = []
+    for top, folders, files in os.walk(folder):
+        here = Path(top)
+        found += [here / name for name in folders + files if (here / name).is_symlink()]
+        if here == folder:
+            folders[:] = [name for name in folders if name != DEVICE_FOLDER]
+    return sorted(found)
+
+
+def _check_verdicts(folder: Path, gate: dict) -> None:
+    """`shipped` names a vouched model file of the bundle, and every verdict follows from its figures."""
+    from stack.deploy.verdicts import verdict_problems
+
+    shipped = gate.get("shipped")
+    name = shipped.get("file") if isinstance(shipped, dict) else None
+    if name not in MODEL_FILES or name not in gate["files"]:
+        raise BundleMismatch(f"{folder / GATE_FILE} ships {str(name)[:200]!r}; expected one of the bundle's own "
+                             f"model files {list(MODEL_FILES)} that gate.json vouches for. Deploy again.")
+    problems = verdict_problems(gate)
+    if problems:
+        raise BundleMismatch(f"{folder / GATE_FILE} contradicts its own figures:\n  " + "\n  ".join(problems)
+                             + "\nIts verdict cannot be trusted; deploy again.")

@@ -143,7 +143,8 @@ def _attach(result: dict, spec: DeploySpec, name: str, bundle: Path, log) -> Non
                     if key in ("median_ms", "p99_ms", "fps", "budget_ms") and isinstance(value, (int, float))})
     attach_to_run(result.get("tracking"), metrics,
                   [(bundle / "gate.json", f"deploy/{name}"), (bundle / "report.md", f"deploy/{name}")],
-                  {f"stack.deploy.{name}": "PASS" if result["passed"] else "FAIL"}, log, chosen=spec.chosen_store)
+                  {f"stack.deploy.{name}": "PASS" if result["passed"] else "FAIL"}, log, chosen=spec.chosen_store,
+                  checkpoint_folder=Path(spec.checkpoint).parent if spec.checkpoint else None)
 
 
 def _export_step(spec: DeploySpec, folder: Path, cfg, result: dict, log) -> Path:

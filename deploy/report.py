@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 
 def write_gate_json(folder: Path, result: dict) -> Path:
+    """gate.json, sealed with its own sha256 (`stack.deploy.bundle.seal`), so `--verify` notices an edit."""
+    from stack.deploy.bundle import seal
+
     path = folder / "gate.json"
-    path.write_text(json.dumps(result, indent=2, default=float) + "\n")
+    path.write_text(seal(result))
     return path
 
 

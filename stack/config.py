@@ -26,7 +26,7 @@ from typing import Any, Iterator, Sequence
 
 import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import InterpolationResolutionError, OmegaConfBaseException
 
 from stack import safe_values
 from stack.errors import ConfigError, missing_file_message
@@ -90,6 +90,38 @@ def _check_nesting(value: Any, inside: tuple) -> None:
             _check_nesting(item, inside + (id(value),))
 
 
+INTERPOLATION = re.compile(r"\$\{([^}]*)\}?")
+"""An OmegaConf interpolation (`${data.root}`, `${oc.env:HOME}`) inside a string value."""
+REFERENCE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*")
+"""What a user config may interpolate: another key of the pipeline (`${data.root}`), nothing else."""
+
+
+def check_interpolations(value: Any, source: str, stored: bool, key: str = "") -> None:
+    """User configs may refer to other keys (`train.out_dir: ${data.root}/train`); no config calls a resolver
+    (`${oc.env:HOME}` would copy the environment into every artifact), and a pipeline stored in an artifact
+    (a checkpoint, a bundle) holds resolved values only, so any interpolation in one is refused: the file was
+    edited or crafted."""
+    if isinstance(value, dict):
+        for name, item in value.items():
+            check_interpolations(item, source, stored, _join(key, str(name)))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            check_interpolations(item, source, stored, _join(key, str(index)))
+    elif isinstance(value, str):
+        for found in INTERPOLATION.finditer(value):
+            _check_interpolation(found.group(0), found.group(1), source, stored, key or "the value")
+
+
+def _check_interpolation(text: str, inner: str, source: str, stored: bool, key: str) -> None:
+    if stored:
+        raise ConfigError(f"{source}: {key} holds the interpolation {text[:80]!r}; a pipeline stored by `stack` "
+                          "holds resolved values only, so this one was edited or crafted. Use the artifact "
+                          "`stack` wrote, or give the configuration with -c")
+    if not REFERENCE.fullmatch(inner):
+        raise ConfigError(f"{source}: {key} holds {text[:80]!r}; a config may interpolate another key "
+                          "(e.g. ${data.root}/train), never call a resolver such as oc.env. Write the value itself")
+
+
 # ------------------------------------------------------------------ public API
 
 
@@ -130,7 +162,9 @@ def pipeline_to_yaml(pipeline: Pipeline) -> str:
 def pipeline_from_yaml(text: str, source: str) -> Pipeline:
     """Rebuild a pipeline from the YAML an artifact carries; `source` names it in errors."""
     config = OmegaConf.structured(Pipeline)
-    config = _merge_mapping(config, _parse_yaml(text, source), source)
+    data = _parse_yaml(text, source)
+    check_interpolations(data, source, stored=True)
+    config = _merge_mapping(config, data, source)
     return _to_pipeline(config, source)
 
 
@@ -221,7 +255,9 @@ def _read_config_file(path: Path) -> dict:
 
 
 def _merge_file(config: DictConfig, path: Path) -> DictConfig:
-    return _merge_mapping(config, _read_config_file(path), f"config file {str(path)!r}")
+    data, source = _read_config_file(path), f"config file {str(path)!r}"
+    check_interpolations(data, source, stored=False)
+    return _merge_mapping(config, data, source)
 
 
 def _merge_mapping(config: DictConfig, data: dict, source: str) -> DictConfig:
@@ -318,6 +354,7 @@ def _apply_override(config: DictConfig, text: str) -> None:
     except YAML_ERRORS:
         raise ConfigError(f"{source}: cannot parse the value {raw!r} as YAML. For a string, quote it in YAML inside "
                           f"the shell's quotes, e.g. {key}='\"...\"'; control characters are never allowed.") from None
+    check_interpolations(value, source, stored=False, key=key)
     _check_path_exists(config, key, source)
     try:
         OmegaConf.update(config, key, value, merge=True)
@@ -357,11 +394,16 @@ def _check_path_exists(config: DictConfig, key: str, source: str) -> None:
 
 
 def _to_pipeline(config: DictConfig, source: str) -> Pipeline:
-    missing = sorted(OmegaConf.missing_keys(config))
+    try:
+        missing = sorted(OmegaConf.missing_keys(config))
+    except InterpolationResolutionError as exc:
+        raise _unresolved(exc, source) from None
     if missing:
         raise ConfigError(f"{source} leaves required keys unset: {', '.join(missing)}. Give each a value.")
     try:
         pipeline = OmegaConf.to_object(config)
+    except InterpolationResolutionError as exc:
+        raise _unresolved(exc, source) from None
     except MERGE_ERRORS as exc:
         raise _explain(exc, source) from None
     problems = list(_walk_problems(pipeline, ""))
@@ -447,6 +489,14 @@ def _leaf_problems(value: Any, key: str) -> Iterator[tuple[str, str]]:
 
 def _join(prefix: str, name: str) -> str:
     return f"{prefix}.{name}" if prefix else name
+
+
+def _unresolved(exc: InterpolationResolutionError, source: str) -> ConfigError:
+    """An interpolation naming a key the pipeline does not have, or one that refers to itself."""
+    key = str(getattr(exc, "full_key", "") or "a key")
+    message = str(getattr(exc, "msg", exc)).split("\n")[0]
+    return ConfigError(f"{source}: {key} interpolates a value that cannot be resolved ({message}). Refer to an "
+                       "existing key (`stack config --describe` lists them), or write the value itself")
 
 
 def _explain(exc: Exception, source: str, full_key: str | None = None, prefix: str = "") -> ConfigError:

@@ -17,6 +17,13 @@ one the model saw and warn, naming both folders and hashes and what differs. The
 is a warning, not a refusal: scoring a model on another dataset can be the point (a held-out
 town, a real recording); scoring it on other data by mistake is what the warning catches.
 
+A store is opened only when it is an MLflow store this MLflow reads as it is, or (for `stack train`) does
+not exist yet (`store_problem`): MLflow creates its ~30 tables in any SQLite file it is pointed at and
+migrates an older store, so a database of the user's named by mistake, or by a crafted checkpoint, would
+be changed. A run record in a checkpoint is data from whoever wrote the file: its store is written to
+only when the user named it, or when it is the local store beside the checkpoint, where `stack train`
+puts it (`attach_to_run`).
+
 This module imports no stage (train, deploy, models): all three use it. MLflow is imported
 only when a run is attached to.
 """
@@ -184,19 +191,24 @@ def reachable(uri: str, timeout: float = 3.0) -> str | None:
 
 
 def attach_to_run(record: dict | None, metrics: dict, files: list, tags: dict, log=print,
-                  chosen: str | None = None) -> bool:
+                  chosen: str | None = None, checkpoint_folder: Path | None = None) -> bool:
     """Log `metrics`, `tags` and `files` ([(path, artifact folder)]) into the run `record` names; a warning, never
     an error, when the store or run cannot be reached (an eval or deploy must not fail for its bookkeeping).
 
-    `record` comes from a checkpoint, i.e. from whoever wrote the file: a remote store is written to only when the
+    `record` comes from a checkpoint, i.e. from whoever wrote the file: a store is written to only when the
     user chose it in this invocation (`chosen`, the store their config/overrides resolve to, or
-    MLFLOW_TRACKING_URI), so a crafted or foreign model.pt cannot make eval or deploy send metrics and reports to
-    a server of its choosing; not even the reachability probe is sent."""
+    MLFLOW_TRACKING_URI), or when it is a local store beside the checkpoint (`checkpoint_folder` or the one above, where
+    `stack train` puts `mlruns.db`) and an MLflow store already. So a crafted or foreign model.pt can make eval or
+    deploy neither send metrics to a server of its choosing (not even the reachability probe is sent) nor add
+    tables to a database of the user's."""
     if not (isinstance(record, dict) and isinstance(record.get("run_id"), str) and isinstance(record.get("uri"), str)):
         return False
-    why = _unchosen_remote(record["uri"], chosen) or _missing_store(record["uri"])
+    uri = record["uri"]
+    why = _unchosen_remote(uri, chosen) or _missing_store(uri) or _unchosen_local(uri, chosen, checkpoint_folder)
+    if why is None and uri.startswith(SQLITE):
+        why = store_problem(Path(uri[len(SQLITE):]))
     if why is None:
-        why = reachable(record["uri"])
+        why = reachable(uri)
     if why is None:
         try:
             _log_to_run(record, metrics, files, tags)
@@ -208,15 +220,34 @@ def attach_to_run(record: dict | None, metrics: dict, files: list, tags: dict, l
     return False
 
 
+SQLITE = "sqlite:///"
+
+
 def _unchosen_remote(uri: str, chosen: str | None) -> str | None:
     """Why a store other than a local SQLite file is not written to: nobody in this invocation chose it."""
-    if uri.startswith("sqlite:///"):
+    if uri.startswith(SQLITE):
         return None
     named = {_same_store(os.environ.get("MLFLOW_TRACKING_URI", "")), _same_store(chosen or "")} - {""}
     if _same_store(uri) in named:
         return None
     return (f"a remote store recorded in the checkpoint is only used when you choose it: give "
             f"train.tracking_uri={uri} (or set MLFLOW_TRACKING_URI) to log there")
+
+
+def _unchosen_local(uri: str, chosen: str | None, checkpoint_folder: Path | None) -> str | None:
+    """Why a local store the checkpoint records is not written to: the user did not name it, and it is not where
+    `stack train` puts the store of this checkpoint (its folder or the one above)."""
+    if not uri.startswith(SQLITE):
+        return None
+    store = Path(uri[len(SQLITE):]).resolve()
+    if chosen and chosen.startswith(SQLITE) and Path(chosen[len(SQLITE):]).resolve() == store:
+        return None
+    if checkpoint_folder is not None:
+        folder = Path(checkpoint_folder).resolve()
+        if store.parent in (folder, folder.parent):
+            return None
+    return (f"a local store recorded in the checkpoint is only used beside the checkpoint or when you name it: give "
+            f"train.tracking_uri={store} to log there")
 
 
 def _same_store(uri: str) -> str:
@@ -226,9 +257,42 @@ def _same_store(uri: str) -> str:
 def _missing_store(uri: str) -> str | None:
     """Why a local store a checkpoint names cannot be used: MLflow would create a database at any path a
     (moved, copied or crafted) checkpoint records, so only an existing store file is written to."""
-    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
-        return f"its store file {uri[len('sqlite:///'):]} does not exist (moved or deleted?); no new store is made"
+    if uri.startswith(SQLITE) and not Path(uri[len(SQLITE):]).is_file():
+        return f"its store file {uri[len(SQLITE):]} does not exist (moved or deleted?); no new store is made"
     return None
+
+
+def store_problem(path: Path) -> str | None:
+    """None when the SQLite file at `path` is an MLflow store that this MLflow opens without changing it (every
+    table it expects there, the schema revision it writes); otherwise what it is. Read-only: nothing is created."""
+    import sqlite3
+    from contextlib import closing
+    from urllib.request import pathname2url
+
+    if not Path(path).is_file():
+        return f"{path} is not an MLflow store (not a file)"
+    try:
+        with closing(sqlite3.connect(f"file:{pathname2url(str(Path(path).resolve()))}?mode=ro", uri=True)) as db:
+            tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+            revision = db.execute("SELECT version_num FROM alembic_version").fetchone() \
+                if "alembic_version" in tables else None
+    except sqlite3.Error as exc:
+        return f"{path} is not an MLflow store (not an SQLite database: {exc})"
+    if not {"experiments", "runs"} <= tables or revision is None:
+        return f"{path} is not an MLflow store (no MLflow tables in it)"
+    expected, head = _mlflow_schema()
+    if not expected <= tables or revision[0] != head:
+        return (f"{path} is an MLflow store of another MLflow version (schema {revision[0]}, this MLflow writes "
+                f"{head}); upgrade it with `mlflow db upgrade sqlite:///{path}` after a backup")
+    return None
+
+
+def _mlflow_schema() -> tuple[set, str]:
+    """(the tables this MLflow expects in a store, the schema revision it writes)."""
+    quiet_mlflow()
+    from mlflow.store.db import utils
+
+    return set(utils.Base.metadata.tables), utils._get_latest_schema_revision()
 
 
 def metric_name(key: str) -> str:

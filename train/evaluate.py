@@ -147,7 +147,7 @@ def attach_eval(record: dict | None, metrics: dict, out: Path, given: dict | Non
     tags = {f"stack.{prefix}.verdict": "PASS" if all(row.passed for row in rows) else "FAIL",
             f"stack.{prefix}.data_hash": (given or {}).get("hash", "none")}
     attach_to_run(record, named, [(out / "metrics.json", prefix), (out / "heads.png", prefix)], tags,
-                  log=lambda line: print(line, file=sys.stderr, flush=True), chosen=chosen)
+                  log=lambda line: print(line, file=sys.stderr, flush=True), chosen=chosen, checkpoint_folder=out.parent)
 
 
 def _with_progress(loader, progress: bool):

@@ -34,14 +34,14 @@ from torch import nn
 from stack.errors import StackError
 from stack.pipeline import Pipeline
 from stack.train.callbacks import LoaderPosition, StepStats
-from stack.checkpoint.training import (LATEST, RollingCheckpoints, ShardedCheckpointIO, check_resume, prepare_out_dir,
-                                    resolve_resume)
+from stack.checkpoint.training import (LATEST, RollingCheckpoints, ShardedCheckpointIO, check_resume, out_dir_lock,
+                                    prepare_out_dir, resolve_resume)
 from stack.train.datamodule import LoaderFactory, PipelineData
 from stack.train.module import TrainModule
 from stack.train.parallel import accelerator_name, build_strategy
 from stack.train.precision import for_this_hardware
 from stack.train.preemption import RequeueOnSignal, resume_after_requeue, slurm_environment
-from stack.train.tracking import LineageCallback, start_tracking
+from stack.train.tracking import LineageCallback, check_store, start_tracking
 
 
 class TrainingInterrupted(StackError):
@@ -136,7 +136,15 @@ def fit(pipeline: Pipeline, model: Callable[[Pipeline], nn.Module] | None = None
     pipeline = resume_after_requeue(pipeline)  # a requeued SLURM job continues from its own latest checkpoint
     first_rank = _launching_rank_zero()
     resume = resolve_resume(pipeline.train.resume) if pipeline.train.resume else None  # a missing one is named first
-    prepare_out_dir(pipeline, first_rank)
+    if first_rank:
+        check_store(pipeline)
+    with out_dir_lock(pipeline, first_rank):
+        prepare_out_dir(pipeline, first_rank)
+        return _fit_in_out_dir(pipeline, model, loaders, progress, first_rank, resume)
+
+
+def _fit_in_out_dir(pipeline: Pipeline, model, loaders, progress: bool, first_rank: bool, resume):
+    """`fit` once train.out_dir is this run's (locked and prepared)."""
     _quiet_known_warnings()
     pl.seed_everything(pipeline.train.seed, workers=True, verbose=False)
     module = TrainModule(pipeline, model(pipeline) if model is not None else None)

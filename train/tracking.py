@@ -66,6 +66,23 @@ def chosen_store(pipeline, files: list, overrides: list) -> str | None:
     return tracking_store_uri(pipeline.train)
 
 
+def check_store(pipeline: Pipeline) -> None:
+    """Before anything is written: train.tracking_uri names a local store that does not exist yet (it is made) or
+    is an MLflow store this MLflow writes as it is. MLflow would add its tables to any other SQLite file (a
+    database of the user's, an empty file) or migrate an older store."""
+    from stack.errors import StackError
+    from stack.lineage import store_problem
+
+    uri = tracking_store_uri(pipeline.train)
+    path = local_store_path(uri) if uri else None
+    if path is None or not (path.exists() or path.is_symlink()):
+        return
+    problem = store_problem(path)
+    if problem:
+        raise StackError(f"train.tracking_uri: {problem}; `stack train` logs only into an MLflow store or a new "
+                         f"file. Name another file (train.tracking_uri=runs/mlruns.db), or train.tracking_uri=off")
+
+
 def local_store_path(uri: str) -> Path | None:
     """The database file of a `sqlite:///` store, None for other stores."""
     return Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None

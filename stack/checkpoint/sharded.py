@@ -232,18 +232,29 @@ def _remove(path: Path) -> None:
 
 # ---------------------------------------------------------------- reading
 
+_DCP_METADATA = "torch.distributed.checkpoint.metadata"
+_METADATA_CLASSES = frozenset({
+    (_DCP_METADATA, "Metadata"), (_DCP_METADATA, "StorageMeta"), (_DCP_METADATA, "MetadataIndex"),
+    (_DCP_METADATA, "TensorStorageMetadata"), (_DCP_METADATA, "BytesStorageMetadata"),
+    (_DCP_METADATA, "ChunkStorageMetadata"), (_DCP_METADATA, "TensorProperties"),
+    (_DCP_METADATA, "_MEM_FORMAT_ENCODING"), ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("torch", "Size"), ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"),
+    ("collections", "OrderedDict"),
+})
+"""Every global a `.metadata` written by DCP names: plain data classes (no reader, writer, stager, planner or
+file system), torch sizes and layouts, and the checkpoint's own path."""
+_DTYPE_NAMES = frozenset(name for name, value in vars(torch).items() if isinstance(value, torch.dtype))
+
+
 class _MetadataUnpickler(pickle.Unpickler):
-    """DCP's `.metadata` is a pickle: admit only DCP's own metadata classes and torch sizes, dtypes and layouts."""
+    """DCP's `.metadata` is a pickle: admit only the globals in `_METADATA_CLASSES` and torch dtypes.
+
+    The name is checked before anything is imported or fetched: importing a module runs its top-level code,
+    so a pickle naming `this` or a module of DCP's own (a stager, an fsspec reader) must stop at its name."""
 
     def find_class(self, module: str, name: str):
-        found = super().find_class(module, name)
-        if module.startswith("torch.distributed.checkpoint.") and isinstance(found, type):
-            return found
-        if (module, name) in {("torch", "Size"), ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"),
-                              ("collections", "OrderedDict")}:
-            return found
-        if module == "torch" and isinstance(found, torch.dtype):
-            return found
+        if (module, name) in _METADATA_CLASSES or (module == "torch" and name in _DTYPE_NAMES):
+            return super().find_class(module, name)
         raise pickle.UnpicklingError(f"{module}.{name} is not part of a checkpoint's metadata")
 
 
@@ -251,12 +262,26 @@ class _SafeReader(dcp.FileSystemReader):
     def read_metadata(self, *args, **kwargs):
         with open(Path(self.path) / ".metadata", "rb") as handle:
             metadata = _MetadataUnpickler(handle).load()
+        _check_storage_files(metadata)
         if getattr(metadata, "storage_meta", None) is None:
             from torch.distributed.checkpoint.metadata import StorageMeta
 
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id
         return metadata
+
+
+def _check_storage_files(metadata) -> None:
+    """Every shard `.metadata` names is a plain file name in the checkpoint's own folder: a name such as
+    `../../home/you/.ssh/id_rsa` would read a file from elsewhere into the weights."""
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    if not isinstance(metadata, Metadata) or not isinstance(metadata.storage_data, dict):
+        raise pickle.UnpicklingError(f"the metadata is a {type(metadata).__name__}, not DCP's Metadata")
+    for info in metadata.storage_data.values():
+        name = getattr(info, "relative_path", None)
+        if not isinstance(name, str) or not name or name != os.path.basename(name) or name in (".", ".."):
+            raise pickle.UnpicklingError(f"a shard is named {name!r}, not a file name inside the checkpoint folder")
 
 
 class _SafeFullLoadPlanner(_EmptyStateDictLoadPlanner):

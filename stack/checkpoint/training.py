@@ -234,6 +234,20 @@ def prepare_out_dir(pipeline, rank_zero: bool) -> None:
             _remove(out / name)
 
 
+def out_dir_lock(pipeline, rank_zero: bool):
+    """The writer lock on train.out_dir, held by rank 0 while the run lasts (`stack.locks`): a second `stack train`
+    into the same folder while one runs is refused (exit 2) before it changes anything."""
+    from contextlib import nullcontext
+
+    from stack.locks import folder_lock
+
+    out = Path(pipeline.train.out_dir)
+    if not rank_zero:
+        return nullcontext()
+    return folder_lock(out, f"another `stack train` is writing train.out_dir={str(out)!r}; two runs there would mix "
+                            "their metrics and checkpoints. Wait for it to finish, or choose another train.out_dir")
+
+
 def _inside(path: Path, folder: Path) -> bool:
     """True when `path` is `folder` or lies under it (symlinks and `..` resolved)."""
     path, folder = path.resolve(), folder.resolve()

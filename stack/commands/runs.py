@@ -17,6 +17,7 @@ Exit 0; 2 for a missing store, an unknown or ambiguous run, or other words than 
 from __future__ import annotations
 
 import argparse
+import re
 import time
 
 EVAL_COLUMNS = (("L2@3s", "eval/planning/L2_at_3s"), ("mAP", "eval/detection/mAP"),
@@ -55,9 +56,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def open_store(pipeline):
-    """(MlflowClient, URI) of the pipeline's tracking store; StackError when tracking is off or the store is missing."""
+    """(MlflowClient, URI) of the pipeline's tracking store; StackError when tracking is off, or the store is missing
+    or not an MLflow store this MLflow reads unchanged (`stack.lineage.store_problem`)."""
     from stack.errors import StackError
-    from stack.lineage import quiet_mlflow, reachable
+    from stack.lineage import quiet_mlflow, reachable, store_problem
     from stack.train.tracking import local_store_path, tracking_store_uri
 
     uri = tracking_store_uri(pipeline.train)
@@ -69,6 +71,10 @@ def open_store(pipeline):
         raise StackError(f"no MLflow store at {path}: no run has been tracked there. `stack train` with this pipeline "
                          f"creates it (train.out_dir={pipeline.train.out_dir}); or give the store with "
                          f"-c (the configs the runs trained with) or train.tracking_uri=PATH_OR_URI.")
+    problem = store_problem(path) if path is not None else None  # MLflow would add its tables, or migrate it
+    if problem:
+        raise StackError(f"{problem}; `stack runs` only reads stores and leaves the file as it is. Give "
+                         f"the store `stack train` wrote (train.tracking_uri=PATH_OR_URI).")
     why = reachable(uri)
     if why is not None:
         raise StackError(f"the MLflow tracking server {uri} is unreachable ({why}). Start it, or give another "
@@ -105,11 +111,11 @@ def find_run(client, word: str, uri: str):
     if len(matches) == 1:
         return matches[0]
     if not matches:
-        known = ", ".join(f"{r.info.run_id[:8]} ({r.info.run_name})" for r in runs[:8]) or "none"
+        known = printable(", ".join(f"{r.info.run_id[:8]} ({r.info.run_name})" for r in runs[:8]) or "none")
         raise StackError(f"no run {word!r} in {uri} (a run id, an id prefix of 4+ characters, or a run name). "
                          f"Runs there, newest first: {known}. `stack runs` lists them all.")
     raise StackError(f"{word!r} names {len(matches)} runs in {uri}: "
-                     + ", ".join(f"{r.info.run_id[:12]} ({r.info.run_name})" for r in matches[:8])
+                     + printable(", ".join(f"{r.info.run_id[:12]} ({r.info.run_name})" for r in matches[:8]))
                      + ". Give more of the run id.")
 
 
@@ -127,7 +133,7 @@ def listing(client, uri: str) -> str:
                tags.get("stack.pipeline_hash", "")[:8], tags.get("stack.data_hash", "")[:8], tags.get("stack.steps", ""),
                _number(metrics.get("loss")), _number(metrics.get("val/loss_total")),
                *(_number(metrics.get(key)) for _, key in EVAL_COLUMNS), tags.get("stack.eval.verdict", ""), deploys]
-        lines.append("| " + " | ".join(row) + " |")
+        lines.append("| " + " | ".join(printable(cell) for cell in row) + " |")
     lines.append(f"{len(runs)} runs in {uri}; `stack runs compare A B` shows what differs; the same store in "
                  f"MLflow's UI: mlflow ui --backend-store-uri {uri}")
     return "\n".join(lines)
@@ -135,8 +141,8 @@ def listing(client, uri: str) -> str:
 
 def compare(a, b, client) -> str:
     """What differs between runs `a` and `b`: pipeline keys, data and code, and every metric."""
-    out = [f"A: {a.info.run_id} ({a.info.run_name}, {_date(a.info.start_time)}, {a.info.status})",
-           f"B: {b.info.run_id} ({b.info.run_name}, {_date(b.info.start_time)}, {b.info.status})", ""]
+    out = [printable(f"{side}: {r.info.run_id} ({r.info.run_name}, {_date(r.info.start_time)}, {r.info.status})")
+           for side, r in (("A", a), ("B", b))] + [""]
     keys = sorted(set(a.data.params) | set(b.data.params))
     differ = [(k, a.data.params.get(k, "-"), b.data.params.get(k, "-")) for k in keys
               if a.data.params.get(k) != b.data.params.get(k)]
@@ -159,7 +165,16 @@ def _table(header: list, rows: list) -> list:
     if not rows:
         return ["(none)"]
     return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + \
-        ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+        ["| " + " | ".join(printable(cell) for cell in row) + " |" for row in rows]
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def printable(cell) -> str:
+    """`cell` as text with control characters escaped (`\\x1b`): run names, tags and params come from the store,
+    i.e. from whoever wrote it, and an escape sequence printed raw can clear the screen or retitle the terminal."""
+    return _CONTROL.sub(lambda found: f"\\x{ord(found.group()):02x}", str(cell))
 
 
 def _date(millis) -> str:

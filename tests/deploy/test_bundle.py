@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from stack.deploy.bundle import BundleMismatch, bundle_files, stage, verify_bundle
+from stack.deploy.bundle import BundleMismatch, bundle_files, seal, stage, verify_bundle
 from stack.errors import StackError
 
 HERE = Path(__file__).parent
@@ -114,6 +114,79 @@ def test_verify_refuses_an_edited_gate_json(gated, tmp_path, edit):
     (bundle / "gate.json").write_text(json.dumps(gate))
     with pytest.raises(BundleMismatch, match="edited"):
         verify_bundle(bundle)
+
+
+def _resealed(bundle: Path, edit) -> Path:
+    """`bundle` with gate.json edited by `edit(gate)` and its sha256 recomputed, as an attacker can."""
+    gate = json.loads((bundle / "gate.json").read_text())
+    edit(gate)
+    (bundle / "gate.json").write_text(seal(gate))
+    return bundle
+
+
+def test_gate_json_carries_its_own_sha256_and_an_edit_breaks_it(gated, tmp_path):
+    bundle = _copy(gated, tmp_path)
+    gate = json.loads((bundle / "gate.json").read_text())
+    gate["target_description"] = "something else"
+    (bundle / "gate.json").write_text(json.dumps(gate))
+    with pytest.raises(BundleMismatch, match="does not match its own sha256"):
+        verify_bundle(bundle)
+
+
+def _ship(name):
+    def edit(gate):
+        gate["shipped"]["file"] = name
+    return edit
+
+
+def _set(path: str, value):
+    def edit(gate):
+        *parents, key = path.split(".")
+        node = gate
+        for parent in parents:
+            node = node[int(parent)] if isinstance(node, list) else node[parent]
+        node[key] = value
+    return edit
+
+
+@pytest.mark.parametrize("edit, says", [
+    (_ship("../../../../etc/passwd"), r"ships '\.\./\.\./\.\./\.\./etc/passwd'; expected one of the bundle's own"),
+    (_ship("pipeline.yaml"), "ships 'pipeline.yaml'"),
+    (_ship("model.onnx"), "it ships 'model.onnx', but its figures choose 'model.int8.onnx'"),
+    (_set("fps.min_fps", 1e9), "the fps verdict says True but its figures say False"),
+    (_set("fps.median_ms", 1e9), "the fps verdict says True but its figures say False"),
+    (_set("accuracy.heads.0.drop", 1.0), "the accuracy verdict says True but its figures say False"),
+    (_set("accuracy.heads.0.budget", -1.0), "the accuracy verdict says True but its figures say False"),
+    (_set("export.parity.0.max_abs_error", 1e9), "the overall verdict is PASS, but parity failed"),
+    (_set("passed", False), "the overall verdict is FAIL, but no failure is listed"),
+    (_set("failures", ["edited"]), "the overall verdict is PASS, but its failures list failed"),
+    (_set("fps", None), "misshapen"),
+])
+def test_verify_recomputes_every_verdict_and_the_shipped_model_from_the_figures(gated, tmp_path, edit, says):
+    bundle = _resealed(_copy(gated, tmp_path), edit)
+    with pytest.raises(BundleMismatch, match=says):
+        verify_bundle(bundle)
+
+
+def test_a_file_swapped_for_a_link_outside_the_bundle_is_refused(gated, tmp_path):
+    bundle = _copy(gated, tmp_path / "b")
+    outside = tmp_path / "outside.onnx"
+    outside.write_bytes(b"not the gated model")
+    (bundle / "model.onnx").unlink()
+    (bundle / "model.onnx").symlink_to(outside)
+    _resealed(bundle, lambda gate: gate["files"].update({"model.onnx": bundle_files(bundle)["model.onnx"]}))
+    with pytest.raises(BundleMismatch, match=r"holds symbolic links \(model.onnx\)"):
+        verify_bundle(bundle)
+
+
+def test_a_gate_json_nested_200000_deep_is_a_clear_error(gated, tmp_path, capsys):
+    from stack.cli import main
+
+    bundle = _copy(gated, tmp_path)
+    (bundle / "gate.json").write_text("[" * 200000 + "]" * 200000)
+    assert main(["deploy", "--verify", str(bundle)]) == 1
+    out = capsys.readouterr().out
+    assert "nested too deeply" in out and "Traceback" not in out
 
 
 def test_what_build_engine_sh_writes_on_the_device_does_not_break_verification(gated, tmp_path):

@@ -203,8 +203,9 @@ def test_parity_reference_is_the_training_path_of_the_calibration(micro, exporte
 
 # ----------------------------------------------------------------------------- the runtime interface
 
-def write_bundle(folder: Path, onnx_path: Path, calibration: Calibration, shipped: str | None = None) -> Path:
-    """A bundle as deploy writes it (model, calibration.yaml, gate.json vouching for every file)."""
+def write_bundle(folder: Path, onnx_path: Path, calibration: Calibration, shipped: str = "model.onnx") -> Path:
+    """A bundle as deploy writes it for an fp32 ONNX Runtime target (model, calibration.yaml, gate.json vouching for
+    every file, with figures its verdicts follow from)."""
     import shutil
 
     from stack.deploy.bundle import vouch
@@ -213,9 +214,13 @@ def write_bundle(folder: Path, onnx_path: Path, calibration: Calibration, shippe
     folder.mkdir(parents=True)
     shutil.copyfile(onnx_path, folder / "model.onnx")
     (folder / "calibration.yaml").write_text(calibration.to_yaml())
-    result = {"target": "cpu", "precision": "fp32", "passed": True, "failures": []}
-    if shipped:
-        result["shipped"] = {"file": shipped, "precision": "fp32", "why": "test"}
+    timing = {"median_ms": 10.0, "p99_ms": 12.0, "mean_ms": 10.5, "runs": 20}
+    result = {"target": "cpu", "runtime": "onnxruntime", "precision": "fp32", "passed": True, "failures": [],
+              "export": {"parity": [], "tensorrt_problems": []}, "accuracy": None, "closed_loop": None,
+              "shipped": {"file": shipped, "precision": "fp32", "why": "test"},
+              "fps": {"median_ms": 10.0, "p99_ms": 12.0, "raw_median_ms": 10.0, "raw_p99_ms": 12.0, "scale": 1.0,
+                      "min_fps": 10.0, "max_p99_ms": 100.0, "passed": True},
+              "speed": {"side_by_side": {"model.onnx": timing}}}
     write_gate_json(folder, vouch(folder, result))
     return folder
 
@@ -249,7 +254,7 @@ def test_deployed_network_opens_the_shipped_model(exported, tmp_path):
     path, calibration = exported["moved"]
     assert DeployedNetwork.open(write_bundle(tmp_path / "a", path, calibration, shipped="model.onnx")).path.name \
         == "model.onnx"
-    with pytest.raises(StackError, match="ships ../model.onnx, which is not in the bundle"):
+    with pytest.raises(StackError, match=r"ships '\.\./model\.onnx'; expected one of the bundle's own model files"):
         DeployedNetwork.open(write_bundle(tmp_path / "b", path, calibration, shipped="../model.onnx"))
     with pytest.raises(StackError, match="model='fp16'"):
         DeployedNetwork.open(tmp_path / "a", model="fp16")

@@ -115,3 +115,50 @@ def test_a_closed_loop_episode_shorter_than_its_replanning_is_refused():
     with pytest.raises(StackError, match="episode_seconds.*two replanning periods"):
         load_pipeline([], ["drive.episode_seconds=0.04"])
     assert load_pipeline([], ["drive.episode_seconds=1.0"]).drive.episode_seconds == 1.0
+
+
+# ---------------------------------------------------------------- interpolations
+
+
+def test_a_config_may_refer_to_another_key():
+    code, out, err = run_cli("config", "train.out_dir=${data.root}/train")
+    assert code == 0 and "out_dir: runs/data/train" in out, err
+
+
+@pytest.mark.parametrize("how", ["override", "file"])
+@pytest.mark.parametrize("value", ["${oc.env:HOME}", "${oc.decode:'1'}", "a-${oc.env:HOME}-b"])
+def test_no_config_calls_a_resolver(tmp_path, how, value):
+    """`${oc.env:...}` would copy the environment into every artifact the run writes."""
+    if how == "file":
+        path = tmp_path / "mine.yaml"
+        path.write_text(f"train:\n  out_dir: \"{value}\"\n")
+        args = ["-c", str(path)]
+    else:
+        args = [f"train.out_dir={value}"]
+    result = run_cli("config", *args)
+    assert_bad_input(result, "train.out_dir holds", "never call a resolver", "Write the value itself")
+    assert os.environ.get("HOME", "/nonexistent") not in result[2]
+
+
+@pytest.mark.parametrize("value, needle", [("${nope.x}", "Interpolation key 'nope.x' not found"),
+                                           ("${train.out_dir}", "Recursive interpolation")])
+def test_an_interpolation_that_cannot_be_resolved_names_the_key(value, needle):
+    assert_bad_input(run_cli("config", f"train.out_dir={value}"), "train.out_dir interpolates a value that cannot be "
+                     "resolved", needle)
+
+
+def test_a_pipeline_stored_in_a_checkpoint_is_read_without_resolvers(tmp_path):
+    import torch
+
+    from stack.checkpoint.model_file import load_model_checkpoint, save_model_checkpoint
+    from stack.config import load_pipeline
+    from stack.errors import StackError
+
+    path = save_model_checkpoint(tmp_path / "model.pt", load_pipeline(), {"w": torch.zeros(1)})
+    raw = torch.load(path, weights_only=True)
+    raw["pipeline_yaml"] = raw["pipeline_yaml"].replace("out_dir: runs/train", "out_dir: ${oc.env:HOME}", 1)
+    assert "${oc.env:HOME}" in raw["pipeline_yaml"]
+    torch.save(raw, path)
+    with pytest.raises(StackError, match=r"train.out_dir holds the interpolation '\$\{oc.env:HOME\}'; a pipeline "
+                                         r"stored by `stack` holds resolved values only"):
+        load_model_checkpoint(path)

@@ -114,3 +114,40 @@ def test_an_unreachable_server_is_bad_input(capsys):
         port = probe.getsockname()[1]
     code, _, err = runs(capsys, f"train.tracking_uri=http://127.0.0.1:{port}")
     assert code == 2 and "unreachable" in err
+
+
+def user_database(path):
+    """An SQLite database of the user's (not MLflow's), and its bytes."""
+    import sqlite3
+    from contextlib import closing
+
+    with closing(sqlite3.connect(path)) as db:
+        db.execute("CREATE TABLE thesis (chapter TEXT)")
+        db.execute("INSERT INTO thesis VALUES ('one')")
+        db.commit()
+    return path.read_bytes()
+
+
+@pytest.mark.parametrize("kind", ["user database", "empty file"])
+def test_listing_never_creates_tables_in_a_file_that_is_not_an_mlflow_store(tmp_path, capsys, kind):
+    path = tmp_path / "app.db"
+    before = user_database(path) if kind == "user database" else path.write_bytes(b"") or b""
+    code, _, err = runs(capsys, f"train.tracking_uri={path}")
+    assert code == 2 and "is not an MLflow store" in err and "only reads stores" in err, err
+    assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["app.db"]
+
+
+def test_control_characters_in_names_and_tags_are_escaped_not_printed(tmp_path, capsys):
+    """Run names, tags and params come from the store: an escape sequence printed raw can clear the screen or
+    retitle the terminal."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlruns.db'}")
+    experiment = client.create_experiment("tiny", (tmp_path / "mlartifacts").as_uri())
+    first = log_run(client, experiment, "clear\x1b[2J\x1b]0;owned\x07", 0.002, "d\x1bc" * 3, [3.0, 2.0], 4)
+    second = log_run(client, experiment, "plain", 0.004, "e" * 64, [3.0, 1.0], 4)
+    code, out, _ = runs(capsys, f"train.tracking_uri={tmp_path / 'mlruns.db'}")
+    assert code == 0 and "\x1b" not in out and "\x07" not in out
+    assert "clear\\x1b[2J\\x1b]0;owned\\x07" in out
+    code, out, _ = runs(capsys, "compare", first, second, f"train.tracking_uri={tmp_path / 'mlruns.db'}")
+    assert code == 0 and "\x1b" not in out and "\\x1b" in out

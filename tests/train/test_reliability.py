@@ -86,6 +86,26 @@ def test_a_dry_run_into_a_used_out_dir_is_not_refused(finished, tmp_path):
     assert result.returncode == 0 and "#SBATCH" in result.stdout, result.stderr
 
 
+def test_a_second_run_into_an_out_dir_being_written_is_refused_and_changes_nothing(finished, tmp_path):
+    import fcntl
+
+    out = tmp_path / "run"
+    shutil.copytree(finished, out)
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    held = os.open(out, os.O_RDONLY)  # the lock a `stack train` still running there would hold
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(StackError, match=r"another `stack train` is writing train.out_dir=.*another train.out_dir"):
+            run(out, "train.overwrite=true")
+        with pytest.raises(StackError, match="another `stack train`"):
+            run(tmp_path / "run", f"train.resume={out}")
+    finally:
+        os.close(held)
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    run(out, "train.overwrite=true", "train.max_epochs=1")  # the lock goes with the process that held it
+    assert [step for step, _ in rows(out)] == list(range(6))
+
+
 def test_resuming_in_the_same_out_dir_keeps_every_earlier_log_row(finished, tmp_path):
     out = tmp_path / "run"
     shutil.copytree(finished, out)

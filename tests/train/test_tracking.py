@@ -404,7 +404,7 @@ def test_a_checkpoint_naming_a_server_the_user_did_not_choose_gets_no_request(tm
     (tmp_path / "eval").mkdir()
     attach_eval(record, {"eval/x": 1.0}, tmp_path / "eval", None, chosen=None)
     lines = []
-    spec = type("Spec", (), {"chosen_store": None})()
+    spec = type("Spec", (), {"chosen_store": None, "checkpoint": str(checkpoint)})()
     _attach({"passed": True, "tracking": record}, spec, "cpu", tmp_path, lines.append)
     assert seen == []  # no request at all, not even the /health probe
     err = capsys.readouterr().err
@@ -418,3 +418,38 @@ def test_a_checkpoint_naming_a_server_the_user_did_not_choose_gets_no_request(tm
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     attach_to_run(record, {"eval/x": 1.0}, [], {}, log=lines.append)
     assert seen
+
+
+def _user_database(path: Path) -> bytes:
+    from tests.stack.test_runs import user_database
+
+    return user_database(path)
+
+
+@pytest.mark.parametrize("where", ["elsewhere", "beside the checkpoint"])
+def test_a_checkpoint_naming_a_database_that_is_not_an_mlflow_store_leaves_it_as_it_is(tmp_path, where):
+    """A crafted model.pt's run record names a SQLite file of the user's: eval and deploy add no table to it
+    (elsewhere: not even opened, the user did not name it; beside the checkpoint: not an MLflow store)."""
+    from stack.lineage import attach_to_run
+
+    (tmp_path / "ckpt").mkdir()
+    database = tmp_path / ("other" if where == "elsewhere" else "ckpt") / "app.db"
+    database.parent.mkdir(exist_ok=True)
+    before = _user_database(database)
+    lines = []
+    record = {"uri": f"sqlite:///{database}", "run_id": "0123456789abcdef", "experiment": "tiny"}
+    assert not attach_to_run(record, {"eval/x": 1.0}, [], {}, log=lines.append, checkpoint_folder=tmp_path / "ckpt")
+    assert database.read_bytes() == before
+    says = "only used beside the checkpoint or when you name it" if where == "elsewhere" else "is not an MLflow store"
+    assert len(lines) == 1 and says in lines[0] and "results are on disk only" in lines[0], lines
+
+
+@pytest.mark.parametrize("kind", ["user database", "empty file"])
+def test_train_refuses_a_tracking_uri_that_is_not_an_mlflow_store_before_writing_anything(tmp_path, kind):
+    from stack.errors import StackError
+
+    database = tmp_path / "app.db"
+    before = _user_database(database) if kind == "user database" else database.write_bytes(b"") or b""
+    with pytest.raises(StackError, match=r"train.tracking_uri: .*is not an MLflow store.*train.tracking_uri=off"):
+        train(tmp_path, f"train.tracking_uri={database}")
+    assert database.read_bytes() == before and not (tmp_path / "run").exists()

@@ -1,0 +1,114 @@
+"""Recompute a bundle's verdicts from the figures and budgets its gate.json records.
+
+gate.json's sha256 (`stack.deploy.bundle`) says the file is the one `stack deploy` wrote, but anyone who
+edits it can compute a new sha256; what a hand edit cannot do is make a verdict disagree with its own
+figures. So `stack deploy --verify` decides every gate again, as `stack.deploy.orchestrate` did, from
+what gate.json records (parity errors and tolerances, per-head drops and budgets, the closed-loop scores
+and budget, the latencies and FPS bars), checks which model the bundle must ship, and refuses a gate.json
+whose verdicts, failures or shipped model differ from that.
+"""
+
+from __future__ import annotations
+
+import math
+
+INT8, FP32 = "model.int8.onnx", "model.onnx"
+_TOLERANCE = 1e-9
+"""Relative tolerance on a figure derived from others (JSON keeps floats exactly; this only absorbs rounding)."""
+
+
+def verdict_problems(gate: dict) -> list[str]:
+    """What in gate.json does not follow from its own figures ([] when every verdict does)."""
+    try:
+        return _problems(gate)
+    except (KeyError, TypeError, ValueError, AttributeError, ZeroDivisionError) as exc:
+        return [f"a gate's record is missing or misshapen ({type(exc).__name__}: {str(exc)[:120]})"]
+
+
+def _problems(gate: dict) -> list[str]:
+    """The checks of `verdict_problems`, which turns any misshapen record into a problem."""
+    decided = {"parity": _parity_passed(gate), "accuracy": _accuracy_passed(gate.get("accuracy")),
+               "closed loop": _closed_loop_passed(gate.get("closed_loop")), "fps": _fps_passed(gate["fps"])}
+    recorded = {"accuracy": (gate.get("accuracy") or {}).get("passed"),
+                "closed loop": (gate.get("closed_loop") or {}).get("passed"), "fps": gate["fps"]["passed"]}
+    problems = [f"the {name} verdict says {recorded[name]} but its figures say {decided[name]}"
+                for name in recorded if decided[name] is not None and recorded[name] != decided[name]]
+    shipped, expected = gate["shipped"]["file"], expected_shipped(gate)
+    if shipped != expected:
+        problems.append(f"it ships {shipped!r}, but its figures choose {expected!r}")
+    problems += _timing_problems(gate, shipped)
+    fails = [name for name, ok in decided.items() if ok is False and not _excused(gate, name, expected)]
+    fails += ["TensorRT import"] * bool(gate.get("export", {}).get("tensorrt_problems"))
+    if gate["passed"] and (fails or gate.get("failures")):
+        problems.append(f"the overall verdict is PASS, but {', '.join(fails) or 'its failures list'} failed")
+    if not gate["passed"] and not gate.get("failures"):
+        problems.append("the overall verdict is FAIL, but no failure is listed")
+    return problems
+
+
+def _near(a: float, b: float) -> bool:
+    return a == b or math.isclose(a, b, rel_tol=_TOLERANCE, abs_tol=1e-12)
+
+
+def _parity_passed(gate: dict) -> bool:
+    return all(row["max_abs_error"] <= row["tolerance"] for row in gate["export"]["parity"])
+
+
+def _accuracy_passed(accuracy: dict | None) -> bool | None:
+    """Every head within its budget and still beating its prior's bar (`accuracy.HeadResult.passed`)."""
+    if accuracy is None:
+        return None
+    heads = accuracy["heads"]
+    return bool(heads) and all(h["drop"] <= h["budget"] + 1e-12 and not (h["fp32"] <= h["prior_bar"] < h["quantized"])
+                               for h in heads)
+
+
+def _closed_loop_passed(closed_loop: dict | None) -> bool | None:
+    """INT8's driving-score drop and collision rise against fp32 within the budget (None: the gate did not run)."""
+    if not closed_loop or "skipped" in closed_loop:
+        return None
+    drop = closed_loop["fp32"]["driving_score"] - closed_loop["int8"]["driving_score"]
+    rise = closed_loop["int8"]["collisions_per_episode"] - closed_loop["fp32"]["collisions_per_episode"]
+    if not (_near(drop, closed_loop["driving_score_drop"]) and _near(rise, closed_loop["collision_rise"])):
+        return False
+    budget = closed_loop["budget"]
+    return drop <= budget["driving_score_drop"] and rise <= budget["collision_rise"]
+
+
+def _fps_passed(fps: dict) -> bool:
+    """The FPS and p99 bars on the (scaled) latencies, as `gates.fps.decide` applies them."""
+    scaled = _near(fps["median_ms"], fps["raw_median_ms"] * fps["scale"]) and \
+        _near(fps["p99_ms"], fps["raw_p99_ms"] * fps["scale"])
+    fast = fps["median_ms"] <= 0 or 1000.0 / fps["median_ms"] >= fps["min_fps"]
+    return bool(scaled and fast and fps["p99_ms"] <= fps["max_p99_ms"])
+
+
+def expected_shipped(gate: dict) -> str:
+    """The model `stack deploy` ships given gate.json's figures (`orchestrate._choose_shipped`)."""
+    if gate.get("accuracy") is None:
+        return FP32
+    if not _may_ship_fp32(gate):
+        return INT8
+    if not _accuracy_passed(gate["accuracy"]) or _closed_loop_passed(gate.get("closed_loop")) is False:
+        return FP32
+    times = gate["speed"]["side_by_side"]
+    return INT8 if times[INT8]["median_ms"] < times[FP32]["median_ms"] else FP32
+
+
+def _may_ship_fp32(gate: dict) -> bool:
+    return gate["runtime"] == "onnxruntime" and gate["precision"] == "best"
+
+
+def _excused(gate: dict, name: str, shipped: str) -> bool:
+    """An INT8 gate that failed on a `best` ONNX Runtime target whose bundle ships fp32 instead."""
+    return name in ("accuracy", "closed loop") and _may_ship_fp32(gate) and shipped == FP32
+
+
+def _timing_problems(gate: dict, shipped: str) -> list[str]:
+    """ONNX Runtime targets time the shipped model here: the FPS gate's raw median is that model's median."""
+    if gate["runtime"] != "onnxruntime":
+        return []
+    timed = gate["speed"]["side_by_side"][shipped]["median_ms"]
+    if _near(timed, gate["fps"]["raw_median_ms"]):
+        return []
+    return [f"the FPS gate's median {gate['fps']['raw_median_ms']} ms is not {shipped}'s timed median {timed} ms"]

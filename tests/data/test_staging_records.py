@@ -1,0 +1,131 @@
+"""A data folder someone hands you may hold a planted `.staging/`: its swap plan and manifests are checked
+before the first change, so no path they name outside `data.root` (absolute, `..`, through a symbolic link)
+is deleted or replaced, and a `.staging` that is a link is refused. Exit 2, nothing changed."""
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from stack.data import staging
+from stack.errors import StackError
+
+SHARD = "train/frames-000000.tar"
+
+
+def dataset(root: Path, shard: str = SHARD, content: bytes = b"old shard") -> None:
+    """A dataset of one shard (and its sidecars) with its manifest, as `stack data make` leaves one."""
+    for suffix in (".tar", ".idx", ".sums"):
+        (root / shard).parent.mkdir(parents=True, exist_ok=True)
+        (root / shard).with_suffix(suffix).write_bytes(content)
+    (root / "manifest.json").write_text(json.dumps({"splits": {"train": [{"path": shard}]}}))
+
+
+def interrupted_swap(root: Path, delete, *, sign: bool = True) -> Path:
+    """`.staging/` as a killed swap would leave it (new dataset complete, plan written), with `delete` planted."""
+    stage = root / ".staging"
+    dataset(stage, "train/frames-000001.tar", b"new shard")
+    body = {"delete": delete, "manifest_sha256": hashlib.sha256((stage / "manifest.json").read_bytes()).hexdigest()}
+    if sign:  # anyone can compute a sha256: the path checks, not the digest, are what stop a crafted plan
+        body["sha256"] = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+    (stage / "swap.json").write_text(json.dumps(body if sign else {"delete": delete}))
+    return stage
+
+
+def snapshot(*folders: Path) -> dict:
+    return {str(p): p.read_bytes() for folder in folders for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def refused_unchanged(root: Path, match: str, watched: Path) -> None:
+    """`stack data make`'s first step on `root` stops with a StackError matching `match` and changes nothing in
+    `watched`."""
+    before = snapshot(watched)
+    with pytest.raises(StackError, match=match):
+        staging.prepare(root, print)
+    assert snapshot(watched) == before
+
+
+@pytest.fixture
+def victims(tmp_path):
+    """Files of the user's outside data.root that a planted plan names."""
+    (tmp_path / "victimdir").mkdir()
+    (tmp_path / "victimdir" / "thesis.tar").write_text("years of work")
+    (tmp_path / "victim.tar").write_text("keep me")
+    return tmp_path
+
+
+@pytest.mark.parametrize("planted", [["{victims}/victim.tar"], ["../victimdir/thesis.tar"], ["train/../../victim.tar"],
+                                     ["train/notes.txt"], "not a list", [7]])
+def test_a_planted_swap_plan_deletes_nothing_and_is_refused(victims, planted):
+    root = victims / "data"
+    dataset(root)
+    if isinstance(planted, list):
+        planted = [p.format(victims=victims) if isinstance(p, str) else p for p in planted]
+    (root / "train" / "notes.txt").write_text("the user's notes")
+    stage = interrupted_swap(root, planted)
+    refused_unchanged(root, r"Nothing was changed|nothing was changed", victims)
+    assert stage.is_dir()
+
+
+@pytest.mark.parametrize("plan", ["unsigned", "edited", "foreign manifest", "garbage"])
+def test_a_swap_plan_the_project_did_not_write_is_refused(tmp_path, plan):
+    root = tmp_path / "data"
+    dataset(root)
+    stage = interrupted_swap(root, [SHARD], sign=plan != "unsigned")
+    record = json.loads((stage / "swap.json").read_text())
+    if plan == "edited":
+        record["delete"].append("train/frames-000000.idx")
+        (stage / "swap.json").write_text(json.dumps(record))
+    elif plan == "foreign manifest":
+        (stage / "manifest.json").write_text(json.dumps({"splits": {"train": []}}))
+    elif plan == "garbage":
+        (stage / "swap.json").write_text("{not json")
+    refused_unchanged(root, r"is not a swap plan `stack data make` wrote .*nothing was changed", tmp_path)
+
+
+def test_a_shard_folder_that_links_outside_the_dataset_is_refused(victims):
+    root = victims / "data"
+    root.mkdir()
+    (root / "train").symlink_to(victims / "victimdir")
+    (root / "manifest.json").write_text(json.dumps({"splits": {"train": [{"path": "train/thesis.tar"}]}}))
+    interrupted_swap(root, ["train/thesis.tar"])
+    with pytest.raises(StackError, match=r"is reached through a symbolic link"):
+        staging.prepare(root, print)
+    assert (victims / "victimdir" / "thesis.tar").read_text() == "years of work"
+
+
+def test_a_staged_shard_that_is_a_link_is_not_moved_in(victims):
+    root = victims / "data"
+    dataset(root)
+    stage = interrupted_swap(root, [SHARD])
+    staged = stage / "train" / "frames-000001.tar"
+    staged.unlink()
+    staged.symlink_to(victims / "victim.tar")
+    with pytest.raises(StackError, match=r"the staging manifest names .* symbolic link"):
+        staging.prepare(root, print)
+    assert (root / SHARD).read_bytes() == b"old shard"
+
+
+@pytest.mark.parametrize("kind", ["link", "file"])
+def test_a_staging_folder_that_is_a_link_or_a_file_is_refused(victims, kind):
+    root = victims / "data"
+    dataset(root)
+    outside = victims / "victimdir"
+    if kind == "link":
+        interrupted_swap(victims / "elsewhere", [str(outside / "thesis.tar")])
+        (root / ".staging").symlink_to(victims / "elsewhere" / ".staging")
+    else:
+        (root / ".staging").write_text("mine")
+    refused_unchanged(root, r"only ever makes a folder there. Nothing was changed", victims)
+
+
+def test_a_swap_the_project_planned_is_still_finished(tmp_path):
+    root = tmp_path / "data"
+    dataset(root)
+    (root / "train" / "frames-foo.tar").write_text("the user's own shard")
+    interrupted_swap(root, [SHARD, "train/frames-000000.idx", "train/frames-000000.sums"])
+    staging.prepare(root, print)
+    assert sorted(p.name for p in (root / "train").iterdir()) == [
+        "frames-000001.idx", "frames-000001.sums", "frames-000001.tar", "frames-foo.tar"]
+    assert not (root / ".staging").exists()
