@@ -204,8 +204,9 @@ def drive(pipeline, policies: list[PolicySpec], log=print, sources: dict | None 
     """`stack drive`: drive every policy on drive.episodes held-out episodes, write drive.md / .json / .png and
     the clips of each policy's worst episodes into drive.out_dir; returns {"summary", "rows", "files"}."""
     from stack.sim.drive_report import write_report
+    from stack.metrics.driving import aggregate, closed_loop_bar
+    from stack.sim.policies import BASELINE_KINDS
     from stack.sim.scenarios import episode_specs
-    from stack.metrics.driving import aggregate
 
     cfg = pipeline.drive
     episodes = episode_specs(list(cfg.scenarios), cfg.episodes, list(cfg.seeds), cfg.episode_seconds)
@@ -214,6 +215,7 @@ def drive(pipeline, policies: list[PolicySpec], log=print, sources: dict | None 
     rows = evaluate(pipeline, policies, episodes, log)
     driving_seconds = time.perf_counter() - started
     summary = aggregate([{k: r[k] for k in ("policy", "family", "seed", "metrics")} for r in rows])
+    bars = {p.name: closed_loop_bar(rows, p.name) for p in policies if p.kind not in BASELINE_KINDS}
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     clips = _write_clips(pipeline, policies, rows, out, log) if cfg.clips else {}
@@ -223,11 +225,11 @@ def drive(pipeline, policies: list[PolicySpec], log=print, sources: dict | None 
             "latency": {p.name: {"ms": p.latency_s * 1000.0, "how": p.latency_how} for p in policies},
             "policies": {p.name: {"kind": p.kind, "blind": p.kind in ("constant_velocity", "ego_rollout"),
                                   "privileged": p.kind == "expert"} for p in policies},
-            "wall_seconds": driving_seconds, "workers": cfg.workers, "clips": clips}
+            "wall_seconds": driving_seconds, "workers": cfg.workers, "clips": clips, "bar": bars}
     public = [{k: v for k, v in r.items() if k != "trace"} for r in rows]
     files = write_report(out, summary, public, meta)
     log(f"drove {len(rows)} episodes in {driving_seconds:.0f} s; report: {out / 'drive.md'}")
-    return {"summary": summary, "rows": public, "files": files, "meta": meta}
+    return {"summary": summary, "rows": public, "files": files, "meta": meta, "bar": bars}
 
 
 def _write_clips(pipeline, policies: list[PolicySpec], rows: list[dict], out: Path, log) -> dict:

@@ -124,7 +124,7 @@ def markdown(summary: dict, rows: list, meta: dict) -> str:
     else:
         over = f"mean ± std over {len(seeds)} seeds"
     lines = ["# Closed-loop driving report", ""] + header_lines(rows, meta, policies) + [""]
-    lines += comparison_lines(summary, meta, policies, families)
+    lines += bar_lines(meta) + comparison_lines(summary, meta, policies, families)
     lines += [f"## Overall ({over}; every family)", ""] + table_lines(summary, policies, OVERALL, meta) + [""]
     lines += ["Columns: driving score = route completion × infraction penalties (CARLA leaderboard); PDMS = NC × DAC × "
               "weighted (EP, TTC, comfort) (NAVSIM); collisions are at-fault, per episode, by the class hit; EP = "
@@ -215,6 +215,25 @@ def latency_text(rows: list, meta: dict, policy: str) -> str:
     else:
         text = ("not given" if latency is None else f"{latency:.1f} ms") + (f" ({how})" if how else "")
     return text + (f" — {info['description']}" if info.get("description") else "")
+
+
+def bar_lines(meta: dict) -> list:
+    """Each network against the blind policies: the gain per metric with its paired bootstrap interval, and the
+    verdict (`stack.metrics.driving.closed_loop_bar`)."""
+    lines = []
+    for policy, bar in (meta.get("bar") or {}).items():
+        if bar["passed"] is None:
+            lines += [f"## The bar: `{policy}`: not judged (no blind policy drove beside it)", ""]
+            continue
+        verdict = "PASS" if bar["passed"] else "FAIL"
+        lines += [f"## The bar: `{policy}` {verdict}: it must beat every blind policy in driving score and PDMS", "",
+                  "| against | metric | gain | 90% interval (paired bootstrap over episodes) | beats |",
+                  "|---|---|---:|---|---|"]
+        for c in bar["comparisons"]:
+            lines.append(f"| `{c['baseline']}` | {c['metric']} | {c['gain']:+.3f} | [{c['low']:+.3f}, {c['high']:+.3f}] "
+                         f"over {c['episodes']} episodes | {'yes' if c['beats'] else '**no**'} |")
+        lines.append("")
+    return lines
 
 
 def comparison_lines(summary: dict, meta: dict, policies: list, families: list) -> list:

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from stack.metrics.planning import PLANNING_BAR
+from stack.metrics.planning import DEPARTURE_BAR, DEPARTURE_M, PLANNING_BAR
 from stack.pipeline import Pipeline
 
 
@@ -56,9 +56,13 @@ def verdicts(metrics: dict) -> list[HeadVerdict]:
     rel, rel_mean = get("depth/AbsRel"), get("depth/baseline_mean_depth/AbsRel")
     miou, miou_major = get("segmentation/mIoU"), get("segmentation/baseline_majority/mIoU")
     mean_ap = get("detection/mAP")
+    departure, share = get("planning/departure_reproduced"), get("planning/departure_share")
     return [
         HeadVerdict("planning", "L2@3s (m)", l2, l2_prior, f"<= {PLANNING_BAR:g} x ego-status rollout",
-                    l2 <= PLANNING_BAR * l2_prior, f"constant velocity {l2_cv:.3f} m ({_ratio(l2, l2_cv)})"),
+                    l2 <= PLANNING_BAR * l2_prior, f"constant velocity {l2_cv:.3f} m ({_ratio(l2, l2_cv)}); "
+                    f"reproduces {departure:.0%} of the expert's departures from the rollout (> "
+                    f"{DEPARTURE_M:g} m at 3 s: {share:.0%} of frames; the closed-loop mechanism, target "
+                    f">= {DEPARTURE_BAR:.0%})"),
         HeadVerdict("depth", "AbsRel", rel, rel_mean, "<= 0.7 x mean depth", rel <= 0.7 * rel_mean),
         HeadVerdict("segmentation", "mIoU", miou, miou_major, ">= 2 x majority class", miou >= 2 * miou_major),
         HeadVerdict("detection", "mAP", mean_ap, get("detection/baseline_empty/mAP"), "> 0.2", mean_ap > 0.2),

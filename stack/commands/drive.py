@@ -8,8 +8,11 @@ the ego-status rollout). Every policy drives the same `drive.episodes` held-out 
 clips of each policy's worst episodes go to `drive.out_dir`.
 
 `--scenarios a,b` and `--episodes N` are shorthands for drive.scenarios=[a,b] and drive.episodes=N.
-Exit 0 when the episodes ran; 2 for bad input (an unknown scenario, a checkpoint without a planner,
-a bundle built for another network or camera rig).
+The bar: a network must beat every blind policy driven beside it in driving score and in PDMS, the paired
+bootstrap interval (90%, whole episodes resampled) of each gain above zero (`stack.metrics.driving
+.closed_loop_bar`); drive.md shows it. Exit 0 when the episodes ran and every network cleared the bar (or
+none was judged), 1 when a network fell below it (as `stack eval` for a head below its bar); 2 for bad input
+(an unknown scenario, a checkpoint without a planner, a bundle built for another network or camera rig).
 """
 
 from __future__ import annotations
@@ -44,7 +47,10 @@ def run(args: argparse.Namespace) -> int:
     policies = _policies(sources, _choices(args.policy, pipeline))
     result = drive(pipeline, policies, sources={p.name: p.source for p in policies if p.source})
     print((Path(pipeline.drive.out_dir) / "drive.md").read_text())
-    return 0 if result["rows"] else 1
+    failed = [name for name, bar in result["bar"].items() if bar["passed"] is False]
+    if failed:
+        print(f"stack drive: below the closed-loop bar (does not beat the blind policies): {', '.join(failed)}")
+    return 0 if result["rows"] and not failed else 1
 
 
 def _shorthands(args) -> list[str]:

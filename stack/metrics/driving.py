@@ -561,3 +561,46 @@ def _over_seeds(rows: list[dict]) -> dict:
         std = float(per_seed.std(ddof=1)) if per_seed.size > 1 else float("nan")
         out[name] = {"mean": mean, "std": std, "episodes": sum(name in row["metrics"] for row in rows)}
     return out
+
+
+# ---------------------------------------------------------------------------------------------- the bar
+
+BLIND_POLICIES = ("constant_velocity", "ego_rollout")
+"""Policies that never look at a camera: a network that cannot beat them has learned nothing from its cameras."""
+BAR_METRICS = ("driving_score", "pdms")
+BAR_LEVEL = 0.90
+BAR_RESAMPLES = 4000
+
+
+def paired_gain(rows: list[dict], policy: str, baseline: str, metric: str, level: float = BAR_LEVEL,
+                resamples: int = BAR_RESAMPLES, seed: int = 0) -> dict:
+    """Mean gain of `policy` over `baseline` in `metric` on the episodes both drove, with a paired bootstrap
+    interval resampling whole episodes (Efron & Tibshirani 1993, ch. 13; the episodes, not the steps, are the
+    independent units): {"gain", "low", "high", "episodes", "level"}. `beats` is True when the whole interval
+    lies above zero."""
+    def key(row):
+        return row["family"], row["seed"], row.get("index", 0)
+
+    mine = {key(r): float(r["metrics"][metric]) for r in rows if r["policy"] == policy}
+    theirs = {key(r): float(r["metrics"][metric]) for r in rows if r["policy"] == baseline}
+    shared = sorted(set(mine) & set(theirs))
+    if not shared:
+        raise StackError(f"paired_gain: {policy!r} and {baseline!r} drove no episode in common; drive them on the "
+                         f"same episodes (stack drive drives every policy on the same ones)")
+    gains = np.array([mine[k] - theirs[k] for k in shared], np.float64)
+    rng = np.random.default_rng(seed)
+    means = gains[rng.integers(0, len(gains), size=(resamples, len(gains)))].mean(axis=1)
+    low, high = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
+    return {"policy": policy, "baseline": baseline, "metric": metric, "gain": float(gains.mean()),
+            "low": float(low), "high": float(high), "episodes": len(shared), "level": level,
+            "beats": bool(low > 0)}
+
+
+def closed_loop_bar(rows: list[dict], policy: str, baselines=BLIND_POLICIES, metrics=BAR_METRICS) -> dict:
+    """The bar a driving network must clear: beat every blind baseline driven beside it in every bar metric,
+    each with a paired bootstrap interval of the gain above zero. {"passed", "comparisons"}; passed is None
+    when no blind baseline was driven (no bar to judge by)."""
+    driven = {r["policy"] for r in rows}
+    comparisons = [paired_gain(rows, policy, baseline, metric)
+                   for baseline in baselines if baseline in driven for metric in metrics]
+    return {"passed": all(c["beats"] for c in comparisons) if comparisons else None, "comparisons": comparisons}

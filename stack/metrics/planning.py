@@ -43,6 +43,13 @@ def constant_velocity_plan(past_trajectory: torch.Tensor, steps: int, step_s: fl
     return velocity[:, None, :] * times[None, :, None]
 
 
+DEPARTURE_M = 1.0
+"""Frames whose expert waypoint at the horizon lies this far from the ego-status rollout's are those where the
+scene, not the ego's own motion, decides the plan (`PlanningMetric._add_departure`)."""
+DEPARTURE_BAR = 0.5
+"""A planner must reproduce at least this share of the expert's departures from the rollout (`stack eval`)."""
+
+
 class PlanningMetric:
     """Accumulates per-waypoint errors and collisions; `compute` reports both L2 conventions."""
 
@@ -82,11 +89,27 @@ class PlanningMetric:
         if ego_status is not None:
             rollout = kinematic_rollout(ego_status.cpu(), self.steps, self.step_s).double()
             self._add_conventions("baseline_ego_rollout/L2", (rollout - future).norm(dim=-1), valid)
+            self._add_departure(plan, rollout, future, valid)
         for prefix, trajectory in (("collision", plan), ("baseline_cv/collision", baseline),
                                    ("gt/collision", future)):
             self._add_conventions(prefix, collides(trajectory, boxes, box_valid).double(), valid)
         if modes is not None:
             self._add_modes(modes.detach().double().cpu(), future, valid)
+
+    def _add_departure(self, plan: torch.Tensor, rollout: torch.Tensor, future: torch.Tensor,
+                       valid: torch.Tensor) -> None:
+        """`departure_reproduced`: on frames whose expert waypoint at the horizon lies more than DEPARTURE_M from
+        the ego-status rollout's, the share of that departure the plan reproduces (its own departure projected on
+        the expert's, over the expert's length; 0 = the rollout, 1 = the expert, mean over those frames), and
+        `departure_share`, the share of frames that are such frames. The mechanism behind a closed-loop gain: a planner that only
+        copies its ego-status prior scores 0 here (Li et al., CVPR 2024, "Is ego status all you need...")."""
+        last = valid[:, -1]
+        expert = future[:, -1] - rollout[:, -1]
+        length = expert.norm(dim=-1)
+        chosen = last & (length > DEPARTURE_M)
+        share = ((plan[:, -1] - rollout[:, -1]) * expert).sum(-1) / length.clamp(min=1e-9) ** 2
+        self._add("departure_reproduced", (share * chosen).sum(), chosen.sum())
+        self._add("departure_share", chosen.sum(), last.sum())
 
     def _add_modes(self, modes: torch.Tensor, future: torch.Tensor, valid: torch.Tensor) -> None:
         errors = (modes - future[:, None]).norm(dim=-1)  # (B, K, T)

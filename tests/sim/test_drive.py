@@ -149,12 +149,16 @@ def test_the_checkpoint_and_its_fp32_onnx_drive_the_same_episode(pipeline, check
         "ONNX Runtime and PyTorch trajectories must agree within 5 cm over the episode"
 
 
-def test_stack_drive_runs_a_checkpoint_beside_the_baselines(checkpoint, tmp_path):
+def test_stack_drive_runs_a_checkpoint_beside_the_baselines_and_an_untrained_one_fails_the_bar(checkpoint, tmp_path,
+                                                                                               capsys):
+    """The checkpoint is untrained: its planner is the ego-status rollout it starts from, so it cannot beat that
+    blind policy: `stack drive` reports the bar as FAIL and exits 1, as `stack eval` does for a head below its bar."""
     out = tmp_path / "drive"
     code = main(["drive", str(checkpoint), "--episodes", "3", "--scenarios", "lead_brake,route",
                  f"drive.out_dir={out}", "drive.seeds=[0]", "drive.latency_ms=0", "drive.episode_seconds=4.0"])
-    assert code == 0
+    assert code == 1 and "below the closed-loop bar" in capsys.readouterr().out
     report = (out / "drive.md").read_text()
+    assert "## The bar: `checkpoint` FAIL" in report and "`ego_rollout` | pdms" in report
     for policy in ("checkpoint", "expert", "constant_velocity", "ego_rollout"):
         assert policy in report
     assert (out / "drive.json").is_file() and (out / "drive.png").stat().st_size > 1000

@@ -354,3 +354,38 @@ def test_a_trace_says_why_it_ended_or_is_refused():
         EpisodeTrace(dt=0.1, ego=np.zeros((2, 5)), ego_size=(4.5, 1.9), agents=np.zeros((2, 0, 4)),
                      agent_sizes=np.zeros((0, 2)), agent_classes=[], agent_static=np.zeros(0, bool),
                      progress=np.zeros(2), route_length=10.0, on_drivable=np.ones(2, bool), ended="crashed")
+
+
+def _bar_rows(gains: dict, episodes: int = 20, noise: float = 0.05, seed: int = 0) -> list:
+    """Rows of a network and the blind policies on `episodes` shared episodes: baseline scores random, the
+    network's = a blind policy's + its gain + noise."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for index in range(episodes):
+        base = {m: rng.uniform(0.2, 0.7) for m in ("driving_score", "pdms")}
+        for policy in ("constant_velocity", "ego_rollout"):
+            rows.append({"policy": policy, "family": "route", "seed": 0, "index": index, "metrics": dict(base)})
+        rows.append({"policy": "net", "family": "route", "seed": 0, "index": index,
+                     "metrics": {m: base[m] + gains[m] + rng.normal(0, noise) for m in base}})
+    return rows
+
+
+def test_the_closed_loop_bar_passes_a_clear_gain_and_fails_a_tie_or_a_loss():
+    from stack.metrics.driving import closed_loop_bar, paired_gain
+
+    clear = closed_loop_bar(_bar_rows({"driving_score": 0.2, "pdms": 0.15}), "net")
+    assert clear["passed"] is True and len(clear["comparisons"]) == 4
+    assert all(c["low"] > 0 and c["low"] <= c["gain"] <= c["high"] for c in clear["comparisons"])
+    tie = closed_loop_bar(_bar_rows({"driving_score": 0.2, "pdms": 0.0}, noise=0.2), "net")
+    assert tie["passed"] is False, "no PDMS gain: the interval must reach below zero"
+    assert closed_loop_bar(_bar_rows({"driving_score": -0.1, "pdms": 0.3}), "net")["passed"] is False
+    assert closed_loop_bar([r for r in _bar_rows({"driving_score": 1, "pdms": 1}) if r["policy"] == "net"],
+                           "net")["passed"] is None, "no blind policy driven: nothing to judge by"
+    # pairs are episodes: shuffling the rows does not change the gain, dropping the baseline's episodes does
+    rows = _bar_rows({"driving_score": 0.2, "pdms": 0.15})
+    gain = paired_gain(rows, "net", "ego_rollout", "pdms")
+    assert paired_gain(rows[::-1], "net", "ego_rollout", "pdms")["gain"] == pytest.approx(gain["gain"])
+    fewer = [r for r in rows if not (r["policy"] == "ego_rollout" and r["index"] >= 10)]
+    assert paired_gain(fewer, "net", "ego_rollout", "pdms")["episodes"] == 10
+    with pytest.raises(StackError, match="no episode in common"):
+        paired_gain(rows, "net", "expert", "pdms")

@@ -94,3 +94,25 @@ def test_ego_rollout_baseline_is_reported_when_the_ego_status_is_given():
     r = metric.compute()
     assert r["baseline_ego_rollout/L2_at_3s"] == pytest.approx(0.0, abs=1e-4)
     assert r["baseline_cv/L2_at_3s"] == pytest.approx(6.0)
+
+
+def test_departure_reproduced_is_the_share_of_the_experts_departure_from_the_rollout():
+    """Frame 0: the expert brakes (ends 6 m short of the 10 m/s rollout); frame 1: it follows the rollout (no
+    departure, left out). A plan that copies the rollout reproduces 0 of the departure, the expert's plan 1,
+    one that brakes half as much 0.5."""
+    from stack.kinematics import kinematic_rollout
+
+    status = torch.tensor([[10.0, 0.0, 0.0], [10.0, 0.0, 0.0]])
+    rollout = kinematic_rollout(status, 6)
+    braking = rollout.clone()
+    braking[0] = rollout[0] * torch.linspace(0.9, 0.8, 6)[:, None]
+    valid = torch.ones(2, 6, dtype=torch.bool)
+    shares = {}
+    for name, plan in (("rollout", rollout), ("expert", braking), ("half", (rollout + braking) / 2)):
+        metric = PlanningMetric(steps=6)
+        past = -straight(10.0, 4).flip(1).expand(2, -1, -1)
+        metric.update(plan, braking, valid, *no_boxes(2), past, ego_status=status)
+        result = metric.compute()
+        shares[name] = result["departure_reproduced"]
+        assert result["departure_share"] == pytest.approx(0.5)
+    assert shares == pytest.approx({"rollout": 0.0, "expert": 1.0, "half": 0.5})
