@@ -124,7 +124,7 @@ def markdown(summary: dict, rows: list, meta: dict) -> str:
     else:
         over = f"mean ± std over {len(seeds)} seeds"
     lines = ["# Closed-loop driving report", ""] + header_lines(rows, meta, policies) + [""]
-    lines += bar_lines(meta) + comparison_lines(summary, meta, policies, families)
+    lines += bar_lines(meta) + interval_lines(rows, policies) + comparison_lines(summary, meta, policies, families)
     lines += [f"## Overall ({over}; every family)", ""] + table_lines(summary, policies, OVERALL, meta) + [""]
     lines += ["Columns: driving score = route completion × infraction penalties (CARLA leaderboard); PDMS = NC × DAC × "
               "weighted (EP, TTC, comfort) (NAVSIM); collisions are at-fault, per episode, by the class hit; EP = "
@@ -234,6 +234,26 @@ def bar_lines(meta: dict) -> list:
                          f"over {c['episodes']} episodes | {'yes' if c['beats'] else '**no**'} |")
         lines.append("")
     return lines
+
+
+def interval_lines(rows: list, policies: list) -> list:
+    """Driving score and PDMS of every policy over all its episodes, with 90% bootstrap intervals (episodes
+    resampled): the figures to quote, beside the per-seed spread of the tables below."""
+    from stack.metrics.driving import bootstrap_mean
+
+    lines = ["## Every episode: mean and 90% bootstrap interval", "",
+             "| policy | driving score | PDMS | episodes |", "|---|---|---|---:|"]
+    for policy in policies:
+        mine = [r for r in rows if r["policy"] == policy]
+        if not mine:
+            continue
+        cells = []
+        for metric in ("driving_score", "pdms"):
+            values = [r["metrics"][metric] for r in mine if metric in r.get("metrics", {})]
+            i = bootstrap_mean(values) if values else None
+            cells.append(f"{i['mean']:.3f} [{i['low']:.3f}, {i['high']:.3f}]" if i else "n/a")
+        lines.append(f"| `{policy}` | {cells[0]} | {cells[1]} | {len(mine)} |")
+    return lines + [""]
 
 
 def comparison_lines(summary: dict, meta: dict, policies: list, families: list) -> list:

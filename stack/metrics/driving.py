@@ -572,6 +572,18 @@ BAR_LEVEL = 0.90
 BAR_RESAMPLES = 4000
 
 
+def bootstrap_mean(values, level: float = BAR_LEVEL, resamples: int = BAR_RESAMPLES, seed: int = 0) -> dict:
+    """{"mean", "low", "high", "episodes", "level"}: the mean of per-episode `values` with its percentile bootstrap
+    interval (whole episodes resampled)."""
+    values = np.asarray(values, np.float64)
+    if not values.size:
+        raise StackError("bootstrap_mean: no episodes to average; drive at least one episode")
+    means = values[np.random.default_rng(seed).integers(0, values.size, size=(resamples, values.size))].mean(axis=1)
+    low, high = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
+    return {"mean": float(values.mean()), "low": float(low), "high": float(high), "episodes": int(values.size),
+            "level": level}
+
+
 def paired_gain(rows: list[dict], policy: str, baseline: str, metric: str, level: float = BAR_LEVEL,
                 resamples: int = BAR_RESAMPLES, seed: int = 0) -> dict:
     """Mean gain of `policy` over `baseline` in `metric` on the episodes both drove, with a paired bootstrap
@@ -587,13 +599,10 @@ def paired_gain(rows: list[dict], policy: str, baseline: str, metric: str, level
     if not shared:
         raise StackError(f"paired_gain: {policy!r} and {baseline!r} drove no episode in common; drive them on the "
                          f"same episodes (stack drive drives every policy on the same ones)")
-    gains = np.array([mine[k] - theirs[k] for k in shared], np.float64)
-    rng = np.random.default_rng(seed)
-    means = gains[rng.integers(0, len(gains), size=(resamples, len(gains)))].mean(axis=1)
-    low, high = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
-    return {"policy": policy, "baseline": baseline, "metric": metric, "gain": float(gains.mean()),
-            "low": float(low), "high": float(high), "episodes": len(shared), "level": level,
-            "beats": bool(low > 0)}
+    interval = bootstrap_mean([mine[k] - theirs[k] for k in shared], level, resamples, seed)
+    return {"policy": policy, "baseline": baseline, "metric": metric, "gain": interval["mean"],
+            "low": interval["low"], "high": interval["high"], "episodes": len(shared), "level": level,
+            "beats": bool(interval["low"] > 0)}
 
 
 def closed_loop_bar(rows: list[dict], policy: str, baselines=BLIND_POLICIES, metrics=BAR_METRICS) -> dict:

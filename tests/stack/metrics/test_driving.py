@@ -389,3 +389,16 @@ def test_the_closed_loop_bar_passes_a_clear_gain_and_fails_a_tie_or_a_loss():
     assert paired_gain(fewer, "net", "ego_rollout", "pdms")["episodes"] == 10
     with pytest.raises(StackError, match="no episode in common"):
         paired_gain(rows, "net", "expert", "pdms")
+
+
+def test_bootstrap_mean_interval_holds_the_mean_and_narrows_with_more_episodes():
+    from stack.metrics.driving import bootstrap_mean
+
+    rng = np.random.default_rng(3)
+    few, many = bootstrap_mean(rng.uniform(0, 1, 10)), bootstrap_mean(rng.uniform(0, 1, 400))
+    assert few["low"] < few["mean"] < few["high"] and many["low"] < many["mean"] < many["high"]
+    assert many["high"] - many["low"] < (few["high"] - few["low"]) / 3
+    assert bootstrap_mean([0.7] * 5) == {"mean": 0.7, "low": pytest.approx(0.7), "high": pytest.approx(0.7),
+                                         "episodes": 5, "level": 0.9}
+    with pytest.raises(StackError, match="no episodes"):
+        bootstrap_mean([])
