@@ -107,9 +107,12 @@ class PlanningHead(nn.Module):
     """Children that run in fp32 under mixed precision (autocast off in `forward`): FSDP2
     gathers their weights in fp32 too (`stack.train.parallel.fp32_modules`)."""
 
-    def __init__(self, channels: int, grid: tuple[int, int], modes: int, steps: int, commands: int, layers: int = 2):
+    def __init__(self, bev_channels: int, grid: tuple[int, int], modes: int, steps: int, commands: int, layers: int = 2,
+                 width: int = 0):
         super().__init__()
         self.modes, self.steps = modes, steps
+        channels = width or bev_channels
+        self.project = nn.Linear(bev_channels, channels) if channels != bev_channels else None
         self.pool = max(1, math.ceil(max(grid) / PLAN_TOKEN_SIDE))
         tokens = math.ceil(grid[0] / self.pool) * math.ceil(grid[1] / self.pool)
         self.token_pos = nn.Parameter(torch.randn(1, tokens, channels) * 0.02)
@@ -130,7 +133,8 @@ class PlanningHead(nn.Module):
                 bev_rotation: torch.Tensor | None = None):
         """`bev_rotation` (B,) radians: the BEV augmentation's yaw; None means 0 (see the module docstring)."""
         pooled = F.avg_pool2d(bev, self.pool, self.pool, ceil_mode=True) if self.pool > 1 else bev
-        tokens = pooled.flatten(2).transpose(1, 2) + self.token_pos
+        tokens = pooled.flatten(2).transpose(1, 2)
+        tokens = (self.project(tokens) if self.project is not None else tokens) + self.token_pos
         ego = self.ego(ego_status.float()) + self.command(command) + self._rotation_embedding(ego_status, bev_rotation)
         queries = ego[:, None, :] + self.mode
         for layer in self.layers:

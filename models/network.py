@@ -72,7 +72,8 @@ class BevNet(nn.Module):
         self.bev_encoder = BevEncoder(channels, model.bev_channels)
         self.detection_head = DetectionHead(model.bev_channels, len(model.detection_classes))
         self.planning_head = PlanningHead(model.bev_channels, self.grid, model.planning_modes,
-                                          model.planning_steps, len(COMMANDS))
+                                          model.planning_steps, len(COMMANDS), model.planning_layers,
+                                          model.planning_width)
 
     def forward(self, images: torch.Tensor, ego_status: torch.Tensor, command: torch.Tensor,
                 geometry: BevPoolGeometry | None = None,

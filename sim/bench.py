@@ -4,7 +4,9 @@ Drives `BENCH_EPISODES` episodes (one per scenario family, round-robin) in this 
 twice: with a camera policy (`stack bench drive` gives the network, `stack.deploy.bench.drive`: the
 trained `{train.out_dir}/model.pt` when it exists, else the pipeline's network with untrained weights,
 whose cost is the same) and with the blind ego-status rollout, which renders nothing.
-Reports simulated seconds per wall second and the split into render / policy / simulation.
+A third run drives the network as `stack dagger` does: every replanning instant is also rendered with its labels
+and labelled by the expert (`stack.sim.recording`). Reports episodes per minute, simulated seconds per wall
+second and the split into render / policy / simulation / labelling.
 
 The floor: a camera policy cannot run faster than the renderer makes its frames (cameras x replans per
 episode); if the policy and the simulation were free, simulated-s per wall-s would be episode seconds
@@ -20,13 +22,17 @@ BENCH_EPISODES = 4
 NETWORK_ROW = "network (checkpoint, PyTorch)"
 
 
-def _drive(pipeline, spec, episodes) -> dict:
+PARTS = ("render", "policy", "simulation", "labelling")
+DAGGER_ROW = "network, recorded for DAgger (labelled frames)"
+
+
+def _drive(pipeline, spec, episodes, record: bool = False) -> dict:
     from stack.sim.drive import run_tasks
 
     start = time.perf_counter()
-    rows = run_tasks(pipeline, [(spec, e, None) for e in episodes], workers=1)
+    rows = run_tasks(pipeline, [(spec, e, None, 0.0 if record else None) for e in episodes], workers=1)
     wall = time.perf_counter() - start
-    parts = {k: sum(r["timings"][k] for r in rows) for k in ("render", "policy", "simulation")}
+    parts = {k: sum(r["timings"][k] for r in rows) for k in PARTS}
     replans = sum(r["replans"] for r in rows)
     return {"wall": wall, "parts": parts, "replans": replans,
             "simulated": pipeline.drive.episode_seconds * len(episodes)}
@@ -46,13 +52,14 @@ def run(pipeline, network, weights: str) -> int:
           f"{pipeline.data.rig.image_width}x{pipeline.data.rig.image_height}; one process, one thread; "
           f"{cpu_name()}; network: {weights}")
     results = {NETWORK_ROW: _drive(pipeline, network, episodes),
+               DAGGER_ROW: _drive(pipeline, network, episodes, record=True),
                "blind (ego-status rollout)": _drive(pipeline, PolicySpec("ego_rollout", "ego_rollout"), episodes)}
-    print("\n| policy | sim-s / wall-s | wall s | render s | policy s | simulation s | other s |")
-    print("|---|---|---|---|---|---|---|")
+    print("\n| policy | episodes / min | sim-s / wall-s | wall s | render s | policy s | simulation s | labelling s | other s |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for name, r in results.items():
         other = r["wall"] - sum(r["parts"].values())
-        print(f"| {name} | {r['simulated'] / r['wall']:.2f} | {r['wall']:.1f} | {r['parts']['render']:.1f} | "
-              f"{r['parts']['policy']:.1f} | {r['parts']['simulation']:.1f} | {other:.1f} |")
+        print(f"| {name} | {len(episodes) / r['wall'] * 60:.1f} | {r['simulated'] / r['wall']:.2f} | {r['wall']:.1f} | "
+              + " | ".join(f"{r['parts'][k]:.1f}" for k in PARTS) + f" | {other:.1f} |")
     net = results[NETWORK_ROW]
     per_frame = net["parts"]["render"] / max(net["replans"], 1)
     floor = net["simulated"] / max(net["parts"]["render"], 1e-9)

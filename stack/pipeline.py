@@ -345,6 +345,11 @@ class ModelConfig:
     """Candidate trajectories (K) the planner proposes."""
     planning_steps: int = 6
     """Future waypoints (T) per trajectory, at 0.5 s steps (6 = 3 s)."""
+    planning_width: int = 0
+    """Width of the planning head's queries and attention; the BEV tokens are projected to it. 0: bev_channels
+    (no projection)."""
+    planning_layers: int = 2
+    """Cross-attention layers of the planning head."""
     loss_weights: LossWeights = field(default_factory=LossWeights)
     """Per-task loss weights."""
     segmentation_stride: int = 8
@@ -356,8 +361,12 @@ class ModelConfig:
 
     def problems(self) -> Problems:
         found: Problems = []
-        for name in ("neck_channels", "bev_channels", "max_boxes", "planning_modes", "planning_steps"):
+        for name in ("neck_channels", "bev_channels", "max_boxes", "planning_modes", "planning_steps",
+                     "planning_layers"):
             _positive(found, name, getattr(self, name))
+        if self.planning_width < 0 or self.planning_width % 4:
+            found.append(("planning_width", f"got {self.planning_width}; use 0 (bev_channels) or a positive multiple "
+                                            f"of 4 (the planner's attention heads)"))
         _choice(found, "feature_stride", self.feature_stride, (4, 8, 16, 32))
         _choice(found, "segmentation_stride", self.segmentation_stride, (4, 8, 16, 32))
         if self.segmentation_stride > self.feature_stride:

@@ -186,3 +186,16 @@ def test_bad_input_exits_2_with_a_clear_message(checkpoint, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "another pipeline" in err and "data.rig" in err, err
     assert main(["drive", str(tmp_path / "missing.pt")]) == 2
+
+
+def test_bench_drive_reports_the_network_the_dagger_recording_and_the_blind_rollout(checkpoint, capsys):
+    from stack.sim import bench
+
+    pipeline = micro_pipeline("drive.episode_seconds=2.0")
+    assert bench.run(pipeline, checkpoint_spec("checkpoint", str(checkpoint)), "untrained weights") == 0
+    out = capsys.readouterr().out
+    rows = {line.split("|")[1].strip(): line.split("|")[2:-1] for line in out.splitlines() if line.startswith("| ")}
+    assert {bench.NETWORK_ROW, bench.DAGGER_ROW, "blind (ego-status rollout)"} <= set(rows)
+    labelling = {name: float(cells[6]) for name, cells in rows.items() if name != "policy"}
+    assert labelling[bench.DAGGER_ROW] > 0 and labelling[bench.NETWORK_ROW] == 0, "only DAgger's drive labels"
+    assert "floor:" in out
