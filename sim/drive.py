@@ -209,6 +209,11 @@ def drive(pipeline, policies: list[PolicySpec], log=print, sources: dict | None 
     from stack.sim.scenarios import episode_specs
 
     cfg = pipeline.drive
+    if Path(cfg.out_dir).exists() and not Path(cfg.out_dir).is_dir():
+        from stack.errors import StackError
+
+        raise StackError(f"drive.out_dir {cfg.out_dir} is a file, not a folder; point drive.out_dir at a folder "
+                         f"(the report, drive.json and clips go there); nothing was driven")
     episodes = episode_specs(list(cfg.scenarios), cfg.episodes, list(cfg.seeds), cfg.episode_seconds)
     policies = resolve_latencies(pipeline, policies, episodes[0], log)
     started = time.perf_counter()

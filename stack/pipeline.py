@@ -777,6 +777,11 @@ DRIVE_BASELINES = ("expert", "constant_velocity", "ego_rollout")
 """Policies that need no network: the privileged expert (upper bound) and two blind ones."""
 
 
+MAX_EPISODES = 100_000
+MAX_EPISODE_SECONDS = 600.0
+MAX_LATENCY_MS = 10_000.0
+
+
 @dataclass
 class DaggerConfig:
     """`stack dagger`: the student drives training episodes, the expert labels the states it visits, the
@@ -865,6 +870,15 @@ class DriveConfig:
                                              f"for a plan to be driven and scored; e.g. 8 s"))
         if self.latency_ms < 0 and self.latency_ms != -1:
             found.append(("latency_ms", f"got {self.latency_ms}; use -1 (measure / predict) or a delay >= 0 ms"))
+        elif self.latency_ms > MAX_LATENCY_MS:
+            found.append(("latency_ms", f"got {self.latency_ms}; a plan that arrives after {MAX_LATENCY_MS:g} ms is never "
+                                        f"driven in an episode of seconds: use at most {MAX_LATENCY_MS:g}"))
+        if self.episodes > MAX_EPISODES:
+            found.append(("episodes", f"got {self.episodes}; at most {MAX_EPISODES} (days of driving on a CPU); "
+                                      f"e.g. 56"))
+        if self.episode_seconds > MAX_EPISODE_SECONDS:
+            found.append(("episode_seconds", f"got {self.episode_seconds}; at most {MAX_EPISODE_SECONDS:g} s (the "
+                                             f"scenarios stage their event in the first seconds); e.g. 8"))
         _in_range(found, "workers", self.workers, 0, 64)
         if self.clips < 0:
             found.append(("clips", f"got {self.clips}; must be >= 0"))

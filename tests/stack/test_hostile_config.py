@@ -162,3 +162,27 @@ def test_a_pipeline_stored_in_a_checkpoint_is_read_without_resolvers(tmp_path):
     with pytest.raises(StackError, match=r"train.out_dir holds the interpolation '\$\{oc.env:HOME\}'; a pipeline "
                                          r"stored by `stack` holds resolved values only"):
         load_model_checkpoint(path)
+
+
+@pytest.mark.parametrize("override, key", [
+    ("drive.episodes=99999999999999999999", "episodes"), ("drive.latency_ms=1e12", "latency_ms"),
+    ("drive.episode_seconds=1e9", "episode_seconds")])
+def test_drive_counts_and_latencies_have_upper_bounds(override, key, capsys):
+    """A typo must not start days of driving or an episode whose plans never arrive: exit 2 naming the key."""
+    assert main(["config", override]) == 2
+    err = capsys.readouterr().err
+    assert f"drive.{key}" in err and "at most" in err and "Traceback" not in err
+
+
+def test_drive_out_dir_that_is_a_file_is_refused_before_driving(tmp_path, capsys):
+    from stack.config import load_pipeline
+    from stack.errors import StackError
+    from stack.sim.drive import drive
+    from stack.sim.policies import PolicySpec
+
+    target = tmp_path / "report"
+    target.write_text("mine")
+    pipeline = load_pipeline([], [f"drive.out_dir={target}", "drive.episodes=1"])
+    with pytest.raises(StackError, match="is a file"):
+        drive(pipeline, [PolicySpec("constant_velocity", "constant_velocity")])
+    assert target.read_text() == "mine"
