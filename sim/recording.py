@@ -50,6 +50,22 @@ class Perturbation:
     speed: tuple = (0.55, 1.35)
 
 
+class EpisodeRandom:
+    """A generator seeded by the episode's world (its seed words, NOISE_WORD, `extra`) and restarted when a new
+    episode begins, so a driver's noise replays with the episode whatever ran before it in the process."""
+
+    def __init__(self, *extra: int):
+        self.extra, self.words, self.generator = extra, None, None
+
+    def get(self, observation: Observation) -> tuple:
+        """(generator, whether it was just restarted)."""
+        words = tuple(observation.world.seed_words)
+        restarted = self.words != words or observation.time_s == 0.0
+        if restarted:
+            self.words, self.generator = words, np.random.default_rng([*words, NOISE_WORD, *self.extra])
+        return self.generator, restarted
+
+
 class NoisyExpertPolicy(Policy):
     """The expert's plan, perturbed for a second or two at random moments; the noise is seeded by the episode."""
 
@@ -57,13 +73,13 @@ class NoisyExpertPolicy(Policy):
 
     def __init__(self, spec: PolicySpec, steps: int, pipeline=None):
         super().__init__(spec, steps, pipeline)
-        self._episode, self._until, self._shape = None, -1.0, (0.0, 1.0)
+        self._random, self._until, self._shape = EpisodeRandom(), -1.0, (0.0, 1.0)
 
     def plan(self, observation: Observation) -> np.ndarray:
         expert = np.asarray(observation.world.expert_plan(self.steps, WAYPOINT_STEP_S), np.float64)
-        rng = self._rng(observation)
-        if observation.time_s >= self._until:
-            self._shape = (0.0, 1.0)
+        rng, restarted = self._random.get(observation)
+        if restarted or observation.time_s >= self._until:
+            self._until, self._shape = -1.0, (0.0, 1.0)
             if rng.random() < self.perturbation.rate:
                 self._until = observation.time_s + rng.uniform(*self.perturbation.seconds)
                 if rng.random() < 0.5:
@@ -73,14 +89,6 @@ class NoisyExpertPolicy(Policy):
         lateral, speed = self._shape
         t = WAYPOINT_STEP_S * np.arange(1, self.steps + 1)
         return np.stack([expert[:, 0] * speed, expert[:, 1] + lateral * np.minimum(t / 1.5, 1.0)], axis=1)
-
-    def _rng(self, observation: Observation) -> np.random.Generator:
-        """One generator per episode (the world's seed words), restarted when a new episode begins."""
-        words = tuple(observation.world.seed_words)
-        if self._episode is None or self._episode[0] != words or observation.time_s == 0.0:
-            self._episode = (words, np.random.default_rng([*words, NOISE_WORD]))
-            self._until = -1.0
-        return self._episode[1]
 
 
 class MixturePolicy(Policy):
@@ -95,13 +103,10 @@ class MixturePolicy(Policy):
                          student.steps)
         self.student, self.beta, self.expert = student, float(beta), ExpertPolicy(student.spec, student.steps)
         self.uses_cameras = student.uses_cameras
-        self._episode = None
+        self._random = EpisodeRandom(1)
 
     def plan(self, observation: Observation) -> np.ndarray:
-        words = tuple(observation.world.seed_words)
-        if self._episode is None or self._episode[0] != words or observation.time_s == 0.0:
-            self._episode = (words, np.random.default_rng([*words, NOISE_WORD, 1]))
-        if self._episode[1].random() < self.beta:
+        if self._random.get(observation)[0].random() < self.beta:
             return self.expert.plan(observation)
         return self.student.plan(observation)
 
