@@ -90,7 +90,10 @@ class _Exported(torch.nn.Module):
         self.net = net
 
     def forward(self, images, ego_status, command):
-        return self.net(images, ego_status, command)
+        from stack.models.outputs import OUTPUTS
+
+        outputs = self.net(images, ego_status, command)
+        return {name: outputs[name] for name in OUTPUTS}  # training-only outputs stay out of the graph
 
 
 class _PerCallGeometry(torch.nn.Module):

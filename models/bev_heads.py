@@ -100,17 +100,15 @@ class CrossAttentionLayer(nn.Module):
         return queries + self.mlp(self.norm_mlp(queries))
 
 
-class PlanningHead(nn.Module):
-    """BEV features + ego status (B, 3) + command (B,) → trajectories (B, K, T, 2) and mode logits (B, K)."""
+class PlanningTrunk(nn.Module):
+    """The planner's query trunk: mode queries (ego status + command + BEV-rotation embedding + a learned mode
+    embedding) cross-attend the pooled BEV tokens. Shared by `PlanningHead` (waypoint regression) and
+    `stack.models.path_speed_head.PathSpeedPlanningHead` (a path and a scored speed vocabulary)."""
 
-    keep_fp32 = ("waypoints", "score")
-    """Children that run in fp32 under mixed precision (autocast off in `forward`): FSDP2
-    gathers their weights in fp32 too (`stack.train.parallel.fp32_modules`)."""
-
-    def __init__(self, bev_channels: int, grid: tuple[int, int], modes: int, steps: int, commands: int, layers: int = 2,
+    def __init__(self, bev_channels: int, grid: tuple[int, int], modes: int, commands: int, layers: int = 2,
                  width: int = 0):
         super().__init__()
-        self.modes, self.steps = modes, steps
+        self.modes = modes
         channels = width or bev_channels
         self.project = nn.Linear(bev_channels, channels) if channels != bev_channels else None
         self.pool = max(1, math.ceil(max(grid) / PLAN_TOKEN_SIDE))
@@ -124,6 +122,40 @@ class PlanningHead(nn.Module):
         self.mode = nn.Parameter(torch.randn(1, modes, channels) * 0.02)
         self.layers = nn.ModuleList(CrossAttentionLayer(channels, PLAN_HEADS) for _ in range(layers))
         self.norm = nn.LayerNorm(channels)
+
+    def queries(self, bev: torch.Tensor, ego_status: torch.Tensor, command: torch.Tensor,
+                bev_rotation: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, modes, channels): the mode queries after attending the BEV, normalised."""
+        pooled = F.avg_pool2d(bev, self.pool, self.pool, ceil_mode=True) if self.pool > 1 else bev
+        tokens = pooled.flatten(2).transpose(1, 2)
+        tokens = (self.project(tokens) if self.project is not None else tokens) + self.token_pos
+        ego = self.ego(ego_status.float()) + self.command(command) + self._rotation_embedding(ego_status, bev_rotation)
+        queries = ego[:, None, :] + self.mode
+        for layer in self.layers:
+            queries = layer(queries, tokens)
+        return self.norm(queries)
+
+    def _rotation_embedding(self, ego_status: torch.Tensor, bev_rotation: torch.Tensor | None) -> torch.Tensor:
+        """The (B, channels) embedding of (cos θ, sin θ); with θ None, that of θ = 0 (a constant)."""
+        if bev_rotation is None:
+            angle = ego_status.new_tensor([1.0, 0.0], dtype=self.rotation.weight.dtype)
+            return self.rotation(angle)[None]
+        angle = bev_rotation.to(self.rotation.weight.dtype)
+        return self.rotation(torch.stack([torch.cos(angle), torch.sin(angle)], dim=-1))
+
+
+class PlanningHead(PlanningTrunk):
+    """BEV features + ego status (B, 3) + command (B,) → trajectories (B, K, T, 2) and mode logits (B, K)."""
+
+    keep_fp32 = ("waypoints", "score")
+    """Children that run in fp32 under mixed precision (autocast off in `forward`): FSDP2
+    gathers their weights in fp32 too (`stack.train.parallel.fp32_modules`)."""
+
+    def __init__(self, bev_channels: int, grid: tuple[int, int], modes: int, steps: int, commands: int, layers: int = 2,
+                 width: int = 0):
+        super().__init__(bev_channels, grid, modes, commands, layers, width)
+        self.steps = steps
+        channels = width or bev_channels
         self.waypoints = nn.Linear(channels, steps * 2)
         nn.init.zeros_(self.waypoints.weight)  # every mode starts on the kinematic prior
         nn.init.zeros_(self.waypoints.bias)
@@ -132,14 +164,7 @@ class PlanningHead(nn.Module):
     def forward(self, bev: torch.Tensor, ego_status: torch.Tensor, command: torch.Tensor,
                 bev_rotation: torch.Tensor | None = None):
         """`bev_rotation` (B,) radians: the BEV augmentation's yaw; None means 0 (see the module docstring)."""
-        pooled = F.avg_pool2d(bev, self.pool, self.pool, ceil_mode=True) if self.pool > 1 else bev
-        tokens = pooled.flatten(2).transpose(1, 2)
-        tokens = (self.project(tokens) if self.project is not None else tokens) + self.token_pos
-        ego = self.ego(ego_status.float()) + self.command(command) + self._rotation_embedding(ego_status, bev_rotation)
-        queries = ego[:, None, :] + self.mode
-        for layer in self.layers:
-            queries = layer(queries, tokens)
-        queries = self.norm(queries)
+        queries = self.queries(bev, ego_status, command, bev_rotation)
         # Waypoints reach tens of metres, where bf16 resolves only ~0.1 m: keep the last layer
         # and the cumulative sum in fp32 even under mixed precision.
         device_type = "cpu" if queries.device.type == "meta" else queries.device.type
@@ -150,14 +175,6 @@ class PlanningHead(nn.Module):
             body_frame = prior[:, None] + steps.cumsum(dim=2)
             trajectories = body_frame if bev_rotation is None else rotate_trajectories(body_frame, bev_rotation)
             return trajectories, self.score(queries).squeeze(-1)
-
-    def _rotation_embedding(self, ego_status: torch.Tensor, bev_rotation: torch.Tensor | None) -> torch.Tensor:
-        """The (B, channels) embedding of (cos θ, sin θ); with θ None, that of θ = 0 (a constant)."""
-        if bev_rotation is None:
-            angle = ego_status.new_tensor([1.0, 0.0], dtype=self.rotation.weight.dtype)
-            return self.rotation(angle)[None]
-        angle = bev_rotation.to(self.rotation.weight.dtype)
-        return self.rotation(torch.stack([torch.cos(angle), torch.sin(angle)], dim=-1))
 
 
 def rotate_trajectories(points: torch.Tensor, angle: torch.Tensor) -> torch.Tensor:

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from stack.batch import IGNORE_INDEX, Batch
+from stack.kinematics import arc_lengths, resample_by_arc, speed_profile_arcs
 from stack.metrics.collision import penetration
 from stack.models.targets import downsample_labels, encode_depth, encode_detections
 from stack.ops.bev_pool import grid_cells
@@ -28,6 +29,9 @@ REGRESSION_WEIGHTS = (1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.2, 0.2)
 """Per-field L1 weights of the box regression (CenterPoint's code_weights)."""
 BOX_LOSS_WEIGHT = 0.25
 COLLISION_LOSS_WEIGHT = 1.0
+SPEED_TEMPERATURE_M = 1.0
+"""Soft imitation target of the speed candidates: a candidate 1 m further from the expert's progress (mean over
+the horizon) gets e^-1 of the weight."""
 
 
 def focal_heatmap_loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -76,7 +80,10 @@ def segmentation_loss(outputs, batch: Batch, pipeline: Pipeline) -> torch.Tensor
     return masked_cross_entropy(logits, target.flatten(0, 1))
 
 
-def planning_loss(outputs, batch: Batch) -> dict[str, torch.Tensor]:
+def planning_loss(outputs, batch: Batch, model=None) -> dict[str, torch.Tensor]:
+    """`model` (ModelConfig) is needed for the path-speed planner's outputs only."""
+    if "plan_path" in outputs:
+        return path_speed_loss(outputs, batch, model)
     trajectories = outputs["plan_trajectories"].float()  # (B, K, T, 2)
     valid = batch.future_valid.float()  # (B, T)
     error = (trajectories - batch.future_trajectory[:, None]).norm(dim=-1)  # (B, K, T)
@@ -91,9 +98,52 @@ def planning_loss(outputs, batch: Batch) -> dict[str, torch.Tensor]:
     return {"plan_l2": l2, "plan_cls": classification, "plan_collision": collision, "planning": total}
 
 
+def path_speed_loss(outputs, batch: Batch, model) -> dict[str, torch.Tensor]:
+    """The path-speed planner's terms (`stack.models.path_speed_head`).
+
+    - plan_path: L1 between the path and the expert's future read at the same arc lengths, over the
+      stretch the expert actually drives (a stopping expert says nothing about the path beyond);
+    - plan_speed: cross entropy against the soft imitation target of `speed_candidate_targets`;
+    - plan_collision: binary cross entropy against its collision labels.
+    """
+    path = outputs["plan_path"].float()
+    arcs = model.path_spacing_m * torch.arange(1, path.shape[1] + 1, device=path.device, dtype=torch.float32)
+    expert_path, driven = resample_by_arc(batch.future_trajectory.float(), batch.future_valid, arcs, _forward(batch))
+    path_l1 = ((path - expert_path).abs().sum(-1) * driven).sum() / driven.sum().clamp(min=1)
+    target, hits = speed_candidate_targets(batch, model.planning_accelerations)
+    speed = -(target * outputs["plan_speed_logits"].float().log_softmax(dim=1)).sum(1).mean()
+    collision = F.binary_cross_entropy_with_logits(outputs["plan_collision_logits"].float(), hits.float())
+    total = path_l1 + speed + collision
+    return {"plan_path": path_l1, "plan_speed": speed, "plan_collision": collision, "planning": total}
+
+
+def speed_candidate_targets(batch: Batch, accelerations) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per speed candidate: (B, K) soft imitation target and (B, K) bool collision label.
+
+    Imitation: softmax(-d / SPEED_TEMPERATURE_M), d the mean gap (m) between the candidate's progress and the
+    expert's over the valid waypoints (Hydra-MDP's target). Collision: the candidate driven along the *expert's*
+    path (continued straight past where the expert stopped) reaches into a ground-truth box moved at its
+    velocity at some valid waypoint: the label is the world's, whatever path the network drew."""
+    future, valid = batch.future_trajectory.float(), batch.future_valid
+    accelerations = torch.as_tensor(list(accelerations), dtype=torch.float32, device=future.device)
+    candidate_arcs = speed_profile_arcs(batch.ego_status[:, 0], accelerations, valid.shape[1])  # (B, K, T)
+    mask = valid.float()[:, None]
+    gap = ((candidate_arcs - arc_lengths(future, valid)[:, None]).abs() * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+    along_expert, _ = resample_by_arc(future, valid, candidate_arcs.flatten(1), _forward(batch))
+    depth = penetration(along_expert.view(*candidate_arcs.shape, 2), batch.boxes, batch.box_labels >= 0)
+    hits = (depth.amax(dim=-1) * mask > 0).any(dim=-1)
+    return (-gap / SPEED_TEMPERATURE_M).softmax(dim=1), hits
+
+
+def _forward(batch: Batch) -> torch.Tensor:
+    """(B, 2): the body's +x in the batch's (BEV-augmented) frame."""
+    angle = batch.bev_rotation.float()
+    return torch.stack([torch.cos(angle), torch.sin(angle)], dim=-1)
+
+
 def multitask_loss(outputs: dict[str, torch.Tensor], batch: Batch, pipeline: Pipeline) -> dict[str, torch.Tensor]:
     """All terms, the four task losses, and `total` = sum of task loss x model.loss_weights.<task>."""
-    terms = {**detection_loss(outputs, batch, pipeline), **planning_loss(outputs, batch)}
+    terms = {**detection_loss(outputs, batch, pipeline), **planning_loss(outputs, batch, pipeline.model)}
     terms["depth"] = depth_loss(outputs, batch, pipeline)
     terms["segmentation"] = segmentation_loss(outputs, batch, pipeline)
     weights = pipeline.model.loss_weights

@@ -27,6 +27,7 @@ from stack.batch import COMMANDS, Batch
 from stack.errors import StackError
 from stack.models.backbone import ImageEncoder
 from stack.models.bev_heads import BevEncoder, DetectionHead, PlanningHead
+from stack.models.path_speed_head import PathSpeedPlanningHead
 from stack.models.image_heads import DepthContextHead, SegmentationHead
 from stack.ops.bev_pool import BevPoolGeometry, bev_geometry, bev_pool, grid_cells
 from stack.pipeline import LossWeights, Pipeline
@@ -71,9 +72,16 @@ class BevNet(nn.Module):
         self.view_transform = ViewTransform()
         self.bev_encoder = BevEncoder(channels, model.bev_channels)
         self.detection_head = DetectionHead(model.bev_channels, len(model.detection_classes))
-        self.planning_head = PlanningHead(model.bev_channels, self.grid, model.planning_modes,
-                                          model.planning_steps, len(COMMANDS), model.planning_layers,
-                                          model.planning_width)
+        if model.planning_accelerations:
+            bev = model.bev
+            self.planning_head = PathSpeedPlanningHead(
+                model.bev_channels, len(model.detection_classes), self.grid, (tuple(bev.x_range), tuple(bev.y_range)),
+                list(model.planning_accelerations), model.planning_steps, len(COMMANDS), model.path_points,
+                model.path_spacing_m, model.planning_layers, model.planning_width)
+        else:
+            self.planning_head = PlanningHead(model.bev_channels, self.grid, model.planning_modes,
+                                              model.planning_steps, len(COMMANDS), model.planning_layers,
+                                              model.planning_width)
 
     def forward(self, images: torch.Tensor, ego_status: torch.Tensor, command: torch.Tensor,
                 geometry: BevPoolGeometry | None = None,
@@ -89,12 +97,16 @@ class BevNet(nn.Module):
         bev = self.view_transform(depth_logits.softmax(dim=2), context, geometry)
         bev = self.bev_encoder(bev)
         heatmap, box_regression = self.detection_head(bev)
-        trajectories, scores = self.planning_head(bev, ego_status, command, bev_rotation)
-        return {
+        outputs = {
             "depth_logits": depth_logits, "seg_logits": seg_logits.unflatten(0, (batch, cameras)),
             "heatmap": heatmap, "box_regression": box_regression,
-            "plan_trajectories": trajectories, "plan_scores": scores,
         }
+        if isinstance(self.planning_head, PathSpeedPlanningHead):
+            outputs.update(self.planning_head(bev, heatmap, ego_status, command, bev_rotation))
+        else:
+            trajectories, scores = self.planning_head(bev, ego_status, command, bev_rotation)
+            outputs.update(plan_trajectories=trajectories, plan_scores=scores)
+        return outputs
 
     def geometry(self, intrinsics: torch.Tensor, cam_to_ego: torch.Tensor) -> BevPoolGeometry:
         """Pooling tables for this batch's cameras (B, N, 3, 3) and (B, N, 4, 4)."""

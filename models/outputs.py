@@ -21,9 +21,22 @@ OUTPUTS = {
                        "z (m), log length/width/height (log m), sin/cos yaw, vx, vy (m/s), ego frame"),
     "plan_trajectories": ("B,K,T,2", "K candidate ego trajectories, xy metres in the current ego frame, "
                           "one waypoint per 0.5 s"),
-    "plan_scores": ("B,K", "mode logits; softmax gives each trajectory's probability (decode_plan picks the best)"),
+    "plan_scores": ("B,K", "mode logits (path-speed planner: log p(expert) + log p(no collision)); softmax gives "
+                    "each trajectory's probability (decode_plan picks the best)"),
 }
 """Output name -> (symbolic shape, meaning and units). All outputs are float32 (float16/bf16 under autocast)."""
+
+TRAINING_OUTPUTS = {
+    "plan_path": ("B,P,2", "the path-speed planner's path: a point every model.path_spacing_m metres, ego frame"),
+    "plan_speed_logits": ("B,K", "imitation logits of its speed candidates (softmax: which the expert drives)"),
+    "plan_collision_logits": ("B,K", "collision logits of its speed candidates (sigmoid: the candidate hits a box)"),
+}
+"""Outputs the path-speed planner adds for its loss (`model.planning_accelerations` set); export leaves them out."""
+
+
+def plan_candidates(model) -> int:
+    """K: the trajectories the planner proposes (speed candidates of the path-speed planner, else modes)."""
+    return len(model.planning_accelerations) or model.planning_modes
 
 
 def output_shapes(pipeline: Pipeline, batch: int) -> dict[str, tuple[int, ...]]:
@@ -39,8 +52,8 @@ def output_shapes(pipeline: Pipeline, batch: int) -> dict[str, tuple[int, ...]]:
         "seg_logits": (batch, n, len(model.segmentation_classes), height // ss, width // ss),
         "heatmap": (batch, len(model.detection_classes), grid_x, grid_y),
         "box_regression": (batch, 10, grid_x, grid_y),
-        "plan_trajectories": (batch, model.planning_modes, model.planning_steps, 2),
-        "plan_scores": (batch, model.planning_modes),
+        "plan_trajectories": (batch, plan_candidates(model), model.planning_steps, 2),
+        "plan_scores": (batch, plan_candidates(model)),
     }
 
 

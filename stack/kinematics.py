@@ -7,6 +7,8 @@ constant velocity), so that both use one definition.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 WAYPOINT_STEP_S = 0.5
@@ -28,3 +30,68 @@ def kinematic_rollout(ego_status: torch.Tensor, steps: int, step_s: float = WAYP
     heading = yaw_rate[:, None] * t
     path = torch.stack([velocity * torch.cos(heading), velocity * torch.sin(heading)], dim=-1).cumsum(dim=1) * dt
     return path[:, ROLLOUT_SUBSTEPS - 1::ROLLOUT_SUBSTEPS]
+
+
+def speed_profile_arcs(speed: torch.Tensor, accelerations: torch.Tensor, steps: int,
+                       step_s: float = WAYPOINT_STEP_S) -> torch.Tensor:
+    """(B, K, T) distance travelled at step_s, 2 step_s, ... from `speed` (B,) m/s at each constant
+    acceleration (K,) m/s^2; a braking profile stops and stays stopped (it does not reverse).
+
+    Exportable ops only (min, where, div): the speed vocabulary of the path-speed planner."""
+    t = step_s * torch.arange(1, steps + 1, device=speed.device, dtype=torch.float32)
+    v = speed.float().clamp(min=0.0)[:, None, None]
+    a = accelerations.float()[None, :, None]
+    braking = a < 0
+    stop_time = torch.where(braking, v / torch.where(braking, -a, torch.ones_like(a)), torch.full_like(v * a, math.inf))
+    moving = torch.minimum(t.view(1, 1, -1), stop_time)
+    return v * moving + 0.5 * a * moving ** 2
+
+
+def along_path(path: torch.Tensor, spacing: float, arcs: torch.Tensor) -> torch.Tensor:
+    """Points (B, ..., 2) at arc lengths `arcs` (B, ...) along a path that starts at the origin and passes
+    through `path` (B, P, 2), one point every `spacing` metres; beyond its end, along its last segment.
+
+    Linear interpolation written as a sum of clamped segment weights (no gather, no searchsorted), so it
+    exports to ONNX as elementwise ops and one matmul."""
+    batch, points = path.shape[:2]
+    knots = torch.cat([path.new_zeros(batch, 1, 2), path], dim=1)
+    segments = knots[:, 1:] - knots[:, :-1]  # (B, P, 2)
+    position = arcs.reshape(batch, -1, 1) / spacing - torch.arange(points, device=path.device, dtype=path.dtype)
+    # Each segment's share of the arc, in [0, 1]; the last segment's is unbounded: it extends past the end.
+    weights = torch.cat([position[..., :-1].clamp(0.0, 1.0), position[..., -1:].clamp(min=0.0)], dim=-1)
+    return (weights @ segments).reshape(*arcs.shape, 2)
+
+
+def resample_by_arc(points: torch.Tensor, valid: torch.Tensor, arcs: torch.Tensor,
+                    forward: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """A trajectory (B, T, 2) from the origin, its valid prefix (B, T), read at arc lengths `arcs` (S,) or (B, S).
+
+    Returns (B, S, 2) points and (B, S) validity (the arc lies within the trajectory's driven extent).
+    Beyond that extent the points continue straight along the trajectory's last 2 m (along `forward` (B, 2),
+    default +x, where it moved less than 0.5 m): where a stopping expert would have gone had it not stopped.
+    Training-side only (targets); zero-length segments (a standing ego) are skipped."""
+    knots = torch.cat([points.new_zeros(points.shape[0], 1, 2), points], dim=1)
+    segments = knots[:, 1:] - knots[:, :-1]
+    lengths = segments.norm(dim=-1) * valid.float()  # (B, T)
+    cumulative = torch.cat([lengths.new_zeros(lengths.shape[0], 1), lengths.cumsum(dim=1)], dim=1)  # (B, T+1)
+    arcs = arcs.to(points.dtype).expand(points.shape[0], -1) if arcs.dim() == 1 else arcs.to(points.dtype)
+
+    def read(at: torch.Tensor) -> torch.Tensor:
+        fraction = (at[:, :, None] - cumulative[:, None, :-1]) / lengths[:, None, :].clamp(min=1e-6)
+        return (fraction.clamp(0.0, 1.0) * (lengths[:, None, :] > 1e-6)) @ segments
+
+    extent = cumulative[:, -1:]  # (B, 1)
+    end = read(extent)
+    heading = end - read((extent - 2.0).clamp(min=0.0))
+    if forward is None:
+        forward = torch.zeros_like(heading[:, 0]) + points.new_tensor([1.0, 0.0])
+    heading = torch.where(extent[:, :, None] > 0.5, heading / heading.norm(dim=-1, keepdim=True).clamp(min=1e-6),
+                          forward[:, None])
+    beyond = (arcs - extent).clamp(min=0.0)[..., None]
+    return read(arcs) + beyond * heading, arcs <= extent
+
+
+def arc_lengths(points: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """(B, T) distance travelled along a trajectory (B, T, 2) from the origin to each waypoint (valid prefix)."""
+    knots = torch.cat([points.new_zeros(points.shape[0], 1, 2), points], dim=1)
+    return ((knots[:, 1:] - knots[:, :-1]).norm(dim=-1) * valid.float()).cumsum(dim=1)

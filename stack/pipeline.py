@@ -350,6 +350,14 @@ class ModelConfig:
     (no projection)."""
     planning_layers: int = 2
     """Cross-attention layers of the planning head."""
+    planning_accelerations: List[float] = field(default_factory=list)
+    """Empty: the planner regresses `planning_modes` trajectories as residuals on the ego rollout. Otherwise the
+    path-speed planner (`stack.models.path_speed_head`): one path, and one candidate per constant acceleration
+    (m/s^2) along it, scored for imitation and collision; the plan then has len(planning_accelerations) candidates."""
+    path_points: int = 16
+    """Points of the path-speed planner's path (one every path_spacing_m, from the ego)."""
+    path_spacing_m: float = 2.5
+    """Metres between the path-speed planner's path points."""
     loss_weights: LossWeights = field(default_factory=LossWeights)
     """Per-task loss weights."""
     segmentation_stride: int = 8
@@ -364,6 +372,17 @@ class ModelConfig:
         for name in ("neck_channels", "bev_channels", "max_boxes", "planning_modes", "planning_steps",
                      "planning_layers"):
             _positive(found, name, getattr(self, name))
+        if self.planning_accelerations:
+            _positive(found, "path_points", self.path_points)
+            if not self.path_spacing_m > 0:
+                found.append(("path_spacing_m", f"got {self.path_spacing_m}; must be a positive number of metres"))
+            bad = [a for a in self.planning_accelerations if not -12.0 <= a <= 6.0]
+            if bad or len(set(self.planning_accelerations)) != len(self.planning_accelerations):
+                found.append(("planning_accelerations", f"got {list(self.planning_accelerations)}; give distinct "
+                                                        f"accelerations in m/s^2 within [-12, 6] (a car's range)"))
+            if self.planning_modes != 1:
+                found.append(("planning_modes", f"got {self.planning_modes} with planning_accelerations set; the "
+                                                f"path-speed planner plans one path: set planning_modes: 1"))
         if self.planning_width < 0 or self.planning_width % 4:
             found.append(("planning_width", f"got {self.planning_width}; use 0 (bev_channels) or a positive multiple "
                                             f"of 4 (the planner's attention heads)"))

@@ -24,12 +24,14 @@ class NamedOutputs(torch.nn.Module):
 
 
 @pytest.mark.slow
-def test_fixed_rig_model_exports_to_onnx_with_parity(tmp_path):
+@pytest.mark.parametrize("planner", [[], ["model.planning_accelerations=[-7,-3,0,1.5]"]],
+                         ids=["regression", "path_speed"])
+def test_fixed_rig_model_exports_to_onnx_with_parity(tmp_path, planner):
     import onnx
     import onnxruntime
 
     warnings.filterwarnings("ignore")
-    pipeline = load_pipeline(["configs/pipeline.yaml", "configs/presets/tiny.yaml"])
+    pipeline = load_pipeline(["configs/pipeline.yaml", "configs/presets/tiny.yaml"], planner)
     model = build_model(pipeline).eval()
     model.fix_geometry(model.rig_geometry(batch=1))
     batch = random_batch(pipeline, batch_size=1, seed=2)

@@ -1,0 +1,112 @@
+"""The path-speed planning head: a path from the scene, then a scored vocabulary of speeds along it.
+
+Why not one regressed trajectory: on our recipe the regression head learned the ego-status
+shortcut (its 3-s waypoint reproduced 22-24% of the expert's departures from the rollout on its
+own training frames), and an L2 regression onto one trajectory averages "stop for the car" and
+"drive on" into a car that hits the car slowly. Our expert (`stack.sim.world.interactive`) always
+follows its route's centre line and chooses only its speed, so its plan factors exactly into
+*where* (a path) and *how fast* (a speed profile along it): the path-velocity decomposition of
+motion planning (Kant & Zucker, IJRR 1986), used by Apollo's EM planner and by most production
+stacks. Each factor gets the form that learns it:
+
+- **Path**: the ego query (ego status + command + learned mode, as `PlanningHead`) attends the BEV
+  tokens and regresses heading increments at fixed arc lengths (`model.path_spacing_m`,
+  `model.path_points`): a path that does not depend on speed, so a stopped expert's frame does
+  not teach a zero-length path and a fast one a long one.
+- **Speed**: a vocabulary of constant-acceleration profiles (`model.planning_accelerations`)
+  along that path, scored as Hydra-MDP does (Li et al., arXiv:2406.06978): an imitation logit
+  per candidate (soft target from the expert's progress) and a collision logit per candidate
+  distilled from the ground truth (the candidate's waypoints against the boxes moved at their
+  velocities, `stack.metrics.collision`). The score is log p(expert) + log p(no collision).
+  Each candidate is scored from the BEV features and detection heatmap sampled where it will
+  be, as cost-volume planners score trajectories (NMP, Zeng et al., CVPR 2019): whether braking
+  is needed is a question about the cells ahead, not about the mean of all tokens.
+
+Outputs keep the network's contract (`stack.models.outputs`): `plan_trajectories` (B, K, T, 2)
+are the K speed candidates along the path, `plan_scores` (B, K) their combined log-scores, so
+`decode_plan`, the metrics, export and every policy read it unchanged. The loss reads three
+more training outputs (`TRAINING_OUTPUTS`), which export leaves out.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from stack.kinematics import WAYPOINT_STEP_S, along_path, speed_profile_arcs
+from stack.models.bev_heads import PlanningTrunk, rotate_trajectories
+
+SAMPLES_PER_STEP = 2
+"""Points per waypoint interval at which each candidate reads the BEV (every 0.25 s: at 11 m/s, 2.75 m apart,
+closer than a car is long)."""
+SAMPLE_FEATURES = 16
+"""Channels each sampled BEV point is projected to before the candidate scorer."""
+SCORER_HIDDEN = 128
+
+
+class PathSpeedPlanningHead(PlanningTrunk):
+    """BEV features + detection heatmap + ego status + command → K speed candidates along one path.
+
+    Each candidate is scored by one shared MLP from what lies where *it* will be: the BEV features and the
+    detection heatmap (max-pooled over 3x3 cells, so a road user's centre peak covers its body) sampled along
+    its own waypoints, with its acceleration, the ego speed and the ego query. Shared weights see K examples
+    per frame, and "does this candidate run into something" becomes a question about K short rows of cells."""
+
+    keep_fp32 = ("path", "sample_projection", "scorer")
+    """Children that run in fp32 under mixed precision (as `PlanningHead.keep_fp32`)."""
+
+    def __init__(self, bev_channels: int, heatmap_channels: int, grid: tuple[int, int], bev_ranges: tuple,
+                 accelerations: list[float], steps: int, commands: int, path_points: int, path_spacing_m: float,
+                 layers: int = 2, width: int = 0):
+        super().__init__(bev_channels, grid, modes=1, commands=commands, layers=layers, width=width)
+        self.steps, self.path_points, self.spacing = steps, path_points, path_spacing_m
+        self.x_range, self.y_range = bev_ranges
+        self.register_buffer("accelerations", torch.tensor(accelerations, dtype=torch.float32), persistent=False)
+        channels = width or bev_channels
+        self.path = nn.Linear(channels, path_points)
+        nn.init.zeros_(self.path.weight)  # starts straight ahead
+        nn.init.zeros_(self.path.bias)
+        self.sample_projection = nn.Linear(bev_channels + heatmap_channels, SAMPLE_FEATURES)
+        samples = steps * SAMPLES_PER_STEP
+        self.scorer = nn.Sequential(nn.Linear(samples * SAMPLE_FEATURES + 2 + channels, SCORER_HIDDEN),
+                                    nn.ReLU(inplace=True), nn.Linear(SCORER_HIDDEN, SCORER_HIDDEN),
+                                    nn.ReLU(inplace=True), nn.Linear(SCORER_HIDDEN, 2))
+
+    def forward(self, bev: torch.Tensor, heatmap: torch.Tensor, ego_status: torch.Tensor, command: torch.Tensor,
+                bev_rotation: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        query = self.queries(bev, ego_status, command, bev_rotation)[:, 0]  # (B, C)
+        device_type = "cpu" if query.device.type == "meta" else query.device.type
+        with torch.autocast(device_type=device_type, enabled=False):  # metres: fp32 (see PlanningHead)
+            query, speed = query.float(), ego_status[:, 0].float()
+            path = self._path(query, bev_rotation)  # (B, P, 2), in the (possibly rotated) BEV frame
+            arcs = speed_profile_arcs(speed, self.accelerations, self.steps)  # (B, K, T)
+            candidates = along_path(path, self.spacing, arcs)  # (B, K, T, 2)
+            fine_arcs = speed_profile_arcs(speed, self.accelerations, self.steps * SAMPLES_PER_STEP,
+                                           WAYPOINT_STEP_S / SAMPLES_PER_STEP)
+            occupancy = F.max_pool2d(heatmap.float(), 3, stride=1, padding=1).sigmoid()
+            sampled = self._sample(torch.cat([bev.float(), occupancy], dim=1), along_path(path.detach(), self.spacing,
+                                                                                          fine_arcs))
+            k = self.accelerations.shape[0]
+            own = torch.stack([self.accelerations.view(1, k).expand(len(speed), k) / 5.0,
+                               (speed / 10.0)[:, None].expand(-1, k)], dim=-1)
+            logits = self.scorer(torch.cat([sampled, own, query[:, None].expand(-1, k, -1)], dim=-1))
+            imitation, collision = logits.unbind(-1)
+            scores = imitation.log_softmax(dim=1) + F.logsigmoid(-collision)
+        return {"plan_trajectories": candidates, "plan_scores": scores, "plan_path": path,
+                "plan_speed_logits": imitation, "plan_collision_logits": collision}
+
+    def _path(self, query: torch.Tensor, bev_rotation: torch.Tensor | None) -> torch.Tensor:
+        """(B, P, 2): points every `spacing` metres, from heading increments (body frame, then turned by θ)."""
+        heading = self.path(query).cumsum(dim=1)
+        body = torch.stack([torch.cos(heading), torch.sin(heading)], dim=-1).cumsum(dim=1) * self.spacing
+        return body if bev_rotation is None else rotate_trajectories(body, bev_rotation)
+
+    def _sample(self, features: torch.Tensor, points: torch.Tensor) -> torch.Tensor:
+        """(B, K, S * SAMPLE_FEATURES): `features` (B, F, X, Y) bilinearly sampled at `points` (B, K, S, 2) metres."""
+        # grid_sample's grid is (x → last axis, y → first spatial axis); our BEV is (X, Y): Y is the width.
+        gx = (points[..., 1] - self.y_range[0]) / (self.y_range[1] - self.y_range[0]) * 2 - 1
+        gy = (points[..., 0] - self.x_range[0]) / (self.x_range[1] - self.x_range[0]) * 2 - 1
+        sampled = F.grid_sample(features, torch.stack([gx, gy], dim=-1), mode="bilinear", padding_mode="zeros",
+                                align_corners=False)  # (B, F, K, S)
+        return F.relu(self.sample_projection(sampled.permute(0, 2, 3, 1))).flatten(2)

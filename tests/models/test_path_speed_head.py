@@ -1,0 +1,94 @@
+"""The path-speed planner: a path, K speed candidates along it, and labels that come from the world."""
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from stack.config import load_pipeline
+from stack.kinematics import along_path, speed_profile_arcs
+from stack.models import build_model
+from stack.models.losses import speed_candidate_targets
+from stack.models.outputs import OUTPUTS, TRAINING_OUTPUTS, output_shapes
+from stack.models.testing import random_batch
+
+warnings.filterwarnings("ignore", message="bev_pool: the extension")
+ACCELERATIONS = [-7.0, -3.0, -1.0, 0.0, 1.5]
+
+
+def path_speed_pipeline(*overrides):
+    accelerations = "[" + ",".join(str(a) for a in ACCELERATIONS) + "]"
+    return load_pipeline(["configs/pipeline.yaml", "configs/presets/tiny.yaml"],
+                         [f"model.planning_accelerations={accelerations}", *overrides])
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    torch.manual_seed(0)
+    p = path_speed_pipeline()
+    return p, build_model(p), random_batch(p, batch_size=2, seed=0)
+
+
+def test_candidates_are_the_speed_profiles_along_the_path_and_scores_combine_both_heads(tiny):
+    p, model, batch = tiny
+    with torch.no_grad():
+        model.planning_head.path.weight.normal_(std=0.05)  # a bent path, not the initial straight line
+        outputs = model.forward_batch(batch)
+    assert set(outputs) == set(OUTPUTS) | set(TRAINING_OUTPUTS)
+    for name, shape in output_shapes(p, batch=2).items():
+        assert tuple(outputs[name].shape) == shape, name
+    assert outputs["plan_trajectories"].shape[1] == len(ACCELERATIONS)
+    arcs = speed_profile_arcs(batch.ego_status[:, 0], torch.tensor(ACCELERATIONS), p.model.planning_steps)
+    expected = along_path(outputs["plan_path"], p.model.path_spacing_m, arcs)
+    torch.testing.assert_close(outputs["plan_trajectories"], expected)
+    steps = outputs["plan_path"].diff(dim=1, prepend=torch.zeros(2, 1, 2)).norm(dim=-1)
+    torch.testing.assert_close(steps, torch.full_like(steps, p.model.path_spacing_m))  # points by arc length
+    combined = outputs["plan_speed_logits"].log_softmax(1) + F.logsigmoid(-outputs["plan_collision_logits"])
+    torch.testing.assert_close(outputs["plan_scores"], combined)
+
+
+def test_a_parked_car_ahead_labels_the_fast_candidates_as_collisions_and_the_expert_speed_as_the_target(tiny):
+    batch = random_batch(tiny[0], batch_size=2, seed=1)
+    batch.ego_status[:] = torch.tensor([10.0, 0.0, 0.0])
+    batch.bev_rotation[:] = 0.0
+    batch.future_valid[:] = True
+    # The expert brakes from 10 m/s to a stop 15 m on, short of a car parked 22 m ahead (rear bumper at 19.75 m).
+    stopping = torch.tensor([4.6, 8.4, 11.4, 13.6, 14.8, 15.0])
+    batch.future_trajectory[:] = torch.stack([stopping, torch.zeros(6)], dim=-1)
+    batch.boxes[:] = 0
+    batch.box_labels[:] = -1
+    batch.boxes[:, 0] = torch.tensor([22.0, 0.0, 0.8, 4.5, 1.9, 1.6, 0.0, 0.0, 0.0])
+    batch.box_labels[:, 0] = 0
+    target, hits = speed_candidate_targets(batch, ACCELERATIONS)
+    # 10 m/s: braking at 7 and 3 m/s^2 stops within 7.1 and 16.7 m; -1, 0 and +1.5 drive on into the car.
+    assert hits[0].tolist() == [False, False, True, True, True]
+    assert target[0].argmax().item() == 1  # -3 m/s^2 is closest to the expert's stop
+    assert torch.allclose(target.sum(1), torch.ones(2))
+    batch.boxes[:, 0, 1] = 6.0  # the same car parked beside the road: nothing to hit
+    assert not speed_candidate_targets(batch, ACCELERATIONS)[1].any()
+
+
+def test_every_planner_parameter_learns_and_bf16_keeps_the_plan_in_fp32(tiny):
+    p, _, batch = tiny
+    torch.manual_seed(1)
+    model = build_model(p)
+    model.loss(model.forward_batch(batch), batch)["total"].backward()
+    dead = [name for name, param in model.planning_head.named_parameters()
+            if param.grad is None or not torch.isfinite(param.grad).all() or param.grad.abs().sum() == 0]
+    assert dead == []
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        outputs = model.forward_batch(batch)
+        terms = model.loss(outputs, batch)
+    assert outputs["plan_trajectories"].dtype == torch.float32
+    assert all(torch.isfinite(terms[name]) for name in ("plan_path", "plan_speed", "plan_collision", "total"))
+
+
+def test_bad_speed_vocabularies_are_refused_with_the_key_named():
+    from stack.errors import StackError
+
+    for bad in ("model.planning_accelerations=[0,0]", "model.planning_accelerations=[-30,0]"):
+        with pytest.raises(StackError, match="planning_accelerations"):
+            load_pipeline(["configs/pipeline.yaml", "configs/presets/tiny.yaml"], [bad])
+    with pytest.raises(StackError, match="planning_modes"):
+        path_speed_pipeline("model.planning_modes=3")
