@@ -20,8 +20,8 @@ import torch.nn.functional as F
 
 from stack.batch import IGNORE_INDEX, Batch
 from stack.kinematics import arc_lengths, resample_by_arc, speed_profile_arcs
-from stack.metrics.collision import penetration
-from stack.models.targets import downsample_labels, encode_depth, encode_detections
+from stack.metrics.collision import FOOTPRINT_DISCS_M, FOOTPRINT_RADIUS_M, penetration
+from stack.models.targets import downsample_labels, encode_depth, encode_detections, encode_drivable
 from stack.ops.bev_pool import grid_cells
 from stack.pipeline import Pipeline
 
@@ -104,7 +104,9 @@ def path_speed_loss(outputs, batch: Batch, model) -> dict[str, torch.Tensor]:
     - plan_path: L1 between the path and the expert's future read at the same arc lengths, over the
       stretch the expert actually drives (a stopping expert says nothing about the path beyond);
     - plan_speed: cross entropy against the soft imitation target of `speed_candidate_targets`;
-    - plan_collision: binary cross entropy against its collision labels.
+    - plan_collision: binary cross entropy against its collision labels;
+    - plan_drivable: binary cross entropy of the drivable-area map on the cells the cameras see the ground of
+      (`encode_drivable`).
     """
     path = outputs["plan_path"].float()
     arcs = model.path_spacing_m * torch.arange(1, path.shape[1] + 1, device=path.device, dtype=torch.float32)
@@ -113,25 +115,35 @@ def path_speed_loss(outputs, batch: Batch, model) -> dict[str, torch.Tensor]:
     target, hits = speed_candidate_targets(batch, model.planning_accelerations)
     speed = -(target * outputs["plan_speed_logits"].float().log_softmax(dim=1)).sum(1).mean()
     collision = F.binary_cross_entropy_with_logits(outputs["plan_collision_logits"].float(), hits.float())
-    total = path_l1 + speed + collision
-    return {"plan_path": path_l1, "plan_speed": speed, "plan_collision": collision, "planning": total}
+    drivable_logits = outputs["plan_drivable_logits"].float()
+    drivable, known = encode_drivable(batch.depth, batch.semantic, batch.intrinsics, batch.cam_to_ego,
+                                      model.segmentation_classes, model.bev, tuple(drivable_logits.shape[1:]))
+    drivable_bce = (F.binary_cross_entropy_with_logits(drivable_logits, drivable, reduction="none") * known).sum() \
+        / known.sum().clamp(min=1)
+    total = path_l1 + speed + collision + drivable_bce
+    return {"plan_path": path_l1, "plan_speed": speed, "plan_collision": collision, "plan_drivable": drivable_bce,
+            "planning": total}
 
 
 def speed_candidate_targets(batch: Batch, accelerations) -> tuple[torch.Tensor, torch.Tensor]:
     """Per speed candidate: (B, K) soft imitation target and (B, K) bool collision label.
 
     Imitation: softmax(-d / SPEED_TEMPERATURE_M), d the mean gap (m) between the candidate's progress and the
-    expert's over the valid waypoints (Hydra-MDP's target). Collision: the candidate driven along the *expert's*
-    path (continued straight past where the expert stopped) reaches into a ground-truth box moved at its
-    velocity at some valid waypoint: the label is the world's, whatever path the network drew."""
+    expert's over the valid waypoints (Hydra-MDP's target). Collision: the car's footprint (FOOTPRINT_DISCS_M),
+    driven by the candidate along the *expert's* path (continued straight past where the expert stopped),
+    reaches into a ground-truth box moved at its velocity at some valid waypoint: the label is the world's,
+    whatever path the network drew."""
     future, valid = batch.future_trajectory.float(), batch.future_valid
     accelerations = torch.as_tensor(list(accelerations), dtype=torch.float32, device=future.device)
     candidate_arcs = speed_profile_arcs(batch.ego_status[:, 0], accelerations, valid.shape[1])  # (B, K, T)
     mask = valid.float()[:, None]
     gap = ((candidate_arcs - arc_lengths(future, valid)[:, None]).abs() * mask).sum(-1) / mask.sum(-1).clamp(min=1)
-    along_expert, _ = resample_by_arc(future, valid, candidate_arcs.flatten(1), _forward(batch))
-    depth = penetration(along_expert.view(*candidate_arcs.shape, 2), batch.boxes, batch.box_labels >= 0)
-    hits = (depth.amax(dim=-1) * mask > 0).any(dim=-1)
+    hits = torch.zeros_like(gap, dtype=torch.bool)
+    for offset in FOOTPRINT_DISCS_M:  # the car's whole footprint, disc by disc along the expert's path
+        along_expert, _ = resample_by_arc(future, valid, (candidate_arcs + offset).flatten(1), _forward(batch))
+        depth = penetration(along_expert.view(*candidate_arcs.shape, 2), batch.boxes, batch.box_labels >= 0,
+                            margin=FOOTPRINT_RADIUS_M)
+        hits |= (depth.amax(dim=-1) * mask > 0).any(dim=-1)
     return (-gap / SPEED_TEMPERATURE_M).softmax(dim=1), hits
 
 

@@ -48,12 +48,13 @@ SCORER_HIDDEN = 128
 class PathSpeedPlanningHead(PlanningTrunk):
     """BEV features + detection heatmap + ego status + command → K speed candidates along one path.
 
-    Each candidate is scored by one shared MLP from what lies where *it* will be: the BEV features and the
-    detection heatmap (max-pooled over 3x3 cells, so a road user's centre peak covers its body) sampled along
-    its own waypoints, with its acceleration, the ego speed and the ego query. Shared weights see K examples
+    Each candidate is scored by one shared MLP from what lies where *it* will be: the BEV features, the
+    detection heatmap (max-pooled over 3x3 cells, so a road user's centre peak covers its body) and the
+    drivable-area map (a 1x1 convolution of the BEV, supervised with the cameras' lifted labels,
+    `stack.models.targets.encode_drivable`) sampled along its own waypoints, with its acceleration, the ego speed and the ego query. Shared weights see K examples
     per frame, and "does this candidate run into something" becomes a question about K short rows of cells."""
 
-    keep_fp32 = ("path", "sample_projection", "scorer")
+    keep_fp32 = ("path", "drivable", "sample_projection", "scorer")
     """Children that run in fp32 under mixed precision (as `PlanningHead.keep_fp32`)."""
 
     def __init__(self, bev_channels: int, heatmap_channels: int, grid: tuple[int, int], bev_ranges: tuple,
@@ -67,7 +68,8 @@ class PathSpeedPlanningHead(PlanningTrunk):
         self.path = nn.Linear(channels, path_points)
         nn.init.zeros_(self.path.weight)  # starts straight ahead
         nn.init.zeros_(self.path.bias)
-        self.sample_projection = nn.Linear(bev_channels + heatmap_channels, SAMPLE_FEATURES)
+        self.drivable = nn.Conv2d(bev_channels, 1, 1)
+        self.sample_projection = nn.Linear(bev_channels + heatmap_channels + 1, SAMPLE_FEATURES)
         samples = steps * SAMPLES_PER_STEP
         self.scorer = nn.Sequential(nn.Linear(samples * SAMPLE_FEATURES + 2 + channels, SCORER_HIDDEN),
                                     nn.ReLU(inplace=True), nn.Linear(SCORER_HIDDEN, SCORER_HIDDEN),
@@ -85,8 +87,9 @@ class PathSpeedPlanningHead(PlanningTrunk):
             fine_arcs = speed_profile_arcs(speed, self.accelerations, self.steps * SAMPLES_PER_STEP,
                                            WAYPOINT_STEP_S / SAMPLES_PER_STEP)
             occupancy = F.max_pool2d(heatmap.float(), 3, stride=1, padding=1).sigmoid()
-            sampled = self._sample(torch.cat([bev.float(), occupancy], dim=1), along_path(path.detach(), self.spacing,
-                                                                                          fine_arcs))
+            drivable = self.drivable(bev.float())
+            features = torch.cat([bev.float(), occupancy, drivable.sigmoid()], dim=1)
+            sampled = self._sample(features, along_path(path.detach(), self.spacing, fine_arcs))
             k = self.accelerations.shape[0]
             own = torch.stack([self.accelerations.view(1, k).expand(len(speed), k) / 5.0,
                                (speed / 10.0)[:, None].expand(-1, k)], dim=-1)
@@ -94,7 +97,8 @@ class PathSpeedPlanningHead(PlanningTrunk):
             imitation, collision = logits.unbind(-1)
             scores = imitation.log_softmax(dim=1) + F.logsigmoid(-collision)
         return {"plan_trajectories": candidates, "plan_scores": scores, "plan_path": path,
-                "plan_speed_logits": imitation, "plan_collision_logits": collision}
+                "plan_speed_logits": imitation, "plan_collision_logits": collision,
+                "plan_drivable_logits": drivable[:, 0]}
 
     def _path(self, query: torch.Tensor, bev_rotation: torch.Tensor | None) -> torch.Tensor:
         """(B, P, 2): points every `spacing` metres, from heading increments (body frame, then turned by θ)."""

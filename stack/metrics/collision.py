@@ -15,6 +15,11 @@ from stack.kinematics import WAYPOINT_STEP_S
 
 EGO_RADIUS_M = 0.925
 """Half the width of the ego car (nuScenes' Renault Zoe: 1.85 m)."""
+FOOTPRINT_DISCS_M = (-0.05, 1.3, 2.65)
+"""Centres (m ahead of the rear axle, along the path) of three discs of radius FOOTPRINT_RADIUS_M that cover
+the simulated ego's box (4.6 x 1.9 m, centre 1.3 m ahead of the rear axle: bumpers at -1.0 and +3.6 m).
+A waypoint is a rear-axle position: a single disc there lets the front 2.7 m of the car into an obstacle."""
+FOOTPRINT_RADIUS_M = 0.95
 
 
 def penetration(points: torch.Tensor, boxes: torch.Tensor, box_valid: torch.Tensor,

@@ -53,20 +53,36 @@ def test_a_parked_car_ahead_labels_the_fast_candidates_as_collisions_and_the_exp
     batch.ego_status[:] = torch.tensor([10.0, 0.0, 0.0])
     batch.bev_rotation[:] = 0.0
     batch.future_valid[:] = True
-    # The expert brakes from 10 m/s to a stop 15 m on, short of a car parked 22 m ahead (rear bumper at 19.75 m).
+    # The expert brakes from 10 m/s to a stop 15 m on (its front bumper 18.6 m on), short of a car parked 25 m
+    # ahead (rear bumper at 22.75 m).
     stopping = torch.tensor([4.6, 8.4, 11.4, 13.6, 14.8, 15.0])
     batch.future_trajectory[:] = torch.stack([stopping, torch.zeros(6)], dim=-1)
     batch.boxes[:] = 0
     batch.box_labels[:] = -1
-    batch.boxes[:, 0] = torch.tensor([22.0, 0.0, 0.8, 4.5, 1.9, 1.6, 0.0, 0.0, 0.0])
+    batch.boxes[:, 0] = torch.tensor([25.0, 0.0, 0.8, 4.5, 1.9, 1.6, 0.0, 0.0, 0.0])
     batch.box_labels[:, 0] = 0
     target, hits = speed_candidate_targets(batch, ACCELERATIONS)
-    # 10 m/s: braking at 7 and 3 m/s^2 stops within 7.1 and 16.7 m; -1, 0 and +1.5 drive on into the car.
+    # 10 m/s: braking at 7 and 3 m/s^2 stops the rear axle 7.1 and 16.7 m on (front bumper 10.7 and 20.3 m);
+    # -1, 0 and +1.5 drive on into the car.
     assert hits[0].tolist() == [False, False, True, True, True]
     assert target[0].argmax().item() == 1  # -3 m/s^2 is closest to the expert's stop
     assert torch.allclose(target.sum(1), torch.ones(2))
     batch.boxes[:, 0, 1] = 6.0  # the same car parked beside the road: nothing to hit
     assert not speed_candidate_targets(batch, ACCELERATIONS)[1].any()
+    batch.boxes[:, 0, :2] = torch.tensor([21.5, 0.0])  # rear bumper 19.25 m on: a rear-axle disc would stop short
+    assert speed_candidate_targets(batch, ACCELERATIONS)[1][0].tolist() == [False, True, True, True, True]
+
+
+def test_the_footprint_discs_cover_the_simulated_ego_bumper_to_bumper():
+    from stack.metrics.collision import FOOTPRINT_DISCS_M, FOOTPRINT_RADIUS_M
+    from stack.sim.world.scene import EGO_SIZE, REAR_AXLE_OFFSET
+
+    length, width = EGO_SIZE[:2]
+    assert FOOTPRINT_RADIUS_M == pytest.approx(width / 2)
+    assert FOOTPRINT_DISCS_M[-1] + FOOTPRINT_RADIUS_M == pytest.approx(REAR_AXLE_OFFSET + length / 2)
+    assert FOOTPRINT_DISCS_M[0] - FOOTPRINT_RADIUS_M == pytest.approx(REAR_AXLE_OFFSET - length / 2)
+    gaps = [b - a for a, b in zip(FOOTPRINT_DISCS_M, FOOTPRINT_DISCS_M[1:])]
+    assert max(gaps) <= 2 * FOOTPRINT_RADIUS_M  # no gap between neighbouring discs along the car
 
 
 def test_every_planner_parameter_learns_and_bf16_keeps_the_plan_in_fp32(tiny):
@@ -92,3 +108,35 @@ def test_bad_speed_vocabularies_are_refused_with_the_key_named():
             load_pipeline(["configs/pipeline.yaml", "configs/presets/tiny.yaml"], [bad])
     with pytest.raises(StackError, match="planning_modes"):
         path_speed_pipeline("model.planning_modes=3")
+
+
+def test_the_drivable_target_lifts_each_cameras_road_pixels_onto_their_cells():
+    """A flat world: road for |y| < 3 m, sidewalk beyond; every camera of the rig looks at it."""
+    from stack.models.targets import encode_drivable
+    from stack.ops.bev_pool import grid_cells
+    from stack.rig import rig_matrices
+
+    p = path_speed_pipeline()
+    rig, classes = p.data.rig, p.model.segmentation_classes
+    ks, poses = (torch.as_tensor(m, dtype=torch.float32)[None] for m in rig_matrices(rig))
+    v, u = torch.meshgrid(torch.arange(rig.image_height) + 0.5, torch.arange(rig.image_width) + 0.5, indexing="ij")
+    rays = torch.stack([(u - ks[0, :, 0, 2, None, None]) / ks[0, :, 0, 0, None, None],
+                        (v - ks[0, :, 1, 2, None, None]) / ks[0, :, 1, 1, None, None], torch.ones_like(u).expand(len(ks[0]), -1, -1)],
+                       dim=-1)  # (N, H, W, 3): z-depth 1
+    down = torch.einsum("nij,nhwj->nhwi", poses[0, :, :3, :3], rays)[..., 2]
+    depth = torch.where(down < -1e-3, -poses[0, :, None, None, 2, 3] / down, torch.zeros_like(down))  # ground z = 0
+    ego = torch.einsum("nij,nhwj->nhwi", poses[0, :, :3, :3], rays * depth[..., None]) + poses[0, :, None, None, :3, 3]
+    semantic = torch.where(ego[..., 1].abs() < 3.0, classes.index("road"), classes.index("sidewalk"))
+    semantic = torch.where(depth > 0, semantic, classes.index("sky"))
+    grid = grid_cells(p.model.bev)
+    target, known = encode_drivable(depth[None].half(), semantic[None].to(torch.uint8), ks, poses, classes,
+                                    p.model.bev, grid)
+    cell = p.model.bev.cell_size
+    centre_y = p.model.bev.y_range[0] + (torch.arange(grid[1]) + 0.5) * cell
+    centre_x = p.model.bev.x_range[0] + (torch.arange(grid[0]) + 0.5) * cell
+    radius = (centre_x[:, None] ** 2 + centre_y[None] ** 2).sqrt()
+    near = (radius > 5) & (radius < 12)  # nearer, the car's own body hides the ground from its cameras
+    road = centre_y.abs()[None].expand(grid[0], -1) < 2.5
+    sidewalk = centre_y.abs()[None].expand(grid[0], -1) > 3.5
+    assert known[0][near & road].float().mean() > 0.6 and known[0][near & sidewalk].float().mean() > 0.8
+    assert target[0][known[0] & road].min() == 1 and target[0][known[0] & sidewalk].max() == 0
