@@ -104,6 +104,7 @@ def path_speed_loss(outputs, batch: Batch, model) -> dict[str, torch.Tensor]:
     - plan_path: L1 between the path and the expert's future read at the same arc lengths, over the
       stretch the expert actually drives (a stopping expert says nothing about the path beyond);
     - plan_speed: cross entropy against the soft imitation target of `speed_candidate_targets`;
+    - plan_refine: `refinement_loss`, the target candidate's waypoints against the expert's progress;
     - plan_collision: binary cross entropy against its collision labels;
     - plan_drivable: binary cross entropy of the drivable-area map on the cells the cameras see the ground of
       (`encode_drivable`).
@@ -114,15 +115,30 @@ def path_speed_loss(outputs, batch: Batch, model) -> dict[str, torch.Tensor]:
     path_l1 = ((path - expert_path).abs().sum(-1) * driven).sum() / driven.sum().clamp(min=1)
     target, hits = speed_candidate_targets(batch, model.planning_accelerations)
     speed = -(target * outputs["plan_speed_logits"].float().log_softmax(dim=1)).sum(1).mean()
+    refine = refinement_loss(outputs["plan_arc_refinement"].float(), target.argmax(dim=1), batch,
+                             model.planning_accelerations)
     collision = F.binary_cross_entropy_with_logits(outputs["plan_collision_logits"].float(), hits.float())
     drivable_logits = outputs["plan_drivable_logits"].float()
     drivable, known = encode_drivable(batch.depth, batch.semantic, batch.intrinsics, batch.cam_to_ego,
                                       model.segmentation_classes, model.bev, tuple(drivable_logits.shape[1:]))
     drivable_bce = (F.binary_cross_entropy_with_logits(drivable_logits, drivable, reduction="none") * known).sum() \
         / known.sum().clamp(min=1)
-    total = path_l1 + speed + collision + drivable_bce
-    return {"plan_path": path_l1, "plan_speed": speed, "plan_collision": collision, "plan_drivable": drivable_bce,
-            "planning": total}
+    total = path_l1 + speed + refine + collision + drivable_bce
+    return {"plan_path": path_l1, "plan_speed": speed, "plan_refine": refine, "plan_collision": collision,
+            "plan_drivable": drivable_bce, "planning": total}
+
+
+def refinement_loss(refinement: torch.Tensor, best: torch.Tensor, batch: Batch, accelerations) -> torch.Tensor:
+    """L1 (m) between the expert's distance travelled at each valid waypoint and the imitation target's
+    candidate (`best`, (B,)) after its refinement (B, K, T): winner-takes-all, as multi-modal regression heads
+    train only the mode that matches (the other candidates keep their anchors' meaning)."""
+    future, valid = batch.future_trajectory.float(), batch.future_valid
+    accelerations = torch.as_tensor(list(accelerations), dtype=torch.float32, device=future.device)
+    anchors = speed_profile_arcs(batch.ego_status[:, 0], accelerations, valid.shape[1])
+    rows = torch.arange(len(best), device=best.device)
+    refined = (anchors[rows, best] + refinement[rows, best]).clamp(min=0.0)
+    error = (refined - arc_lengths(future, valid)).abs() * valid
+    return error.sum() / valid.sum().clamp(min=1)
 
 
 def speed_candidate_targets(batch: Batch, accelerations) -> tuple[torch.Tensor, torch.Tensor]:

@@ -30,6 +30,7 @@ TRAINING_OUTPUTS = {
     "plan_path": ("B,P,2", "the path-speed planner's path: a point every model.path_spacing_m metres, ego frame"),
     "plan_speed_logits": ("B,K", "imitation logits of its speed candidates (softmax: which the expert drives)"),
     "plan_collision_logits": ("B,K", "collision logits of its speed candidates (sigmoid: the candidate hits a box)"),
+    "plan_arc_refinement": ("B,K,T", "metres each speed candidate's waypoints move along the path from its anchor"),
     "plan_drivable_logits": ("B,X,Y", "drivable-area logits per BEV cell (sigmoid: the ego may drive there)"),
 }
 """Outputs the path-speed planner adds for its loss (`model.planning_accelerations` set); export leaves them out."""

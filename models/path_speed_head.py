@@ -17,7 +17,7 @@ stacks. Each factor gets the form that learns it:
   along that path, scored as Hydra-MDP does (Li et al., arXiv:2406.06978): an imitation logit
   per candidate (soft target from the expert's progress) and a collision logit per candidate
   distilled from the ground truth (the candidate's waypoints against the boxes moved at their
-  velocities, `stack.metrics.collision`). The score is log p(expert) + log p(no collision).
+  velocities, `stack.metrics.collision`). The score is log p(expert) + w log p(no collision) (w: `model.planning_collision_weight`).
   Each candidate is scored from the BEV features and detection heatmap sampled where it will
   be, as cost-volume planners score trajectories (NMP, Zeng et al., CVPR 2019): whether braking
   is needed is a question about the cells ahead, not about the mean of all tokens.
@@ -43,6 +43,10 @@ closer than a car is long)."""
 SAMPLE_FEATURES = 16
 """Channels each sampled BEV point is projected to before the candidate scorer."""
 SCORER_HIDDEN = 128
+MAX_REFINEMENT_M = 2.0
+"""Largest shift of a candidate's waypoint along the path: anchor + refinement (as anchor-based planners refine
+their vocabulary, e.g. DiffusionDrive's truncated anchors, arXiv:2411.15139) lets the plan follow the expert's
+speed between the constant-acceleration anchors, while the anchor's collision verdict still describes it."""
 
 
 class PathSpeedPlanningHead(PlanningTrunk):
@@ -59,9 +63,10 @@ class PathSpeedPlanningHead(PlanningTrunk):
 
     def __init__(self, bev_channels: int, heatmap_channels: int, grid: tuple[int, int], bev_ranges: tuple,
                  accelerations: list[float], steps: int, commands: int, path_points: int, path_spacing_m: float,
-                 layers: int = 2, width: int = 0):
+                 layers: int = 2, width: int = 0, collision_weight: float = 1.0):
         super().__init__(bev_channels, grid, modes=1, commands=commands, layers=layers, width=width)
         self.steps, self.path_points, self.spacing = steps, path_points, path_spacing_m
+        self.collision_weight = collision_weight
         self.x_range, self.y_range = bev_ranges
         self.register_buffer("accelerations", torch.tensor(accelerations, dtype=torch.float32), persistent=False)
         channels = width or bev_channels
@@ -71,9 +76,11 @@ class PathSpeedPlanningHead(PlanningTrunk):
         self.drivable = nn.Conv2d(bev_channels, 1, 1)
         self.sample_projection = nn.Linear(bev_channels + heatmap_channels + 1, SAMPLE_FEATURES)
         samples = steps * SAMPLES_PER_STEP
-        self.scorer = nn.Sequential(nn.Linear(samples * SAMPLE_FEATURES + 2 + channels, SCORER_HIDDEN),
+        self.scorer = nn.Sequential(nn.Linear(samples * SAMPLE_FEATURES + 3 + channels, SCORER_HIDDEN),
                                     nn.ReLU(inplace=True), nn.Linear(SCORER_HIDDEN, SCORER_HIDDEN),
-                                    nn.ReLU(inplace=True), nn.Linear(SCORER_HIDDEN, 2))
+                                    nn.ReLU(inplace=True), nn.Linear(SCORER_HIDDEN, 2 + steps))
+        nn.init.zeros_(self.scorer[-1].weight[2:])  # the refinement starts at zero: each candidate is its anchor
+        nn.init.zeros_(self.scorer[-1].bias[2:])
 
     def forward(self, bev: torch.Tensor, heatmap: torch.Tensor, ego_status: torch.Tensor, command: torch.Tensor,
                 bev_rotation: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
@@ -82,8 +89,7 @@ class PathSpeedPlanningHead(PlanningTrunk):
         with torch.autocast(device_type=device_type, enabled=False):  # metres: fp32 (see PlanningHead)
             query, speed = query.float(), ego_status[:, 0].float()
             path = self._path(query, bev_rotation)  # (B, P, 2), in the (possibly rotated) BEV frame
-            arcs = speed_profile_arcs(speed, self.accelerations, self.steps)  # (B, K, T)
-            candidates = along_path(path, self.spacing, arcs)  # (B, K, T, 2)
+            anchors = speed_profile_arcs(speed, self.accelerations, self.steps)  # (B, K, T)
             fine_arcs = speed_profile_arcs(speed, self.accelerations, self.steps * SAMPLES_PER_STEP,
                                            WAYPOINT_STEP_S / SAMPLES_PER_STEP)
             occupancy = F.max_pool2d(heatmap.float(), 3, stride=1, padding=1).sigmoid()
@@ -92,13 +98,16 @@ class PathSpeedPlanningHead(PlanningTrunk):
             sampled = self._sample(features, along_path(path.detach(), self.spacing, fine_arcs))
             k = self.accelerations.shape[0]
             own = torch.stack([self.accelerations.view(1, k).expand(len(speed), k) / 5.0,
-                               (speed / 10.0)[:, None].expand(-1, k)], dim=-1)
+                               (speed / 10.0)[:, None].expand(-1, k),
+                               (ego_status[:, 1].float() / 5.0)[:, None].expand(-1, k)], dim=-1)
             logits = self.scorer(torch.cat([sampled, own, query[:, None].expand(-1, k, -1)], dim=-1))
-            imitation, collision = logits.unbind(-1)
-            scores = imitation.log_softmax(dim=1) + F.logsigmoid(-collision)
+            imitation, collision = logits[..., 0], logits[..., 1]
+            refinement = MAX_REFINEMENT_M * torch.tanh(logits[..., 2:])  # (B, K, T) metres along the path
+            candidates = along_path(path, self.spacing, (anchors + refinement).clamp(min=0.0))  # (B, K, T, 2)
+            scores = imitation.log_softmax(dim=1) + self.collision_weight * F.logsigmoid(-collision)
         return {"plan_trajectories": candidates, "plan_scores": scores, "plan_path": path,
                 "plan_speed_logits": imitation, "plan_collision_logits": collision,
-                "plan_drivable_logits": drivable[:, 0]}
+                "plan_arc_refinement": refinement, "plan_drivable_logits": drivable[:, 0]}
 
     def _path(self, query: torch.Tensor, bev_rotation: torch.Tensor | None) -> torch.Tensor:
         """(B, P, 2): points every `spacing` metres, from heading increments (body frame, then turned by θ)."""

@@ -354,6 +354,9 @@ class ModelConfig:
     """Empty: the planner regresses `planning_modes` trajectories as residuals on the ego rollout. Otherwise the
     path-speed planner (`stack.models.path_speed_head`): one path, and one candidate per constant acceleration
     (m/s^2) along it, scored for imitation and collision; the plan then has len(planning_accelerations) candidates."""
+    planning_collision_weight: float = 1.0
+    """w in the path-speed planner's score log p(expert) + w log p(no collision): above 1, a candidate the
+    scorer doubts is given up for a slower one sooner."""
     path_points: int = 16
     """Points of the path-speed planner's path (one every path_spacing_m, from the ego)."""
     path_spacing_m: float = 2.5
@@ -380,6 +383,8 @@ class ModelConfig:
             if bad or len(set(self.planning_accelerations)) != len(self.planning_accelerations):
                 found.append(("planning_accelerations", f"got {list(self.planning_accelerations)}; give distinct "
                                                         f"accelerations in m/s^2 within [-12, 6] (a car's range)"))
+            if not self.planning_collision_weight >= 0:
+                found.append(("planning_collision_weight", f"got {self.planning_collision_weight}; must be >= 0"))
             if self.planning_modes != 1:
                 found.append(("planning_modes", f"got {self.planning_modes} with planning_accelerations set; the "
                                                 f"path-speed planner plans one path: set planning_modes: 1"))

@@ -34,13 +34,16 @@ def test_candidates_are_the_speed_profiles_along_the_path_and_scores_combine_bot
     p, model, batch = tiny
     with torch.no_grad():
         model.planning_head.path.weight.normal_(std=0.05)  # a bent path, not the initial straight line
+        model.planning_head.scorer[-1].weight.normal_(std=0.05)  # and refined anchors
         outputs = model.forward_batch(batch)
     assert set(outputs) == set(OUTPUTS) | set(TRAINING_OUTPUTS)
     for name, shape in output_shapes(p, batch=2).items():
         assert tuple(outputs[name].shape) == shape, name
     assert outputs["plan_trajectories"].shape[1] == len(ACCELERATIONS)
     arcs = speed_profile_arcs(batch.ego_status[:, 0], torch.tensor(ACCELERATIONS), p.model.planning_steps)
-    expected = along_path(outputs["plan_path"], p.model.path_spacing_m, arcs)
+    refinement = outputs["plan_arc_refinement"]
+    assert refinement.abs().max() > 0.01 and refinement.abs().max() <= 2.0
+    expected = along_path(outputs["plan_path"], p.model.path_spacing_m, (arcs + refinement).clamp(min=0))
     torch.testing.assert_close(outputs["plan_trajectories"], expected)
     steps = outputs["plan_path"].diff(dim=1, prepend=torch.zeros(2, 1, 2)).norm(dim=-1)
     torch.testing.assert_close(steps, torch.full_like(steps, p.model.path_spacing_m))  # points by arc length
