@@ -143,3 +143,15 @@ def test_the_drivable_target_lifts_each_cameras_road_pixels_onto_their_cells():
     sidewalk = centre_y.abs()[None].expand(grid[0], -1) > 3.5
     assert known[0][near & road].float().mean() > 0.6 and known[0][near & sidewalk].float().mean() > 0.8
     assert target[0][known[0] & road].min() == 1 and target[0][known[0] & sidewalk].max() == 0
+
+
+def test_the_tiny_drive_preset_trains_the_path_speed_planner_in_folders_of_its_own():
+    tiny = load_pipeline(["configs/pipeline.yaml", "configs/presets/tiny.yaml"])
+    drive = load_pipeline(["configs/pipeline.yaml", "configs/presets/tiny.yaml", "configs/presets/tiny-drive.yaml"])
+    assert drive.model.planning_accelerations and drive.data.world.drive_episodes > 0
+    assert min(drive.model.planning_accelerations) < 0 < max(drive.model.planning_accelerations)
+    for section in ("data", "train", "export", "dagger", "drive"):  # never the tiny recipe's runs
+        key = "root" if section == "data" else "out_dir"
+        assert getattr(getattr(drive, section), key) != getattr(getattr(tiny, section), key), section
+    with torch.device("meta"):
+        assert type(build_model(drive).planning_head).__name__ == "PathSpeedPlanningHead"
