@@ -255,3 +255,14 @@ def test_an_alias_bomb_stored_in_a_checkpoint_is_refused_before_it_expands(tmp_p
     refused_quickly(lambda: load_model_checkpoint(path), f"the pipeline stored in checkpoint {str(path)!r}",
                     "alias bomb", "edited or crafted")
 
+
+@pytest.mark.parametrize("size, allowed", [(1, True), (65_536, True), (65_537, False), (10**9, False)])
+def test_data_batch_size_has_an_upper_bound(size, allowed, capsys):
+    """A stray digit must not ask the loader for a batch no machine holds: exit 2 naming the key and the range."""
+    code = main(["config", f"data.batch_size={size}"])
+    err = capsys.readouterr().err
+    if allowed:
+        assert code == 0, err
+    else:
+        assert code == 2 and "Traceback" not in err, err
+        assert f"data.batch_size: got {size}; at most 65536 samples per rank" in err
