@@ -82,6 +82,15 @@ def check_replaceable(folder: Path) -> None:
                          f"whole folder, so it will not write there. Choose another export.out_dir or move the files.")
 
 
+STAGING = re.compile(r"\..+\.staging-\d+")
+"""The name of a staging folder (`.NAME.staging-PID`)."""
+
+
+def is_deploy_folder(path: Path) -> bool:
+    """A bundle (a folder holding gate.json), or one being staged or left by a killed deploy (`stage`)."""
+    return path.is_dir() and ((path / GATE_FILE).is_file() or bool(STAGING.fullmatch(path.name)))
+
+
 def stage(folder: Path) -> Path:
     """A new, empty staging folder beside `folder`, after removing those left by runs that no longer exist."""
     folder.parent.mkdir(parents=True, exist_ok=True)

@@ -140,8 +140,8 @@ class Calibration:
 
     @classmethod
     def load(cls, path: str | Path) -> "Calibration":
-        """Read a YAML or JSON calibration file (safe loaders only: never a pickle)."""
-        import yaml
+        """Read a YAML or JSON calibration file (safe loaders only: never a pickle; no alias bombs)."""
+        from stack.config import YAML_ERRORS, YamlTooLargeError, parse_yaml_value
 
         path = Path(path)
         if not path.is_file():
@@ -153,8 +153,11 @@ class Calibration:
             raise StackError(f"calibration file {path} cannot be read as UTF-8 text ({exc}); expected the YAML or JSON "
                              f"that `stack data calibration --out FILE` writes.") from None
         try:
-            data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-        except (json.JSONDecodeError, yaml.YAMLError) as exc:
+            data = json.loads(text) if path.suffix == ".json" else parse_yaml_value(text)
+        except YamlTooLargeError as exc:
+            raise StackError(f"calibration file {path} {exc}; one is a few dozen numbers. Write it again with "
+                             f"`stack data calibration DATA_ROOT --out FILE`.") from None
+        except (json.JSONDecodeError, *YAML_ERRORS) as exc:
             raise StackError(f"calibration file {path} is not valid {'JSON' if path.suffix == '.json' else 'YAML'}: "
                              f"{str(exc).splitlines()[0]}") from None
         return cls.from_dict(data, f"calibration file {path}")

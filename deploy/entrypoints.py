@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from stack.deploy.bundle import is_deploy_folder
 from stack.deploy.calibration import BUNDLE_FILE as CALIBRATION_FILE
 from stack.deploy.calibration import Calibration, check_samples
 from stack.deploy.exportable import batch_feeds, export_network, training_path_network
@@ -28,6 +29,40 @@ def bundle_calibration(pipeline, path: str | None, log=print) -> Calibration:
     return calibration
 
 
+EXPORT_FILES = ("model.onnx", "pipeline.yaml", CALIBRATION_FILE)
+"""What `stack export` writes into export.out_dir (deploy bundles go into folders beside them)."""
+
+
+def check_export_folder(folder: Path) -> None:
+    """export.out_dir must be new, empty, or stack's own: a previous export (a model.onnx carrying its pipeline
+    hash) or deploy bundles. Any other file there is the user's, and export would mix its files among them
+    or overwrite one of the same name, so it is refused before anything is written."""
+    from stack.errors import StackError
+
+    entries = sorted(folder.iterdir()) if folder.is_dir() else []
+    if not entries or _holds_an_export(folder):
+        return  # a previous export is replaced file by file, as each export does
+    foreign = [entry.name for entry in entries if not is_deploy_folder(entry)]
+    if foreign:
+        shown = ", ".join(map(repr, foreign[:5])) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        raise StackError(f"export.out_dir {folder} is not empty and holds no previous export (a model.onnx written "
+                         f"by `stack export`): found {shown}. Export writes {', '.join(EXPORT_FILES)} there and "
+                         f"would mix them with (or overwrite) these files. Choose an empty or new export.out_dir, "
+                         f"or move the files (nothing was written).")
+
+
+def _holds_an_export(folder: Path) -> bool:
+    """`folder/model.onnx` is an ONNX file whose metadata carries a pipeline hash, as `stack export` writes it."""
+    from google.protobuf.message import DecodeError
+
+    from stack.deploy.export import read_metadata
+
+    try:
+        return "pipeline_hash" in read_metadata(folder / "model.onnx")
+    except (OSError, DecodeError):  # absent, a folder, unreadable, or not ONNX
+        return False
+
+
 def export_checkpoint(pipeline, state_dict: dict, checkpoint: str, log=print, calibration_file: str | None = None) -> dict:
     """Write `{export.out_dir}/model.onnx` and check it; returns the export summary."""
     from stack.config import pipeline_to_yaml
@@ -35,6 +70,8 @@ def export_checkpoint(pipeline, state_dict: dict, checkpoint: str, log=print, ca
     from stack.deploy.validation import load_validation
     from stack.errors import StackError
 
+    folder = Path(pipeline.export.out_dir)
+    check_export_folder(folder)
     calibration = bundle_calibration(pipeline, calibration_file, log)
     try:
         samples, source = load_validation(pipeline, 2)
@@ -42,13 +79,13 @@ def export_checkpoint(pipeline, state_dict: dict, checkpoint: str, log=print, ca
         raise StackError(f"parity needs validation samples: {exc}") from None
     check_samples(samples, calibration, f"the validation split of {pipeline.data.root} (parity samples)")
     network = export_network(pipeline, state_dict, calibration)
-    folder = Path(pipeline.export.out_dir)
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "pipeline.yaml").write_text(pipeline_to_yaml(pipeline))
-    (folder / CALIBRATION_FILE).write_text(calibration.to_yaml())
     log(f"exporting {checkpoint} to {folder / 'model.onnx'} (opset {pipeline.export.opset}) ...")
     exported = export_onnx(network.net, network.example, network.output_names, folder / "model.onnx",
                            pipeline.export.opset, network.metadata)
+    # after the model: an export that fails before it leaves no pipeline.yaml that check_export_folder
+    # would then take for a user's file
+    (folder / "pipeline.yaml").write_text(pipeline_to_yaml(pipeline))
+    (folder / CALIBRATION_FILE).write_text(calibration.to_yaml())
     feeds = [f for batch in samples for f in batch_feeds(batch)]
     reference = training_path_network(pipeline, state_dict, calibration)
     parity = check_parity(reference, exported.path, feeds, network.output_names, pipeline.export.parity_atol,

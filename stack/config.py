@@ -68,22 +68,70 @@ YAML_ERRORS = (yaml.YAMLError, ValueError, TypeError, OverflowError, RecursionEr
 
 
 def parse_yaml_value(text: str):
-    """One YAML value (an override's right-hand side, or a whole file) read with `ConfigLoader`."""
-    value = yaml.load(text, Loader=ConfigLoader)  # noqa: S506 - a SafeLoader subclass
+    """One YAML value (an override's right-hand side, or a whole file) read with `ConfigLoader`.
+
+    The document is composed first and its size with every alias expanded counted before anything is
+    built from it: a `YamlTooLargeError` (a ValueError) for an alias bomb, whatever it would expand to.
+    """
+    loader = ConfigLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _check_expanded_size(node)
+        value = loader.construct_document(node)
+    finally:
+        loader.dispose()
     _check_nesting(value, ())
     return value
 
 
 MAX_NESTING = 32
 """Deepest nesting a config value may have (the schema's deepest key is 5 levels down)."""
+MAX_YAML_NODES = 10_000
+"""Most values (keys, scalars, lists, mappings) a YAML document may expand to once its aliases are followed.
+A whole resolved pipeline is about 830; nine nested anchors of nine aliases each ("billion laughs") are 9**9."""
+
+
+class YamlTooLargeError(ValueError):
+    """A YAML document whose aliases expand it beyond `MAX_YAML_NODES`: refused before it is built."""
+
+
+def _check_expanded_size(root: yaml.Node) -> None:
+    """Count `root`'s values as if every alias were copied out, each shared node once per use (memoised,
+    so a bomb costs as many steps as it has anchors); stop as soon as the count passes the bound."""
+    sizes: dict[int, int] = {}
+    open_nodes: set[int] = set()
+
+    def size(node: yaml.Node) -> int:
+        if id(node) in sizes:
+            return sizes[id(node)]
+        if id(node) in open_nodes:
+            raise ValueError("a YAML alias refers to a node that contains it (an endless value)")
+        open_nodes.add(id(node))
+        total = 1
+        if isinstance(node, yaml.MappingNode):
+            children = [child for pair in node.value for child in pair]
+        else:
+            children = node.value if isinstance(node, yaml.SequenceNode) else []
+        for child in children:
+            total += size(child)
+            if total > MAX_YAML_NODES:
+                raise YamlTooLargeError(
+                    f"expands to more than {MAX_YAML_NODES:,} values once its aliases (*name) are followed "
+                    f"(a whole pipeline has under 1,000): an alias bomb (\"billion laughs\"), refused before "
+                    f"it is expanded")
+        open_nodes.discard(id(node))
+        sizes[id(node)] = total
+        return total
+
+    size(root)
 
 
 def _check_nesting(value: Any, inside: tuple) -> None:
-    """An alias to its own ancestor (`&a [*a]`) is legal YAML but an endless value, and nesting hundreds
-    deep overflows OmegaConf's recursion: both are a ValueError here."""
+    """Nesting hundreds deep overflows OmegaConf's recursion: a ValueError here. (An alias to its own
+    ancestor, `&a [*a]`, never gets this far: `_check_expanded_size` refuses it.)"""
     if isinstance(value, (dict, list)):
-        if id(value) in inside:
-            raise ValueError("a YAML alias refers to a node that contains it (an endless value)")
         if len(inside) >= MAX_NESTING:
             raise ValueError(f"the value is nested more than {MAX_NESTING} levels deep")
         for item in value.values() if isinstance(value, dict) else value:
@@ -162,7 +210,7 @@ def pipeline_to_yaml(pipeline: Pipeline) -> str:
 def pipeline_from_yaml(text: str, source: str) -> Pipeline:
     """Rebuild a pipeline from the YAML an artifact carries; `source` names it in errors."""
     config = OmegaConf.structured(Pipeline)
-    data = _parse_yaml(text, source)
+    data = _parse_yaml(text, source, stored=True)
     check_interpolations(data, source, stored=True)
     config = _merge_mapping(config, data, source)
     return _to_pipeline(config, source)
@@ -212,9 +260,13 @@ def describe(prefix: str = "") -> str:
 # ------------------------------------------------------------- merging steps
 
 
-def _parse_yaml(text: str, source: str) -> dict:
+def _parse_yaml(text: str, source: str, stored: bool = False) -> dict:
     try:
         data = parse_yaml_value(text)
+    except YamlTooLargeError as exc:
+        fix = ("`stack` never writes anchors, so this one was edited or crafted: use the artifact `stack` wrote"
+               if stored else "Write the values out without nested anchors (&name)")
+        raise ConfigError(f"{source} {exc}. {fix}.") from None
     except YAML_ERRORS as exc:
         raise ConfigError(f"{source} is not valid YAML: {exc}. Fix the syntax at the line shown.") from None
     if data is None:
@@ -351,6 +403,8 @@ def _apply_override(config: DictConfig, text: str) -> None:
     source = f"the command-line override {text!r}"
     try:
         value = parse_yaml_value(raw) if raw.strip() else ""
+    except YamlTooLargeError as exc:
+        raise ConfigError(f"{source}: the value {exc}. Write the value out without nested anchors (&name).") from None
     except YAML_ERRORS:
         raise ConfigError(f"{source}: cannot parse the value {raw!r} as YAML. For a string, quote it in YAML inside "
                           f"the shell's quotes, e.g. {key}='\"...\"'; control characters are never allowed.") from None

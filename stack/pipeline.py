@@ -197,6 +197,9 @@ class AugmentConfig:
 
 DATA_BACKENDS = ("torch", "dali")
 SHARD_LAYOUTS = ("frames", "clips")
+MAX_BATCH_SIZE = 65_536
+"""Largest data.batch_size: 65,536 samples of six 704x256 cameras are ~200 GB of images before the network
+sees them, past any GPU's memory, so a larger value is a typo (an extra digit, a byte count)."""
 
 
 @dataclass
@@ -213,7 +216,8 @@ class DataConfig:
     backend: str = "torch"
     """Loader: `torch` (WebDataset + DataLoader) or `dali` (NVIDIA DALI; CPU decode without a GPU)."""
     batch_size: int = 4
-    """Samples per batch on each rank."""
+    """Samples per batch on each rank (1 to MAX_BATCH_SIZE, 65,536: a batch past any accelerator's memory
+    is refused as a typo)."""
     num_workers: int = 2
     """Loader worker processes (torch) or threads (DALI) per rank."""
     samples_per_shard: int = 64
@@ -234,6 +238,9 @@ class DataConfig:
         _choice(found, "layout", self.layout, SHARD_LAYOUTS)
         _choice(found, "backend", self.backend, DATA_BACKENDS)
         _positive(found, "batch_size", self.batch_size)
+        if self.batch_size > MAX_BATCH_SIZE:
+            found.append(("batch_size", f"got {self.batch_size}; at most {MAX_BATCH_SIZE} samples per rank (more "
+                                        f"images than any GPU holds); e.g. 4 on a CPU, 8-64 on a GPU"))
         _positive(found, "samples_per_shard", self.samples_per_shard)
         _in_range(found, "num_workers", self.num_workers, 0, 64)
         _in_range(found, "jpeg_quality", self.jpeg_quality, 1, 100)

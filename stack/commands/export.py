@@ -5,8 +5,10 @@ pipeline hash, classes, output layout, rig, input normalisation) and the resolve
 pipeline beside it; prints the operators with TensorRT's verdict and the ONNX Runtime vs
 PyTorch error per output. `--calibration FILE` bakes a vehicle's camera calibration into the
 BEV pooling instead of the pipeline's nominal rig (see `stack.deploy.calibration`); it is written
-beside the model as calibration.yaml. Exit 0 when parity holds, 1 when an output differs beyond
-its tolerance, 2 on bad input (including validation samples recorded with another calibration).
+beside the model as calibration.yaml. export.out_dir must be new, empty, or stack's own (a previous
+export, deploy bundles): a folder of other files is refused before anything is written there. Exit 0
+when parity holds, 1 when an output differs beyond its tolerance, 2 on bad input (including validation
+samples recorded with another calibration).
 """
 
 from __future__ import annotations

@@ -144,6 +144,23 @@ def test_unreadable_calibration_files_are_refused(tmp_path, content):
         Calibration.load(path)
 
 
+def test_an_alias_bomb_calibration_is_refused_before_it_expands(tmp_path):
+    """Nine anchors of nine aliases each are 387 million numbers once expanded: refused unread, in well under
+    a second, instead of filling memory in np.array."""
+    import time
+
+    anchors = [f"- &a0 [{', '.join(['1.0'] * 9)}]"]
+    anchors += [f"- &a{level} [{', '.join([f'*a{level - 1}'] * 9)}]" for level in range(1, 9)]
+    path = tmp_path / "vehicle.yaml"
+    path.write_text("anchors:\n" + "\n".join(f"  {line}" for line in anchors) + "\n"
+                    "image_width: 128\nimage_height: 64\ncameras:\n- {name: front, intrinsics: *a8, cam_to_ego: *a8}\n")
+    start = time.monotonic()
+    with pytest.raises(StackError, match=r"calibration file .* expands to more than 10,000 values.*alias bomb.*"
+                                         r"stack data calibration"):
+        Calibration.load(path)
+    assert time.monotonic() - start < 2.0
+
+
 def test_wrong_camera_count_or_size_does_not_fit_the_network():
     pipeline = micro_pipeline()
     nominal = Calibration.from_rig(pipeline.data.rig)

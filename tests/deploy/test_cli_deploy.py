@@ -65,6 +65,37 @@ def test_export_writes_onnx_with_parity(tiny):
     assert not {"Mod", "ScatterND", "ScatterElements"} & {node.op_type for node in nodes}
 
 
+def test_export_refuses_a_folder_of_someone_elses_files(tiny):
+    """An export.out_dir holding files `stack export` did not write: exit 2, and they are left exactly as they were
+    (even the one with the name export would write)."""
+    checkpoint, overrides, folder = tiny
+    mine = folder / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("my notes\n")
+    (mine / "pipeline.yaml").write_text("name: my own\n")
+    result = stack("export", str(checkpoint), *overrides, f"export.out_dir={mine}")
+    assert_bad_input(result, f"export.out_dir {mine} is not empty and holds no previous export",
+                     "'notes.txt', 'pipeline.yaml'", "Choose an empty or new export.out_dir", "nothing was written")
+    assert sorted(path.name for path in mine.iterdir()) == ["notes.txt", "pipeline.yaml"]
+    assert (mine / "notes.txt").read_text() == "my notes\n" and (mine / "pipeline.yaml").read_text() == "name: my own\n"
+
+
+def test_export_again_into_its_own_previous_output(tiny):
+    """Re-exporting into the folder an export wrote replaces its files, as it always did."""
+    from stack.deploy.export import read_metadata
+
+    checkpoint, overrides, folder = tiny
+    out = folder / "again"
+    first = stack("export", str(checkpoint), *overrides, f"export.out_dir={out}")
+    assert first.returncode == 0, first.stderr[-2000:]
+    before = read_metadata(out / "model.onnx")["pipeline_hash"]
+    second = stack("export", str(checkpoint), *overrides, f"export.out_dir={out}", "export.parity_atol=0.002")
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert sorted(path.name for path in out.iterdir()) == ["calibration.yaml", "model.onnx", "pipeline.yaml"]
+    assert "parity_atol: 0.002" in (out / "pipeline.yaml").read_text()
+    assert read_metadata(out / "model.onnx")["pipeline_hash"] not in (before, None)
+
+
 def test_deploy_ci_cpu_measures_and_passes(tiny):
     checkpoint, overrides, folder = tiny
     result = stack("deploy", "--target", "ci-cpu", str(checkpoint), *overrides, "targets.ci-cpu.closed_loop.episodes=2")

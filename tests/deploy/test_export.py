@@ -44,3 +44,43 @@ def test_tensorrt_check_flags_scatter_with_reduction():
     assert any("reduction" in p and "pool" in p for p in problems)
     assert any(p.startswith("NonZero") for p in problems)
 
+
+
+def test_export_folder_must_be_new_empty_or_stacks_own(fixture_onnx, tmp_path):
+    """`stack export` writes model.onnx, pipeline.yaml and calibration.yaml into export.out_dir: a folder of
+    someone else's files is refused (and left as it was); a previous export or deploy bundles are not."""
+    import shutil
+
+    from stack.deploy.entrypoints import check_export_folder
+    from stack.errors import StackError
+
+    check_export_folder(tmp_path / "new")
+    (tmp_path / "empty").mkdir()
+    check_export_folder(tmp_path / "empty")
+    previous = tmp_path / "previous"
+    previous.mkdir()
+    shutil.copy(fixture_onnx[0], previous / "model.onnx")  # carries a pipeline_hash, as export writes it
+    (previous / "pipeline.yaml").write_text("name: tiny\n")
+    check_export_folder(previous)
+    bundles = tmp_path / "bundles"
+    (bundles / "ci-cpu").mkdir(parents=True)
+    (bundles / "ci-cpu" / "gate.json").write_text("{}")
+    (bundles / ".orin.staging-12345").mkdir()  # left by a killed deploy
+    check_export_folder(bundles)
+
+    (bundles / "notes.txt").write_text("mine")
+    with pytest.raises(StackError, match=r"export.out_dir .*bundles is not empty and holds no previous export .*"
+                                         r"found 'notes.txt'\. .*Choose an empty or new export.out_dir"):
+        check_export_folder(bundles)
+    assert (bundles / "notes.txt").read_text() == "mine"
+    for name, content in [("garbage", b"\x00not onnx"), ("foreign", None)]:
+        folder = tmp_path / name
+        folder.mkdir()
+        if content is None:  # a real ONNX model, but not one `stack export` wrote (no pipeline hash)
+            model = onnx.load(str(fixture_onnx[0]))
+            del model.metadata_props[:]
+            onnx.save(model, str(folder / "model.onnx"))
+        else:
+            (folder / "model.onnx").write_bytes(content)
+        with pytest.raises(StackError, match="found 'model.onnx'"):
+            check_export_folder(folder)

@@ -186,3 +186,83 @@ def test_drive_out_dir_that_is_a_file_is_refused_before_driving(tmp_path, capsys
     with pytest.raises(StackError, match="is a file"):
         drive(pipeline, [PolicySpec("constant_velocity", "constant_velocity")])
     assert target.read_text() == "mine"
+
+
+# ---------------------------------------------------------------- alias bombs ("billion laughs")
+
+
+def alias_bomb(levels: int = 9) -> str:
+    """YAML of `levels` anchors, each a list of nine aliases to the one before: 9**levels strings once expanded
+    (9 levels: 387 million), a few hundred bytes on disk."""
+    lines = [f"a0: &a0 [{', '.join(['lol'] * 9)}]"]
+    lines += [f"a{level}: &a{level} [{', '.join([f'*a{level - 1}'] * 9)}]" for level in range(1, levels)]
+    return "\n".join(lines) + "\n"
+
+
+def refused_quickly(call, *needles):
+    """`call()` raises the project's config error naming every needle, within two seconds (not after expanding)."""
+    import time
+
+    from stack.errors import ConfigError
+
+    start = time.monotonic()
+    with pytest.raises(ConfigError) as raised:
+        call()
+    assert time.monotonic() - start < 2.0
+    for needle in needles:
+        assert needle in str(raised.value), f"{needle!r} not in {str(raised.value)!r}"
+    return str(raised.value)
+
+
+def test_an_alias_bomb_config_file_is_refused_before_it_expands(tmp_path):
+    from stack.config import load_pipeline
+
+    path = tmp_path / "laughs.yaml"
+    path.write_text("name: laughs\n" + alias_bomb())
+    refused_quickly(lambda: load_pipeline([str(path)]), f"config file {str(path)!r}", "expands to more than 10,000",
+                    "alias bomb", "without nested anchors")
+    assert_bad_input(run_cli("config", "-c", str(path)), "alias bomb")
+
+
+def test_an_alias_bomb_in_an_override_is_refused_before_it_expands():
+    from stack.config import load_pipeline
+
+    value = "[" + ", ".join(line.split(": ", 1)[1] for line in alias_bomb().splitlines()) + "]"
+    refused_quickly(lambda: load_pipeline([], [f"data.aggregate={value}"]), "command-line override", "alias bomb")
+
+
+def test_a_few_anchors_are_still_read(tmp_path):
+    """Anchors are legal YAML and cheap when they stay small: only the expanded size is bounded."""
+    from stack.config import load_pipeline
+
+    path = tmp_path / "anchors.yaml"
+    path.write_text("data:\n  aggregate: [runs/a, runs/b]\ndagger:\n  out_dir: &out runs/shared\n"
+                    "drive:\n  out_dir: *out\n")
+    pipeline = load_pipeline(["configs/pipeline.yaml", str(path)])
+    assert pipeline.drive.out_dir == pipeline.dagger.out_dir == "runs/shared"
+
+
+def test_an_alias_bomb_stored_in_a_checkpoint_is_refused_before_it_expands(tmp_path):
+    import torch
+
+    from stack.checkpoint.model_file import load_model_checkpoint, save_model_checkpoint
+    from stack.config import load_pipeline
+
+    path = save_model_checkpoint(tmp_path / "model.pt", load_pipeline(), {"w": torch.zeros(1)})
+    raw = torch.load(path, weights_only=True)
+    raw["pipeline_yaml"] += alias_bomb()
+    torch.save(raw, path)
+    refused_quickly(lambda: load_model_checkpoint(path), f"the pipeline stored in checkpoint {str(path)!r}",
+                    "alias bomb", "edited or crafted")
+
+
+@pytest.mark.parametrize("size, allowed", [(1, True), (65_536, True), (65_537, False), (10**9, False)])
+def test_data_batch_size_has_an_upper_bound(size, allowed, capsys):
+    """A stray digit must not ask the loader for a batch no machine holds: exit 2 naming the key and the range."""
+    code = main(["config", f"data.batch_size={size}"])
+    err = capsys.readouterr().err
+    if allowed:
+        assert code == 0, err
+    else:
+        assert code == 2 and "Traceback" not in err, err
+        assert f"data.batch_size: got {size}; at most 65536 samples per rank" in err
