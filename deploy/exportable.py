@@ -18,6 +18,7 @@ import torch
 
 from stack.deploy.calibration import Calibration
 from stack.errors import StackError
+from stack.models.outputs import OUTPUTS
 from stack.pipeline import Pipeline
 
 INPUTS = ("images", "ego_status", "command")
@@ -37,8 +38,6 @@ class ExportableNetwork:
 
 def export_network(pipeline: Pipeline, state_dict: dict, calibration: Calibration | None = None) -> ExportableNetwork:
     """The trained network with `calibration` (default: the nominal `data.rig`) baked in, example inputs, metadata."""
-    from stack.models.outputs import OUTPUTS
-
     net = _loaded(pipeline, state_dict)
     calibration = calibration or Calibration.from_rig(pipeline.data.rig)
     calibration.check_fits(pipeline.data.rig)
@@ -90,8 +89,6 @@ class _Exported(torch.nn.Module):
         self.net = net
 
     def forward(self, images, ego_status, command):
-        from stack.models.outputs import OUTPUTS
-
         outputs = self.net(images, ego_status, command)
         return {name: outputs[name] for name in OUTPUTS}  # training-only outputs stay out of the graph
 

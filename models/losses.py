@@ -113,10 +113,11 @@ def path_speed_loss(outputs, batch: Batch, model) -> dict[str, torch.Tensor]:
     arcs = model.path_spacing_m * torch.arange(1, path.shape[1] + 1, device=path.device, dtype=torch.float32)
     expert_path, driven = resample_by_arc(batch.future_trajectory.float(), batch.future_valid, arcs, _forward(batch))
     path_l1 = ((path - expert_path).abs().sum(-1) * driven).sum() / driven.sum().clamp(min=1)
-    target, hits = speed_candidate_targets(batch, model.planning_accelerations)
+    anchors, expert = _progress(batch, model.planning_accelerations)
+    target, hits = _speed_labels(batch, anchors, expert)
     speed = -(target * outputs["plan_speed_logits"].float().log_softmax(dim=1)).sum(1).mean()
-    refine = refinement_loss(outputs["plan_arc_refinement"].float(), target.argmax(dim=1), batch,
-                             model.planning_accelerations)
+    refine = refinement_loss(outputs["plan_arc_refinement"].float(), target.argmax(dim=1), anchors, expert,
+                             batch.future_valid)
     collision = F.binary_cross_entropy_with_logits(outputs["plan_collision_logits"].float(), hits.float())
     drivable_logits = outputs["plan_drivable_logits"].float()
     drivable, known = encode_drivable(batch.depth, batch.semantic, batch.intrinsics, batch.cam_to_ego,
@@ -128,16 +129,14 @@ def path_speed_loss(outputs, batch: Batch, model) -> dict[str, torch.Tensor]:
             "plan_drivable": drivable_bce, "planning": total}
 
 
-def refinement_loss(refinement: torch.Tensor, best: torch.Tensor, batch: Batch, accelerations) -> torch.Tensor:
-    """L1 (m) between the expert's distance travelled at each valid waypoint and the imitation target's
-    candidate (`best`, (B,)) after its refinement (B, K, T): winner-takes-all, as multi-modal regression heads
-    train only the mode that matches (the other candidates keep their anchors' meaning)."""
-    future, valid = batch.future_trajectory.float(), batch.future_valid
-    accelerations = torch.as_tensor(list(accelerations), dtype=torch.float32, device=future.device)
-    anchors = speed_profile_arcs(batch.ego_status[:, 0], accelerations, valid.shape[1])
+def refinement_loss(refinement: torch.Tensor, best: torch.Tensor, anchors: torch.Tensor, expert: torch.Tensor,
+                    valid: torch.Tensor) -> torch.Tensor:
+    """L1 (m) between the expert's distance travelled at each valid waypoint (`expert` (B, T)) and the imitation
+    target's candidate (`best`, (B,)) after its refinement (B, K, T) of its anchor (B, K, T): winner-takes-all,
+    as multi-modal regression heads train only the mode that matches (the others keep their anchors' meaning)."""
     rows = torch.arange(len(best), device=best.device)
     refined = (anchors[rows, best] + refinement[rows, best]).clamp(min=0.0)
-    error = (refined - arc_lengths(future, valid)).abs() * valid
+    error = (refined - expert).abs() * valid
     return error.sum() / valid.sum().clamp(min=1)
 
 
@@ -149,15 +148,25 @@ def speed_candidate_targets(batch: Batch, accelerations) -> tuple[torch.Tensor, 
     driven by the candidate along the *expert's* path (continued straight past where the expert stopped),
     reaches into a ground-truth box moved at its velocity at some valid waypoint: the label is the world's,
     whatever path the network drew."""
+    return _speed_labels(batch, *_progress(batch, accelerations))
+
+
+def _progress(batch: Batch, accelerations) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, K, T) distance each acceleration anchor travels, (B, T) distance the expert travels, per waypoint."""
     future, valid = batch.future_trajectory.float(), batch.future_valid
     accelerations = torch.as_tensor(list(accelerations), dtype=torch.float32, device=future.device)
-    candidate_arcs = speed_profile_arcs(batch.ego_status[:, 0], accelerations, valid.shape[1])  # (B, K, T)
+    return speed_profile_arcs(batch.ego_status[:, 0], accelerations, valid.shape[1]), arc_lengths(future, valid)
+
+
+def _speed_labels(batch: Batch, anchors: torch.Tensor, expert: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`speed_candidate_targets` from the anchors' and the expert's progress."""
+    future, valid = batch.future_trajectory.float(), batch.future_valid
     mask = valid.float()[:, None]
-    gap = ((candidate_arcs - arc_lengths(future, valid)[:, None]).abs() * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+    gap = ((anchors - expert[:, None]).abs() * mask).sum(-1) / mask.sum(-1).clamp(min=1)
     hits = torch.zeros_like(gap, dtype=torch.bool)
     for offset in FOOTPRINT_DISCS_M:  # the car's whole footprint, disc by disc along the expert's path
-        along_expert, _ = resample_by_arc(future, valid, (candidate_arcs + offset).flatten(1), _forward(batch))
-        depth = penetration(along_expert.view(*candidate_arcs.shape, 2), batch.boxes, batch.box_labels >= 0,
+        along_expert, _ = resample_by_arc(future, valid, (anchors + offset).flatten(1), _forward(batch))
+        depth = penetration(along_expert.view(*anchors.shape, 2), batch.boxes, batch.box_labels >= 0,
                             margin=FOOTPRINT_RADIUS_M)
         hits |= (depth.amax(dim=-1) * mask > 0).any(dim=-1)
     return (-gap / SPEED_TEMPERATURE_M).softmax(dim=1), hits

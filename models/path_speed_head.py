@@ -24,8 +24,8 @@ stacks. Each factor gets the form that learns it:
 
 Outputs keep the network's contract (`stack.models.outputs`): `plan_trajectories` (B, K, T, 2)
 are the K speed candidates along the path, `plan_scores` (B, K) their combined log-scores, so
-`decode_plan`, the metrics, export and every policy read it unchanged. The loss reads three
-more training outputs (`TRAINING_OUTPUTS`), which export leaves out.
+`decode_plan`, the metrics, export and every policy read it unchanged. The loss reads the
+training outputs listed in `TRAINING_OUTPUTS`, which export leaves out.
 """
 
 from __future__ import annotations
@@ -55,8 +55,9 @@ class PathSpeedPlanningHead(PlanningTrunk):
     Each candidate is scored by one shared MLP from what lies where *it* will be: the BEV features, the
     detection heatmap (max-pooled over 3x3 cells, so a road user's centre peak covers its body) and the
     drivable-area map (a 1x1 convolution of the BEV, supervised with the cameras' lifted labels,
-    `stack.models.targets.encode_drivable`) sampled along its own waypoints, with its acceleration, the ego speed and the ego query. Shared weights see K examples
-    per frame, and "does this candidate run into something" becomes a question about K short rows of cells."""
+    `stack.models.targets.encode_drivable`) sampled along its own waypoints, with its acceleration, the ego
+    speed and acceleration, and the ego query. Shared weights see K examples per frame, and "does this
+    candidate run into something" becomes a question about K short rows of cells."""
 
     keep_fp32 = ("path", "drivable", "sample_projection", "scorer")
     """Children that run in fp32 under mixed precision (as `PlanningHead.keep_fp32`)."""
@@ -65,7 +66,7 @@ class PathSpeedPlanningHead(PlanningTrunk):
                  accelerations: list[float], steps: int, commands: int, path_points: int, path_spacing_m: float,
                  layers: int = 2, width: int = 0, collision_weight: float = 1.0):
         super().__init__(bev_channels, grid, modes=1, commands=commands, layers=layers, width=width)
-        self.steps, self.path_points, self.spacing = steps, path_points, path_spacing_m
+        self.steps, self.spacing = steps, path_spacing_m
         self.collision_weight = collision_weight
         self.x_range, self.y_range = bev_ranges
         self.register_buffer("accelerations", torch.tensor(accelerations, dtype=torch.float32), persistent=False)
@@ -89,9 +90,9 @@ class PathSpeedPlanningHead(PlanningTrunk):
         with torch.autocast(device_type=device_type, enabled=False):  # metres: fp32 (see PlanningHead)
             query, speed = query.float(), ego_status[:, 0].float()
             path = self._path(query, bev_rotation)  # (B, P, 2), in the (possibly rotated) BEV frame
-            anchors = speed_profile_arcs(speed, self.accelerations, self.steps)  # (B, K, T)
             fine_arcs = speed_profile_arcs(speed, self.accelerations, self.steps * SAMPLES_PER_STEP,
-                                           WAYPOINT_STEP_S / SAMPLES_PER_STEP)
+                                           WAYPOINT_STEP_S / SAMPLES_PER_STEP)  # (B, K, T * SAMPLES_PER_STEP)
+            anchors = fine_arcs[..., SAMPLES_PER_STEP - 1::SAMPLES_PER_STEP]  # (B, K, T): at the waypoints
             occupancy = F.max_pool2d(heatmap.float(), 3, stride=1, padding=1).sigmoid()
             drivable = self.drivable(bev.float())
             features = torch.cat([bev.float(), occupancy, drivable.sigmoid()], dim=1)

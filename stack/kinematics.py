@@ -70,9 +70,7 @@ def resample_by_arc(points: torch.Tensor, valid: torch.Tensor, arcs: torch.Tenso
     Beyond that extent the points continue straight along the trajectory's last 2 m (along `forward` (B, 2),
     default +x, where it moved less than 0.5 m): where a stopping expert would have gone had it not stopped.
     Training-side only (targets); zero-length segments (a standing ego) are skipped."""
-    knots = torch.cat([points.new_zeros(points.shape[0], 1, 2), points], dim=1)
-    segments = knots[:, 1:] - knots[:, :-1]
-    lengths = segments.norm(dim=-1) * valid.float()  # (B, T)
+    segments, lengths = _segments(points, valid)
     cumulative = torch.cat([lengths.new_zeros(lengths.shape[0], 1), lengths.cumsum(dim=1)], dim=1)  # (B, T+1)
     arcs = arcs.to(points.dtype).expand(points.shape[0], -1) if arcs.dim() == 1 else arcs.to(points.dtype)
 
@@ -93,5 +91,11 @@ def resample_by_arc(points: torch.Tensor, valid: torch.Tensor, arcs: torch.Tenso
 
 def arc_lengths(points: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """(B, T) distance travelled along a trajectory (B, T, 2) from the origin to each waypoint (valid prefix)."""
-    knots = torch.cat([points.new_zeros(points.shape[0], 1, 2), points], dim=1)
-    return ((knots[:, 1:] - knots[:, :-1]).norm(dim=-1) * valid.float()).cumsum(dim=1)
+    return _segments(points, valid)[1].cumsum(dim=1)
+
+
+def _segments(points: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, T, 2) steps from the origin through each waypoint of (B, T, 2), and (B, T) their lengths (0 where
+    the waypoint is not valid)."""
+    segments = points - torch.cat([points.new_zeros(points.shape[0], 1, 2), points[:, :-1]], dim=1)
+    return segments, segments.norm(dim=-1) * valid.float()
