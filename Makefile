@@ -88,10 +88,13 @@ recipe: $(RECIPE_MODEL)
 	$(MAKE) --no-print-directory gate
 
 # The deploy gates on the recipe's model: ci-cpu measured with ONNX Runtime, orin predicted by
-# the latency model.
+# the latency model. The recipe's network clears every head bar but does not yet drive better than
+# the blind ego-status rollout (BENCHMARKS, closed loop), so the quality gate says it is not worth
+# shipping: its bundles are built with --allow-below-bar and marked NOT FOR DEPLOYMENT, and every other
+# gate (parity, INT8 accuracy and closed loop against fp32, FPS) must pass or `make test` fails.
 gate: $(RECIPE_MODEL)
-	$(BIN)/stack deploy --target ci-cpu $(RECIPE_MODEL) $(TINY)
-	$(BIN)/stack deploy --target orin $(RECIPE_MODEL) $(TINY)
+	$(BIN)/stack deploy --target ci-cpu --allow-below-bar $(RECIPE_MODEL) $(TINY)
+	$(BIN)/stack deploy --target orin --allow-below-bar $(RECIPE_MODEL) $(TINY)
 	-$(BIN)/stack runs $(TINY)  # the tracked runs (MLflow, runs/tiny/mlruns.db) with their eval and deploy verdicts
 
 # SLURM + munge for the trainer's one-node cluster test (Debian packages; installed once).

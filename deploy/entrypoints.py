@@ -104,11 +104,13 @@ def _closed_loop_gate(pipeline):
 
 
 def deploy_checkpoint(pipeline, state_dict: dict, checkpoint: str, target_name: str, log=print,
-                      calibration_file: str | None = None, chosen_store: str | None = None) -> dict:
+                      calibration_file: str | None = None, chosen_store: str | None = None,
+                      allow_below_bar: bool = False) -> dict:
     """Build and gate the bundle `{export.out_dir}/{target_name}/` for one camera calibration; returns gate.json.
-    `chosen_store`: the tracking store the user chose (DeploySpec.chosen_store)."""
+    `chosen_store`: the tracking store the user chose (DeploySpec.chosen_store); `allow_below_bar`: build a
+    bundle marked not for deployment when the network is below the quality bar (run_deploy)."""
     from stack.config import load_target, pipeline_hash, pipeline_to_yaml
-    from stack.deploy.gates.head_scores import head_budgets, make_evaluator
+    from stack.deploy.gates.head_scores import head_budgets, make_evaluator, make_quality_evaluator
     from stack.deploy.validation import deploy_samples
 
     target = load_target(target_name, pipeline)
@@ -127,10 +129,11 @@ def deploy_checkpoint(pipeline, state_dict: dict, checkpoint: str, target_name: 
         calibration=[f for b in calibration for f in batch_feeds(b)],
         accuracy_feeds=[f for b in accuracy for f in batch_feeds(b)],
         evaluator=make_evaluator(pipeline, accuracy), budgets=head_budgets(target, pipeline),
+        quality_evaluator=make_quality_evaluator(pipeline, accuracy),
         sensitivity_feeds=[f for b in samples.sensitivity for f in batch_feeds(b)], sample_ids=samples.ids,
         reference=training_path_network(pipeline, state_dict, cameras),
         samples_source=source, data_root=pipeline.data.root, chosen_store=chosen_store, checkpoint=str(checkpoint),
         pipeline_name=pipeline.name,
         pipeline_hash=pipeline_hash(pipeline), closed_loop=_closed_loop_gate(pipeline),
         extra_files={"pipeline.yaml": pipeline_to_yaml(pipeline), CALIBRATION_FILE: cameras.to_yaml()})
-    return run_deploy(spec, target_name, target, pipeline.export, folder, log)
+    return run_deploy(spec, target_name, target, pipeline.export, folder, log, allow_below_bar)

@@ -3,18 +3,24 @@
 Steps, each recorded in the bundle (`report.md`, `gate.json`, `latency.png`):
 
 1. export the fp32 ONNX, full checker, ONNX Runtime vs PyTorch parity per output;
+   the quality gate's heads (`stack.deploy.gates.quality`): the fp32 model scored on the validation frames
+   must clear `stack eval`'s bars;
 2. for INT8 targets, quantize in the target's QDQ flavour, calibrated on training frames, and
    run the per-head accuracy gate on validation frames (with its fp32 fallback for sensitive
    layers, ranked on other training frames);
-3. for INT8 targets with a closed-loop budget, INT8 and fp32 drive the same held-out episodes
-   (`stack.deploy.gates.closed_loop`): INT8 may not drive worse than the budget;
+3. the closed loop (`stack.deploy.gates.closed_loop`): fp32, INT8 (when it passed the accuracy gate) and
+   the blind policies drive the same held-out episodes: INT8 may not drive worse than fp32 by more than the
+   budget, and fp32 must beat every blind policy (the quality gate's driving bar);
 4. the FPS gate: measured with ONNX Runtime on `onnxruntime` targets, measured with
    TensorRT on the target's own GPU, otherwise predicted by the latency model, with
    `build_engine.sh` holding the exact trtexec line to build and time it on the device;
 5. TensorRT targets also need every operator to import natively (no plugins).
 
-The result is PASS only when every gate passes; `stack deploy` exits 0 on pass and 1 on
-a failed gate (2 is reserved for bad input, raised as StackError before any gate runs).
+The result is PASS only when every gate passes, quality included; `stack deploy` exits 0 on pass and 1 on
+a failed gate (2 is reserved for bad input, raised as StackError before any gate runs). With
+`allow_below_bar` (`--allow-below-bar`, for experiments) the quality gate's failures are listed under
+`below_bar` instead of `failures`: the bundle can PASS its other gates but gate.json's `for_deployment` is
+false and report.md says NOT FOR DEPLOYMENT; `DeployedNetwork.open` refuses such a bundle unless asked.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from stack.deploy.bundle import check_replaceable, stage, swap_in, verify_bundle
 from stack.deploy.export import check_parity, export_onnx
 from stack.deploy.gates.fps import measured_gate, predicted_gate
 from stack.deploy.quantize import check_calibration_set, fp32_nodes, quantizable_nodes, quantize
-from stack.deploy.report import markdown, plot_latency, write_gate_json
+from stack.deploy.report import markdown, plot_latency, verdict_line, write_gate_json
 from stack.deploy.trt_ops import tensorrt_problems
 from stack.failpoints import fail_point
 
@@ -65,7 +71,7 @@ class DeploySpec:
     sample_ids: dict = field(default_factory=dict)
     """{"calibration" | "sensitivity" | "accuracy": [sample id, ...]}, recorded in gate.json."""
     closed_loop: Callable | None = None
-    """closed_loop(int8_path, fp32_path, budget, latency_ms, log) -> result dict
+    """closed_loop(int8_path or None, fp32_path, budget, latency_ms, log) -> result dict
     (`stack.deploy.gates.closed_loop.closed_loop_gate` bound to the pipeline); None: no closed-loop gate."""
     reference: object = None
     """Parity's reference (same call as `net`): the network pooling with `bev_pool` and the bundle
@@ -75,10 +81,15 @@ class DeploySpec:
     chosen_store: str | None = None
     """The tracking store the user chose for this deploy (`stack.train.tracking.chosen_store`): the checkpoint's run
     is logged into on a remote store only when it is this one (stack.lineage.attach_to_run)."""
+    quality_evaluator: Callable | None = None
+    """quality_evaluator(run) -> `stack eval`'s metrics dict of a runtime over the validation samples
+    (`stack.deploy.gates.head_scores.make_quality_evaluator`); None: the heads are not judged (below the bar)."""
 
 
-def run_deploy(spec: DeploySpec, name: str, target, export_cfg, folder: Path, log=print) -> dict:
+def run_deploy(spec: DeploySpec, name: str, target, export_cfg, folder: Path, log=print,
+               allow_below_bar: bool = False) -> dict:
     """Build the bundle aside, run every gate, write the report, then swap it in at `folder` whole.
+    `allow_below_bar`: a network below the quality bar still gets a bundle, marked not for deployment.
 
     Returns gate.json's content. A run killed at any point leaves the previous bundle at
     `folder` as it was (`stack.deploy.bundle`).
@@ -96,8 +107,10 @@ def run_deploy(spec: DeploySpec, name: str, target, export_cfg, folder: Path, lo
     for file_name, content in spec.extra_files.items():
         (folder / file_name).write_text(content)
     fp32_path = _export_step(spec, folder, export_cfg, result, log)
+    heads = _head_quality_step(spec, fp32_path, log)
     engine_onnx = _quantize_step(spec, folder, fp32_path, target, export_cfg, result, log)
     _closed_loop_step(spec, engine_onnx, fp32_path, target, result, log)
+    _finish_quality(heads, result, allow_below_bar, log)
     fail_point("deploy-after-quantize")
     _speed_step(spec, folder, engine_onnx, fp32_path, name, target, export_cfg, result, log)
     if target.runtime == "tensorrt":
@@ -105,15 +118,42 @@ def run_deploy(spec: DeploySpec, name: str, target, export_cfg, folder: Path, lo
         result["export"]["tensorrt_problems"] = problems
         result["failures"] += [f"TensorRT import: {p}" for p in problems]
     result["passed"] = not result["failures"]
+    result["for_deployment"] = result["passed"] and result["quality"]["passed"]
     listed = sorted({p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()} | {"report.md", "gate.json"})
     (folder / "report.md").write_text(markdown(result, listed))
     write_gate_json(folder, vouch(folder, result, spec.checkpoint))
     swap_in(folder, final)
-    log(f"{name}: {'PASS' if result['passed'] else 'FAIL'} -> {final / 'report.md'}")
-    for reason in result["failures"]:
+    log(f"{name}: {verdict_line(result)} -> {final / 'report.md'}")
+    for reason in result["failures"] + result["below_bar"]:
         log(f"  {reason}")
     _attach(result, spec, name, final, log)
     return result
+
+
+def _head_quality_step(spec: DeploySpec, fp32_path: Path, log) -> dict:
+    """The quality gate's heads: the exported fp32 model on the validation samples against `stack eval`'s bars."""
+    from stack.deploy.gates.accuracy import session_runner
+    from stack.deploy.gates.quality import head_quality
+
+    source = f"{len(spec.accuracy_feeds)} validation samples, fp32 model on ONNX Runtime"
+    if spec.quality_evaluator is None:
+        return head_quality(None, source)
+    log(f"quality gate: scoring the fp32 model on {len(spec.accuracy_feeds)} validation samples against "
+        f"`stack eval`'s bars ...")
+    return head_quality(spec.quality_evaluator(session_runner(fp32_path)), source)
+
+
+def _finish_quality(heads: dict, result: dict, allow_below_bar: bool, log) -> None:
+    """Both parts of the quality gate into gate.json; its failures fail the deploy unless allowed below the bar."""
+    from stack.deploy.gates.quality import driving_quality, quality_verdict
+
+    quality = quality_verdict(heads, driving_quality(result.get("closed_loop")))
+    result["quality"], result["allow_below_bar"] = quality, allow_below_bar
+    result["below_bar"] = quality["reasons"] if allow_below_bar else []
+    if not allow_below_bar:
+        result["failures"] += quality["reasons"]
+    elif quality["reasons"]:
+        log("below the quality bar (--allow-below-bar): the bundle is built for experiments, NOT FOR DEPLOYMENT")
 
 
 def _lineage(spec: DeploySpec, log) -> dict:
@@ -207,25 +247,27 @@ def _quantize_step(spec: DeploySpec, folder: Path, fp32_path: Path, target, cfg,
 
 
 def _closed_loop_step(spec: DeploySpec, engine_onnx: Path, fp32_path: Path, target, result: dict, log) -> None:
-    """INT8 and fp32 drive the same held-out episodes; INT8 may not drive worse than the target's budget.
+    """fp32, INT8 and the blind policies drive the same held-out episodes; INT8 may not drive worse than fp32 by
+    more than the target's budget (the quality gate judges fp32 against the blind policies from the same drive).
 
-    Runs when the target has a closed-loop budget and INT8 passed the accuracy gate (otherwise INT8 does
-    not ship or the deploy already failed). A failure fails the deploy, or on `best` targets ships fp32."""
+    Runs when the target has closed-loop episodes. INT8 drives when it passed the accuracy gate (otherwise it
+    does not ship or the deploy already failed). An INT8 failure fails the deploy, or on `best` targets ships fp32."""
     budget = target.closed_loop
-    accuracy = result.get("accuracy") or {}
-    if spec.closed_loop is None or budget.episodes <= 0 or engine_onnx == fp32_path:
+    if spec.closed_loop is None or budget.episodes <= 0:
         result["closed_loop"] = None
         return
-    if not accuracy.get("passed", False):
-        result["closed_loop"] = {"skipped": "INT8 fails the accuracy gate, so it is not driven"}
-        return
-    log(f"closed-loop gate: INT8 and fp32 drive {budget.episodes} held-out episodes ...")
-    gate = spec.closed_loop(engine_onnx, fp32_path, budget, target.latency_budget_ms(), log)
+    quantized = engine_onnx != fp32_path
+    int8 = engine_onnx if quantized and (result.get("accuracy") or {}).get("passed", False) else None
+    drivers = "INT8, fp32" if int8 else "fp32"
+    log(f"closed-loop gate: {drivers} and the blind policies drive {budget.episodes} held-out episodes ...")
+    gate = spec.closed_loop(int8, fp32_path, budget, target.latency_budget_ms(), log)
     result["closed_loop"] = gate
     if "skipped" in gate:
         log(f"closed-loop gate not run: {gate['skipped']}")
         return
-    if gate["passed"]:
+    if quantized and not int8:
+        gate["int8_skipped"] = "INT8 fails the accuracy gate, so it is not driven"
+    if gate["passed"] is not False:
         return
     if _may_ship_fp32(target):
         log("INT8 fails the closed-loop gate: fp32 will ship (" + "; ".join(gate["reasons"]) + ")")

@@ -69,9 +69,16 @@ def _short(name: str) -> str:
     return name if len(name) <= 48 else "..." + name[-45:]
 
 
+def verdict_line(result: dict) -> str:
+    """PASS, FAIL, or PASS with the NOT FOR DEPLOYMENT mark of a bundle built below the quality bar."""
+    if not result["passed"]:
+        return "FAIL"
+    return "PASS" if result.get("for_deployment") else "PASS, NOT FOR DEPLOYMENT (below the quality bar)"
+
+
 def markdown(result: dict, files: list = ()) -> str:
     """report.md from the gate result dict that gate.json also holds, listing the bundle's `files`."""
-    lines = [f"# Deploy report: {result['target']} — {'PASS' if result['passed'] else 'FAIL'}", "",
+    lines = [f"# Deploy report: {result['target']} — {verdict_line(result)}", "",
              f"- Target: {result['target_description']} (runtime {result['runtime']}, precision {result['precision']}, "
              f"QDQ flavour {result['qdq_flavour']})",
              f"- Pipeline: {result['pipeline_name']} (sha256 {result['pipeline_hash']}); checkpoint {result['checkpoint']}",
@@ -82,13 +89,25 @@ def markdown(result: dict, files: list = ()) -> str:
                         f"calibration.yaml): the network pools for these cameras only; the runtime refuses others"]
     if result.get("failures"):
         lines += ["## Why it failed", ""] + [f"- {reason}" for reason in result["failures"]] + [""]
+    if result.get("below_bar"):
+        lines += ["## NOT FOR DEPLOYMENT: below the quality bar", "",
+                  "Built with --allow-below-bar for experiments; the runtime refuses to open this bundle unless asked "
+                  "(`DeployedNetwork.open(..., allow_below_bar=True)`; `stack drive` drives it in simulation).", ""]
+        lines += [f"- {reason}" for reason in result["below_bar"]] + [""]
     if result.get("shipped"):
         shipped = result["shipped"]
         lines += [f"**Shipped: `{shipped['file']}` ({shipped['precision']})** — {shipped['why']}.", ""]
-    lines += _accuracy_section(result.get("accuracy")) + _closed_loop_section(result.get("closed_loop"))
+    lines += _quality_section(result) + _accuracy_section(result.get("accuracy"))
+    lines += _closed_loop_section(result.get("closed_loop"))
     lines += _speed_section(result["fps"], result.get("speed", {}))
     lines += _export_section(result["export"]) + _files_section(files)
     return "\n".join(lines) + "\n"
+
+
+def _quality_section(result: dict) -> list:
+    from stack.deploy.gates.quality import markdown as quality_markdown
+
+    return quality_markdown(result["quality"], result.get("allow_below_bar", False)) if result.get("quality") else []
 
 
 def _closed_loop_section(closed_loop: dict | None) -> list:

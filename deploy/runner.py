@@ -26,6 +26,18 @@ MODEL_FILES = {"int8": "model.int8.onnx", "fp32": "model.onnx"}
 """The two precisions a bundle may carry."""
 
 
+class NotForDeployment(StackError):
+    """A bundle whose gates did not pass, or built below the quality bar (`stack deploy --allow-below-bar`)."""
+
+    def __init__(self, folder: Path, gate: dict):
+        why = gate.get("failures") or gate.get("below_bar") or ["its gate.json does not say it is for deployment"]
+        state = "its gates failed" if not gate.get("passed") else "it is below the quality bar (--allow-below-bar)"
+        more = " ..." if len(why) > 3 else ""
+        super().__init__(f"bundle {folder} is NOT FOR DEPLOYMENT: {state}: {'; '.join(why[:3])}{more}. Deploy a "
+                         f"network that passes every gate, or open it for experiments with allow_below_bar=True "
+                         f"(`stack drive` does).")
+
+
 class DeployedNetwork:
     """A verified bundle's network on ONNX Runtime, for one camera calibration. Create it with `open`."""
 
@@ -36,13 +48,18 @@ class DeployedNetwork:
         self._inputs = {i.name: i for i in session.get_inputs()}
 
     @classmethod
-    def open(cls, bundle_dir: str | Path, model: str | None = None, threads: int = 0) -> "DeployedNetwork":
-        """The bundle's shipped model (`model=None`) or its "int8" / "fp32" model, after verifying the bundle."""
+    def open(cls, bundle_dir: str | Path, model: str | None = None, threads: int = 0,
+             allow_below_bar: bool = False) -> "DeployedNetwork":
+        """The bundle's shipped model (`model=None`) or its "int8" / "fp32" model, after verifying the bundle.
+        A bundle that is not for deployment (a failed gate, or built below the quality bar with
+        --allow-below-bar) is refused unless `allow_below_bar` (experiments, simulation)."""
         from stack.deploy.export import read_metadata
         from stack.deploy.runtime import ort_session
 
         folder = Path(bundle_dir)
         gate = _verified_gate(folder)
+        if not gate.get("for_deployment") and not allow_below_bar:
+            raise NotForDeployment(folder, gate)
         path = folder / _model_file(folder, gate, model)
         calibration = Calibration.load(folder / CALIBRATION_FILE) if (folder / CALIBRATION_FILE).is_file() else None
         if calibration is None:

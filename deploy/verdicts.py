@@ -4,7 +4,8 @@ gate.json's sha256 (`stack.deploy.bundle`) says the file is the one `stack deplo
 edits it can compute a new sha256; what a hand edit cannot do is make a verdict disagree with its own
 figures. So `stack deploy --verify` decides every gate again, as `stack.deploy.orchestrate` did, from
 what gate.json records (parity errors and tolerances, per-head drops and budgets, the closed-loop scores
-and budget, the latencies and FPS bars), checks which model the bundle must ship, and refuses a gate.json
+and budget, the quality gate's head metrics and per-episode driving scores, the latencies and FPS bars),
+checks which model the bundle must ship, and refuses a gate.json
 whose verdicts, failures or shipped model differ from that.
 """
 
@@ -37,12 +38,28 @@ def _problems(gate: dict) -> list[str]:
     if shipped != expected:
         problems.append(f"it ships {shipped!r}, but its figures choose {expected!r}")
     problems += _timing_problems(gate, shipped)
+    problems += _quality_problems(gate)
     fails = [name for name, ok in decided.items() if ok is False and not _excused(gate, name, expected)]
+    fails += ["quality"] * (not gate["quality"]["passed"] and not gate["allow_below_bar"])
     fails += ["TensorRT import"] * bool(gate.get("export", {}).get("tensorrt_problems"))
     if gate["passed"] and (fails or gate.get("failures")):
         problems.append(f"the overall verdict is PASS, but {', '.join(fails) or 'its failures list'} failed")
     if not gate["passed"] and not gate.get("failures"):
         problems.append("the overall verdict is FAIL, but no failure is listed")
+    return problems
+
+
+def _quality_problems(gate: dict) -> list[str]:
+    """The quality verdict decided again from its recorded figures, and the deployment mark it implies."""
+    from stack.deploy.gates.quality import recompute
+
+    quality = gate["quality"]
+    problems = recompute(quality, gate.get("closed_loop"))
+    if bool(gate["for_deployment"]) != bool(gate["passed"] and quality["passed"]):
+        problems.append(f"for_deployment says {gate['for_deployment']}, but the verdict ({gate['passed']}) and the "
+                        f"quality verdict ({quality['passed']}) say {gate['passed'] and quality['passed']}")
+    if gate["below_bar"] != (quality["reasons"] if gate["allow_below_bar"] else []):
+        problems.append("the list of bars the network is below does not match the quality verdict")
     return problems
 
 
@@ -65,7 +82,7 @@ def _accuracy_passed(accuracy: dict | None) -> bool | None:
 
 def _closed_loop_passed(closed_loop: dict | None) -> bool | None:
     """INT8's driving-score drop and collision rise against fp32 within the budget (None: the gate did not run)."""
-    if not closed_loop or "skipped" in closed_loop:
+    if not closed_loop or "skipped" in closed_loop or closed_loop.get("int8") is None:
         return None
     drop = closed_loop["fp32"]["driving_score"] - closed_loop["int8"]["driving_score"]
     rise = closed_loop["int8"]["collisions_per_episode"] - closed_loop["fp32"]["collisions_per_episode"]

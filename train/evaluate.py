@@ -3,18 +3,9 @@
 The checkpoint carries its pipeline, so the network is rebuilt exactly (through
 `stack.models`, as deploy does); the validation data comes from the pipeline on the
 command line (by default the checkpoint's own). Metrics are `stack.metrics.TaskMetrics`
-over `stack.models.decoders.decode_all`. A head "beats" its baseline by the margin the
-project sets for a trained model:
-
-- planning: L2 at 3 s at most `PLANNING_BAR` (0.85) x the ego-status rollout, the planner's own
-  prior (`stack.kinematics`): the planner is a residual on that rollout whose last layer starts
-  at zero, so an untrained planner already scores the rollout's L2 (far below constant
-  velocity, which is still printed). On the tiny recipe the trained planner measured 0.79x
-  (0.676 / 0.854 m, AVX2 EPYC); 0.85 asks a planner to remove at least 15% of its prior's
-  error on frames it never saw;
-- depth: AbsRel at least 30% below the per-image mean-depth predictor;
-- segmentation: mIoU at least twice the majority-class predictor's;
-- detection: mAP above 0.2 (the empty detector scores 0).
+over `stack.models.decoders.decode_all`. Each head must clear the bar `stack.metrics.bars` derives
+from the tiny recipe (keep 80% of its gain over the head's trivial baseline); `stack deploy` applies the
+same bars to the network it ships.
 
 Results go to `<checkpoint folder>/eval/metrics.json` and a bar chart `heads.png`, and into the
 MLflow run that trained the checkpoint when it was tracked (`stack.lineage`). A dataset other
@@ -25,52 +16,12 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from stack.metrics.planning import DEPARTURE_BAR, DEPARTURE_M, PLANNING_BAR
+from stack.metrics.bars import HeadVerdict, verdicts
 from stack.pipeline import Pipeline
-
-
-@dataclass
-class HeadVerdict:
-    head: str
-    metric: str
-    value: float
-    baseline: float
-    bar: str
-    passed: bool
-    note: str = ""
-    """Another reference worth printing beside the verdict (planning: constant velocity)."""
-
-
-def verdicts(metrics: dict) -> list[HeadVerdict]:
-    """Each head's headline metric, its trivial baseline, the bar it must clear, and whether it does."""
-    def get(key):
-        return float(metrics.get(key, float("nan")))
-
-    l2, l2_cv = get("planning/L2_at_3s"), get("planning/baseline_cv/L2_at_3s")
-    l2_prior = get("planning/baseline_ego_rollout/L2_at_3s")
-    rel, rel_mean = get("depth/AbsRel"), get("depth/baseline_mean_depth/AbsRel")
-    miou, miou_major = get("segmentation/mIoU"), get("segmentation/baseline_majority/mIoU")
-    mean_ap = get("detection/mAP")
-    departure, share = get("planning/departure_reproduced"), get("planning/departure_share")
-    return [
-        HeadVerdict("planning", "L2@3s (m)", l2, l2_prior, f"<= {PLANNING_BAR:g} x ego-status rollout",
-                    l2 <= PLANNING_BAR * l2_prior, f"constant velocity {l2_cv:.3f} m ({_ratio(l2, l2_cv)}); "
-                    f"reproduces {departure:.0%} of the expert's departures from the rollout (> "
-                    f"{DEPARTURE_M:g} m at 3 s: {share:.0%} of frames; the closed-loop mechanism, target "
-                    f">= {DEPARTURE_BAR:.0%})"),
-        HeadVerdict("depth", "AbsRel", rel, rel_mean, "<= 0.7 x mean depth", rel <= 0.7 * rel_mean),
-        HeadVerdict("segmentation", "mIoU", miou, miou_major, ">= 2 x majority class", miou >= 2 * miou_major),
-        HeadVerdict("detection", "mAP", mean_ap, get("detection/baseline_empty/mAP"), "> 0.2", mean_ap > 0.2),
-    ]
-
-
-def _ratio(value: float, reference: float) -> str:
-    return f"{value / reference:.2f}x" if reference else "n/a"
 
 
 @torch.no_grad()

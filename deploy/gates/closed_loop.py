@@ -1,4 +1,5 @@
-"""The closed-loop gate of `stack deploy`: the INT8 model may not drive worse than the fp32 model.
+"""The closed-loop gate of `stack deploy`: the INT8 model may not drive worse than the fp32 model, and
+the blind policies drive beside them for the quality gate's driving bar (`stack.deploy.gates.quality`).
 
 Per-head accuracy on recorded frames says little about driving: a planner whose waypoints move by
 decimetres, or a detector that loses one pedestrian, can turn into a collision a few steps later,
@@ -8,6 +9,11 @@ planning"). So both models drive the same held-out episodes (`target.closed_loop
 `drive.scenarios` over `drive.seeds`), at the same latency, and the INT8 model fails when its mean
 driving score drops by more than `driving_score_drop` or its at-fault collisions per episode rise by
 more than `collision_rise`.
+
+The blind policies (constant velocity, ego-status rollout) drive the same episodes: the fp32 network must
+beat them (the quality gate), whatever INT8 does. On targets without INT8 only fp32 and the blind
+policies drive. Each episode's scores are recorded (`episode_scores`) so `stack deploy --verify` can
+decide the driving bar again.
 
 Both run on ONNX Runtime on the deploying host, whatever the target: the gate judges the QDQ model's
 quantization, not a TensorRT engine's own kernels (which cannot run here).
@@ -51,12 +57,16 @@ def _paired(rows: list[dict]) -> list[dict]:
     return sorted(worse, key=lambda w: w["int8_driving_score"] - w["fp32_driving_score"])
 
 
-def closed_loop_gate(pipeline, int8_path: Path, fp32_path: Path, budget, latency_ms: float, log=print) -> dict:
-    """Drive both models on the same episodes; {"passed", "reasons", "int8", "fp32", "expert", ...}."""
+def closed_loop_gate(pipeline, int8_path: Path | None, fp32_path: Path, budget, latency_ms: float, log=print) -> dict:
+    """Drive fp32, INT8 (unless None) and the blind policies on the same episodes; {"passed" (INT8 within the
+    budget; None without INT8), "reasons", "int8", "fp32", "expert", "constant_velocity", "ego_rollout",
+    "episode_scores", ...}."""
     from stack.deploy.calibration import Calibration
     from stack.deploy.network_policies import bundle_spec
     from stack.deploy.runner import DeployedNetwork
+    from stack.metrics.driving import BLIND_POLICIES
     from stack.sim.drive import evaluate
+    from stack.sim.policies import PolicySpec
     from stack.sim.scenarios import episode_specs
 
     bundle_cameras = DeployedNetwork.from_model(fp32_path).calibration
@@ -66,44 +76,76 @@ def closed_loop_gate(pipeline, int8_path: Path, fp32_path: Path, budget, latency
                            "which is what the simulator renders: " + "; ".join(differences[:2])}
     cfg = pipeline.drive
     episodes = episode_specs(list(cfg.scenarios), budget.episodes, list(cfg.seeds), cfg.episode_seconds)
-    how = f"the target's latency budget ({latency_ms:.1f} ms), for both models"
-    specs = [bundle_spec("int8", "", str(int8_path), latency_s=latency_ms / 1000.0, latency_how=how),
-             bundle_spec("fp32", "", str(fp32_path), latency_s=latency_ms / 1000.0, latency_how=how)]
-    rows = evaluate(pipeline, specs, episodes, log, title="closed-loop gate (INT8 vs fp32)")
-    int8, fp32, expert = _means(rows, "int8"), _means(rows, "fp32"), _means(rows, "expert")
+    how = f"the target's latency budget ({latency_ms:.1f} ms), for {'both models' if int8_path else 'the model'}"
+    models = {"int8": int8_path, "fp32": fp32_path} if int8_path else {"fp32": fp32_path}
+    specs = [bundle_spec(name, "", str(path), latency_s=latency_ms / 1000.0, latency_how=how)
+             for name, path in models.items()] + [PolicySpec(kind, kind) for kind in BLIND_POLICIES]
+    title = "closed-loop gate (INT8 vs fp32, beside the blind policies)" if int8_path else \
+        "closed-loop gate (fp32 beside the blind policies)"
+    rows = evaluate(pipeline, specs, episodes, log, title=title)
+    drove = {"episodes": len(episodes), "latency_ms": latency_ms, "latency_how": how, "scenarios": list(cfg.scenarios),
+             "seeds": list(cfg.seeds), "episode_seconds": cfg.episode_seconds, "replan_hz": cfg.replan_hz}
+    return gate_record(rows, budget, bool(int8_path), drove)
+
+
+def gate_record(rows: list[dict], budget, with_int8: bool, drove: dict) -> dict:
+    """The gate's record from the scored rows of one drive (`stack.sim.drive.evaluate`): means per policy, each
+    episode's scores, and INT8 against fp32 within the budget (passed None without INT8). `drove` says how."""
+    from stack.metrics.driving import BLIND_POLICIES
+
+    record = {**drove, "episode_scores": episode_scores(rows),
+              **{name: _means(rows, name) for name in ("fp32", "expert", *BLIND_POLICIES)}}
+    if not with_int8:
+        return {**record, "passed": None, "reasons": [], "int8": None}
+    return {**record, **_int8_against_fp32(rows, budget, drove["episodes"])}
+
+
+def episode_scores(rows: list[dict]) -> list[dict]:
+    """Each episode's driving score and PDMS per policy: what the quality gate's paired bootstrap resamples."""
+    return [{"policy": r["policy"], "family": r["family"], "seed": r["seed"], "index": r["index"],
+             "metrics": {"driving_score": float(r["metrics"]["driving_score"]), "pdms": float(r["metrics"]["pdms"])}}
+            for r in rows if r["policy"] != "expert"]
+
+
+def _int8_against_fp32(rows: list[dict], budget, episodes: int) -> dict:
+    """INT8's driving-score drop and collision rise against fp32 on the same episodes, with the budget's verdict."""
+    int8, fp32 = _means(rows, "int8"), _means(rows, "fp32")
     drop = fp32["driving_score"] - int8["driving_score"]
     rise = int8["collisions_per_episode"] - fp32["collisions_per_episode"]
     reasons = []
     if drop > budget.driving_score_drop:
         reasons.append(f"closed loop: INT8 driving score {int8['driving_score']:.3f} is {drop:.3f} below fp32's "
-                       f"{fp32['driving_score']:.3f} (budget {budget.driving_score_drop:g}) over {len(episodes)} episodes")
+                       f"{fp32['driving_score']:.3f} (budget {budget.driving_score_drop:g}) over {episodes} episodes")
     if rise > budget.collision_rise:
         reasons.append(f"closed loop: INT8 causes {int8['collisions_per_episode']:.3f} at-fault collisions per episode, "
                        f"{rise:.3f} more than fp32's {fp32['collisions_per_episode']:.3f} (budget {budget.collision_rise:g})")
-    return {"passed": not reasons, "reasons": reasons, "episodes": len(episodes), "latency_ms": latency_ms,
-            "latency_how": how, "scenarios": list(cfg.scenarios), "seeds": list(cfg.seeds),
-            "episode_seconds": cfg.episode_seconds, "replan_hz": cfg.replan_hz,
+    return {"passed": not reasons, "reasons": reasons,
             "budget": {"driving_score_drop": budget.driving_score_drop, "collision_rise": budget.collision_rise},
-            "int8": int8, "fp32": fp32, "expert": expert, "driving_score_drop": drop, "collision_rise": rise,
-            "int8_worse": _paired(rows)[:10]}
+            "int8": int8, "driving_score_drop": drop, "collision_rise": rise, "int8_worse": _paired(rows)[:10]}
 
 
 def markdown(result: dict) -> list[str]:
     """The report.md section of the closed-loop gate."""
-    lines = ["## Closed loop: INT8 against fp32 on the same episodes", "",
-             f"{result['episodes']} held-out episodes ({', '.join(result['scenarios'])}; seeds "
+    int8 = result.get("int8") is not None
+    verdict = ("PASS" if result["passed"] else "FAIL") if int8 else "no INT8 to judge"
+    lines = [f"## Closed loop: {'INT8 against fp32' if int8 else 'fp32'} on held-out episodes, beside the blind policies",
+             "", f"{result['episodes']} held-out episodes ({', '.join(result['scenarios'])}; seeds "
              f"{result['seeds']}; {result['episode_seconds']:g} s each, replanning at {result['replan_hz']:g} Hz), "
-             f"latency {result['latency_how']}. Verdict: **{'PASS' if result['passed'] else 'FAIL'}**.", "",
-             "Both models drive on ONNX Runtime on this host: the gate judges the INT8 model's quantization; a "
+             f"latency {result['latency_how']}. INT8 against fp32: **{verdict}**; fp32 against the blind policies: "
+             f"see Quality.", "",
+             "The models drive on ONNX Runtime on this host: the gate judges the INT8 model's quantization; a "
              "TensorRT engine built from it rounds in its own kernels (and FP16 fallbacks), which this does not drive.", "",
-             "| model | driving score | PDMS | route completion | at-fault collisions / episode |", "|---|---|---|---|---|"]
-    for name in ("int8", "fp32", "expert"):
-        m = result[name]
-        lines.append(f"| {name} | {m['driving_score']:.3f} | {m['pdms']:.3f} | {m['route_completion']:.3f} | "
-                     f"{m['collisions_per_episode']:.3f} |")
-    lines += ["", f"Driving-score drop {result['driving_score_drop']:+.3f} (budget {result['budget']['driving_score_drop']:g}); "
-              f"collision rise {result['collision_rise']:+.3f} per episode (budget {result['budget']['collision_rise']:g})."]
-    if result["int8_worse"]:
+             "| policy | driving score | PDMS | route completion | at-fault collisions / episode |", "|---|---|---|---|---|"]
+    for name in ("int8", "fp32", "constant_velocity", "ego_rollout", "expert"):
+        m = result.get(name)
+        if m:
+            lines.append(f"| {name} | {m['driving_score']:.3f} | {m['pdms']:.3f} | {m['route_completion']:.3f} | "
+                         f"{m['collisions_per_episode']:.3f} |")
+    if int8:
+        lines += ["", f"Driving-score drop {result['driving_score_drop']:+.3f} (budget "
+                  f"{result['budget']['driving_score_drop']:g}); collision rise {result['collision_rise']:+.3f} per "
+                  f"episode (budget {result['budget']['collision_rise']:g})."]
+    if result.get("int8_worse"):
         lines += ["", "Episodes INT8 drove worse: " + "; ".join(
             f"{w['family']} seed {w['seed']} #{w['index']} ({w['fp32_driving_score']:.2f} -> {w['int8_driving_score']:.2f})"
             for w in result["int8_worse"][:5])]

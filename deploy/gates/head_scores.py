@@ -13,7 +13,7 @@ does (`stack.models.decoders.decode_all`) and scored with the same suite
 | planning | L2 at 3 s, UniAD convention (`PlanningMetric`) | lower |
 
 Planning is also held to its prior, as `stack eval` holds it: the planner is a residual on
-the ego-status rollout, so INT8 must not turn a planner that beats `PLANNING_BAR` x the
+the ego-status rollout, so INT8 must not turn a planner that beats `stack.metrics.bars`' planning bar x the
 rollout's L2 (on the same frames) into one that does not.
 
 Each frame keeps its own metric accumulators, so the gate can rescore any resample of the
@@ -29,7 +29,7 @@ import torch
 
 from stack.deploy.gates.accuracy import HeadBudget, Scores
 from stack.deploy.exportable import batch_feeds
-from stack.metrics.planning import PLANNING_BAR
+from stack.metrics.bars import bar_ratio
 
 
 def head_budgets(target, pipeline) -> list[HeadBudget]:
@@ -39,7 +39,7 @@ def head_budgets(target, pipeline) -> list[HeadBudget]:
             HeadBudget("segmentation", "segmentation_miou", budget.segmentation_miou, True),
             HeadBudget("depth", "depth_abs_rel", budget.depth_abs_rel, False),
             HeadBudget("planning", planning_key(pipeline), budget.planning_l2_3s_m, False,
-                       prior_metric=f"{planning_key(pipeline)}_ego_rollout", prior_factor=PLANNING_BAR)]
+                       prior_metric=f"{planning_key(pipeline)}_ego_rollout", prior_factor=bar_ratio("planning"))]
 
 
 def planning_key(pipeline) -> str:
@@ -50,17 +50,10 @@ def planning_key(pipeline) -> str:
 
 def make_evaluator(pipeline, batches: list):
     """An accuracy.Evaluator over `batches` (stack.batch.Batch; one frame each), one runtime call per sample."""
-    feeds = [batch_feeds(batch) for batch in batches]
-
     def evaluate(run) -> Scores:
         from stack.metrics.suite import TaskMetrics
-        from stack.models.decoders import decode_all
 
-        frames = []
-        for batch, samples in zip(batches, feeds):
-            metrics = TaskMetrics(pipeline)
-            metrics.update(decode_all(_stack([run(sample) for sample in samples]), pipeline), batch)
-            frames.append(metrics)
+        frames = frame_metrics(pipeline, batches, run)
 
         def on(indices) -> dict:
             total = TaskMetrics(pipeline)
@@ -71,6 +64,33 @@ def make_evaluator(pipeline, batches: list):
         return Scores(on(range(len(frames))), len(frames), on)
 
     return evaluate
+
+
+def make_quality_evaluator(pipeline, batches: list):
+    """run -> every metric `stack eval` computes (`TaskMetrics.compute()`, baselines included) of a runtime over
+    `batches`: what the quality gate holds to `stack eval`'s bars."""
+    def evaluate(run) -> dict:
+        from stack.metrics.suite import TaskMetrics
+
+        total = TaskMetrics(pipeline)
+        for frame in frame_metrics(pipeline, batches, run):
+            total.merge(frame)
+        return total.compute()
+
+    return evaluate
+
+
+def frame_metrics(pipeline, batches: list, run) -> list:
+    """One `TaskMetrics` per batch of `run`'s decoded outputs (so any resample of frames can be rescored)."""
+    from stack.metrics.suite import TaskMetrics
+    from stack.models.decoders import decode_all
+
+    frames = []
+    for batch in batches:
+        metrics = TaskMetrics(pipeline)
+        metrics.update(decode_all(_stack([run(sample) for sample in batch_feeds(batch)]), pipeline), batch)
+        frames.append(metrics)
+    return frames
 
 
 def _stack(per_sample: list[dict]) -> dict:

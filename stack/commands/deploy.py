@@ -7,7 +7,11 @@ writes `{export.out_dir}/{T}/` with the models, the resolved pipeline, report.md
 latency.png, gate.json, calibration.yaml and (TensorRT targets) build_engine.sh.
 `--calibration FILE` builds the bundle for that camera calibration (one bundle per vehicle;
 default the pipeline's nominal data.rig); validation samples recorded with another are refused.
-Exit 0: every gate passed; 1: a gate failed (report.md says which); 2: bad input.
+Every bundle is first judged for quality (`stack.deploy.gates.quality`): the fp32 network must clear
+`stack eval`'s head bars and beat the blind policies in closed loop; `--allow-below-bar` builds a bundle
+below that bar for experiments, marked NOT FOR DEPLOYMENT.
+Exit 0: every gate passed (with --allow-below-bar: every gate but quality); 1: a gate failed (report.md
+says which); 2: bad input.
 """
 
 from __future__ import annotations
@@ -21,6 +25,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_calibration_argument(parser)
     parser.add_argument("--target", metavar="NAME",
                         help="deploy target: a file stem in configs/targets/ (e.g. orin, cpu, ci-cpu)")
+    parser.add_argument("--allow-below-bar", action="store_true",
+                        help="build the bundle even when the network is below the quality bar (stack eval's head bars, "
+                             "beating the blind policies in closed loop): for experiments; the bundle is marked NOT "
+                             "FOR DEPLOYMENT and the runtime refuses it unless asked (exit 0 when the other gates pass)")
     parser.add_argument("--verify", metavar="BUNDLE",
                         help="check an existing bundle instead of building one: every file must be the one its "
                              "gate.json vouches for (exit 0: intact and passed; 1: changed files or a failed gate)")
@@ -52,12 +60,14 @@ def run(args: argparse.Namespace) -> int:
     from stack.train.tracking import chosen_store
 
     result = deploy_checkpoint(pipeline, state_dict, args.checkpoint, args.target, calibration_file=args.calibration,
-                               chosen_store=chosen_store(pipeline, args.config, args.overrides))
+                               chosen_store=chosen_store(pipeline, args.config, args.overrides),
+                               allow_below_bar=args.allow_below_bar)
     return 0 if result["passed"] else 1
 
 
 def verify(bundle: str) -> int:
-    """`stack deploy --verify BUNDLE`: 0 when every file matches gate.json and the gate passed, else 1."""
+    """`stack deploy --verify BUNDLE`: 0 when every file matches gate.json and the bundle is for deployment (every
+    gate passed, quality included), else 1."""
     from stack.deploy.bundle import BundleMismatch, verify_bundle
 
     try:
@@ -65,9 +75,10 @@ def verify(bundle: str) -> int:
     except BundleMismatch as exc:
         print(f"stack deploy --verify: {exc}")
         return 1
-    verdict = "PASS" if gate["passed"] else "FAIL"
+    from stack.deploy.report import verdict_line
+
     print(f"{bundle}: {len(gate['files'])} files match gate.json; the gate verdict for target "
-          f"{gate.get('target', '?')} is {verdict} (checkpoint {gate.get('checkpoint', '?')})")
-    for reason in gate.get("failures", []):
+          f"{gate.get('target', '?')} is {verdict_line(gate)} (checkpoint {gate.get('checkpoint', '?')})")
+    for reason in gate.get("failures", []) + gate.get("below_bar", []):
         print(f"  {reason}")
-    return 0 if gate["passed"] else 1
+    return 0 if gate["for_deployment"] else 1

@@ -28,7 +28,8 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from stack.commands.export import take_checkpoint
-    from stack.train.evaluate import evaluate_checkpoint, verdicts
+    from stack.metrics.bars import verdicts
+    from stack.train.evaluate import evaluate_checkpoint
 
     checkpoint = take_checkpoint(args)
     pipeline = _checked_pipeline(checkpoint, args)

@@ -31,9 +31,6 @@ from stack.kinematics import WAYPOINT_STEP_S, kinematic_rollout
 from stack.metrics.collision import collides
 
 HORIZONS_S = (1.0, 2.0, 3.0)
-PLANNING_BAR = 0.85
-"""A learned planner's L2 at 3 s must be at most this times the ego-status rollout's, its prior
-(`stack eval`'s bar, and the deploy accuracy gate's for INT8; why 0.85: `stack.train.evaluate`)."""
 
 
 def constant_velocity_plan(past_trajectory: torch.Tensor, steps: int, step_s: float = WAYPOINT_STEP_S) -> torch.Tensor:

@@ -28,7 +28,7 @@ import dataclasses, sys
 from stack.config import load_pipeline, load_target
 from stack.deploy.gates.accuracy import HeadBudget
 from stack.deploy.orchestrate import DeploySpec, run_deploy
-from deploy_fixture_net import example_inputs, make_net, make_samples, segmentation_error
+from deploy_fixture_net import drives, example_inputs, heads_like_the_recipe, make_net, make_samples, segmentation_error
 
 def deploy(folder, seed):
     net = make_net(seed=seed)
@@ -40,7 +40,8 @@ def deploy(folder, seed):
     target = dataclasses.replace(load_target("cpu", pipeline), min_fps=0.1, max_p99_latency_ms=1e6)
     spec = DeploySpec(net, example_inputs(), ["segmentation", "speed"], {"pipeline_hash": "test"}, feeds[:8], feeds[8:],
                       evaluate, [HeadBudget("segmentation", "seg_rel_error", 0.05, False)], "fixture samples",
-                      "fixture.pt", "fixture", "test", extra_files={"pipeline.yaml": "name: fixture\\n"})
+                      "fixture.pt", "fixture", "test", extra_files={"pipeline.yaml": "name: fixture\\n"},
+                      closed_loop=drives(0.2), quality_evaluator=heads_like_the_recipe)
     return run_deploy(spec, "cpu", target, pipeline.export, folder, log=lambda m: None)
 
 if __name__ == "__main__":
@@ -154,6 +155,13 @@ def _set(path: str, value):
     return edit
 
 
+def _fp32_drives_into_everything(gate):
+    """Every fp32 episode scored 0: the driving bar the quality verdict claims no longer follows."""
+    for row in gate["closed_loop"]["episode_scores"]:
+        if row["policy"] == "fp32":
+            row["metrics"] = {"driving_score": 0.0, "pdms": 0.0}
+
+
 @pytest.mark.parametrize("edit, says", [
     (_ship("../../../../etc/passwd"), r"ships '\.\./\.\./\.\./\.\./etc/passwd'; expected one of the bundle's own"),
     (_ship("pipeline.yaml"), "ships 'pipeline.yaml'"),
@@ -166,6 +174,11 @@ def _set(path: str, value):
     (_set("passed", False), "the overall verdict is FAIL, but no failure is listed"),
     (_set("failures", ["edited"]), "the overall verdict is PASS, but its failures list failed"),
     (_set("fps", None), "misshapen"),
+    (_set("quality.heads.metrics.segmentation/mIoU", 0.01), "head verdicts do not follow from its recorded head"),
+    (_fp32_drives_into_everything, "the quality gate's closed-loop verdict says True but its episode scores say False"),
+    (_set("for_deployment", False), "for_deployment says False"),
+    (_set("quality.passed", False), "the quality verdict is not the conjunction"),
+    (_set("below_bar", ["edited"]), "the list of bars the network is below does not match"),
 ])
 def test_verify_recomputes_every_verdict_and_the_shipped_model_from_the_figures(gated, tmp_path, edit, says):
     bundle = _resealed(_copy(gated, tmp_path), edit)

@@ -96,16 +96,31 @@ def test_export_again_into_its_own_previous_output(tiny):
     assert read_metadata(out / "model.onnx")["pipeline_hash"] not in (before, None)
 
 
-def test_deploy_ci_cpu_measures_and_passes(tiny):
+def test_deploy_ci_cpu_measures_and_an_untrained_network_is_not_for_deployment(tiny):
+    """An untrained network passes every INT8-against-fp32 gate and the FPS gate, and is still below the quality
+    bar: with --allow-below-bar the bundle is built (exit 0), marked NOT FOR DEPLOYMENT, and the runtime refuses it."""
     checkpoint, overrides, folder = tiny
-    result = stack("deploy", "--target", "ci-cpu", str(checkpoint), *overrides, "targets.ci-cpu.closed_loop.episodes=2")
+    result = stack("deploy", "--target", "ci-cpu", "--allow-below-bar", str(checkpoint), *overrides,
+                   "targets.ci-cpu.closed_loop.episodes=2")
     assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
+    assert "ci-cpu: PASS, NOT FOR DEPLOYMENT (below the quality bar)" in result.stdout
     bundle = folder / "export" / "ci-cpu"
     gate = json.loads((bundle / "gate.json").read_text())
     closed_loop = gate["closed_loop"]  # INT8 and fp32 drove the same two episodes (an untrained planner: alike)
     assert closed_loop["episodes"] == 2 and closed_loop["passed"] and closed_loop["int8"]["episodes"] == 2, closed_loop
+    assert closed_loop["ego_rollout"]["episodes"] == 2 and closed_loop["constant_velocity"]["episodes"] == 2
     assert "Closed loop: INT8 against fp32" in (bundle / "report.md").read_text()
-    assert gate["passed"] and gate["fps"]["mode"] == "measured"
+    assert gate["passed"] and not gate["for_deployment"] and gate["fps"]["mode"] == "measured"
+    assert any(r.startswith("quality: detection mAP ") and "does not clear its bar" in r for r in gate["below_bar"])
+    assert [row["head"] for row in gate["quality"]["heads"]["rows"]] == ["planning", "depth", "segmentation",
+                                                                         "detection"]
+    verified = stack("deploy", "--verify", str(bundle))
+    assert verified.returncode == 1 and "NOT FOR DEPLOYMENT" in verified.stdout, verified.stdout
+    from stack.deploy.runner import DeployedNetwork, NotForDeployment
+
+    with pytest.raises(NotForDeployment, match="below the quality bar"):
+        DeployedNetwork.open(bundle)
+    assert DeployedNetwork.open(bundle, allow_below_bar=True).output_names
     assert [h["head"] for h in gate["accuracy"]["heads"]] == ["detection", "segmentation", "depth", "planning"]
     ids = gate["accuracy"]["samples"]  # calibrated on training frames, ranked on others, scored on validation
     assert len(ids["calibration"]) == 4 and len(ids["sensitivity"]) == 1 and len(ids["accuracy"]) == 2, ids
@@ -135,6 +150,8 @@ def test_deploy_orin_is_predicted_and_fails_an_unreachable_bar(tiny):
     assert report.startswith("# Deploy report: orin — FAIL") and "PREDICTED" in report
     assert "trtexec --onnx=model.int8.onnx" in (bundle / "build_engine.sh").read_text()
     assert "below the required 100000 FPS" in result.stdout
+    assert "quality: detection mAP " in result.stdout  # no --allow-below-bar: a failure
+    assert "quality: closed loop not judged" in result.stdout  # closed_loop.episodes=0: nothing drove
 
 
 def test_missing_checkpoint(tiny):

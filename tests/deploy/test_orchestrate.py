@@ -10,14 +10,15 @@ from stack.config import load_pipeline, load_target
 from stack.deploy.gates.accuracy import HeadBudget, session_runner
 from stack.deploy.orchestrate import DeploySpec, run_deploy
 
-from deploy_fixture_net import example_inputs, make_net, make_samples, segmentation_error
+from deploy_fixture_net import drives, example_inputs, heads_like_the_recipe, make_net, make_samples, segmentation_error
 
 
 def _spec(net):
     feeds = make_samples(12, seed=3)
     return DeploySpec(net, example_inputs(), ["segmentation", "speed"], {"pipeline_hash": "test"}, feeds[:8],
                       feeds[8:], segmentation_error(net, feeds[8:]), [HeadBudget("segmentation", "seg_rel_error", 0.05, False)],
-                      "fixture samples", "fixture.pt", "fixture", "test")
+                      "fixture samples", "fixture.pt", "fixture", "test", closed_loop=drives(0.2),
+                      quality_evaluator=heads_like_the_recipe)
 
 
 @pytest.fixture(scope="module")

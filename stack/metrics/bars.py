@@ -1,0 +1,144 @@
+"""The bar each head of a trained network must clear against its trivial baseline (`stack eval`, `stack deploy`).
+
+A bar is derived, not chosen: a network must keep at least `GAIN_SHARE` (80%) of the improvement the tiny
+recipe makes over the head's trivial baseline, measured on the same validation frames:
+
+    bar = baseline + GAIN_SHARE x (recipe - baseline)      (per head, in the metric's own direction)
+
+expressed as a ratio to the baseline measured in the same evaluation (so a dataset with harder frames
+moves the bar with its baseline), except detection, whose trivial baseline (the empty detector) scores 0
+and whose bar is therefore a share of the recipe's mAP. The recipe's figures are the runs of the tiny recipe
+recorded in BENCHMARKS.md ("Training: the tiny recipe against the trivial baselines"), on two CPUs and two
+precisions; `RecipeFigures.margin_in_spreads` checks that each bar sits at least `MIN_SPREADS` standard
+deviations of the run-to-run spread below the recipe (so a healthy recipe run does not fail by chance,
+about 1 in 1,000 under normal noise at 3.1) while a network that learned a fifth less than the recipe fails.
+
+The trivial baselines: the ego-status rollout for planning (the planner is a residual on it, so an
+untrained planner already scores it), the per-image mean depth, the majority class, the empty detector.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from stack.metrics.planning import DEPARTURE_BAR, DEPARTURE_M
+
+GAIN_SHARE = 0.8
+"""Share of the recipe's improvement over the trivial baseline a network must keep."""
+MIN_SPREADS = 3.1
+"""The bar lies at least this many run-to-run standard deviations below the recipe's mean (one-sided 0.1%)."""
+
+
+@dataclass(frozen=True)
+class RecipeFigures:
+    """One head's figure in repeated runs of the tiny recipe, and its trivial baseline on the same frames."""
+
+    metric: str
+    higher_is_better: bool
+    runs: tuple
+    """The head's figure in each recorded recipe run (validation split, 60 frames)."""
+    baseline: float
+    """The trivial baseline on those frames (identical in every run: it does not depend on the network)."""
+    source: str
+
+    @property
+    def mean(self) -> float:
+        return float(np.mean(self.runs))
+
+    @property
+    def spread(self) -> float:
+        """Sample standard deviation over the runs."""
+        return float(np.std(self.runs, ddof=1))
+
+    @property
+    def bar(self) -> float:
+        """The absolute bar on the recipe's own frames: baseline + GAIN_SHARE x (recipe - baseline)."""
+        return self.baseline + GAIN_SHARE * (self.mean - self.baseline)
+
+    @property
+    def ratio(self) -> float:
+        """The bar as a multiple of the trivial baseline (detection: of nothing, so the absolute bar)."""
+        return self.bar / self.baseline if self.baseline else self.bar
+
+    def margin_in_spreads(self) -> float:
+        """How far the bar lies from the recipe's mean, in run-to-run standard deviations."""
+        return abs(self.mean - self.bar) / self.spread if self.spread > 0 else math.inf
+
+
+_RUNS = "BENCHMARKS.md tiny recipe runs E, F, the model before F (AVX2 and AVX-512 EPYC) and make test's (00d9b24)"
+RECIPE = {
+    "planning": RecipeFigures("L2@3s (m)", False, (0.676, 0.687, 0.672, 0.6724), 0.8537, _RUNS),
+    "depth": RecipeFigures("AbsRel", False, (0.262, 0.262, 0.273, 0.2566), 0.8056, _RUNS),
+    "segmentation": RecipeFigures("mIoU", True, (0.658, 0.662, 0.664, 0.663), 0.0351, _RUNS),
+    "detection": RecipeFigures("mAP", True, (0.222, 0.226, 0.217, 0.2337), 0.0, _RUNS),
+}
+"""The tiny recipe (684 steps) scored by `stack eval` on its 60 validation frames."""
+
+
+def bar_ratio(head: str) -> float:
+    """The head's bar as a multiple of its trivial baseline (detection: the absolute mAP bar), rounded to three
+    decimals towards the lenient side so the printed rule is the applied one."""
+    recipe = RECIPE[head]
+    scaled = recipe.ratio * 1000
+    return (math.floor(scaled) if recipe.higher_is_better else math.ceil(scaled)) / 1000
+
+
+@dataclass
+class HeadVerdict:
+    head: str
+    metric: str
+    value: float
+    baseline: float
+    bar: str
+    passed: bool
+    note: str = ""
+    """Another reference worth printing beside the verdict (planning: constant velocity)."""
+    threshold: float = math.nan
+    """The bar as a number on this evaluation's frames (the value must be at most / at least it)."""
+
+    def to_dict(self) -> dict:
+        return {"head": self.head, "metric": self.metric, "value": self.value, "baseline": self.baseline,
+                "bar": self.bar, "threshold": self.threshold, "passed": self.passed}
+
+
+HEAD_KEYS = ("planning/L2_at_3s", "planning/baseline_cv/L2_at_3s", "planning/baseline_ego_rollout/L2_at_3s",
+             "depth/AbsRel", "depth/baseline_mean_depth/AbsRel", "segmentation/mIoU",
+             "segmentation/baseline_majority/mIoU", "detection/mAP", "detection/baseline_empty/mAP",
+             "planning/departure_reproduced", "planning/departure_share")
+"""Every figure `verdicts` reads (what a deploy bundle records so its verdicts can be recomputed)."""
+
+
+def verdicts(metrics: dict) -> list[HeadVerdict]:
+    """Each head's headline metric, its trivial baseline, the bar it must clear, and whether it does.
+    A missing or NaN figure never passes."""
+    def get(key):
+        return float(metrics.get(key, math.nan))
+
+    l2, l2_cv, l2_prior = get("planning/L2_at_3s"), get("planning/baseline_cv/L2_at_3s"), \
+        get("planning/baseline_ego_rollout/L2_at_3s")
+    rel, rel_mean = get("depth/AbsRel"), get("depth/baseline_mean_depth/AbsRel")
+    miou, miou_major = get("segmentation/mIoU"), get("segmentation/baseline_majority/mIoU")
+    mean_ap = get("detection/mAP")
+    departure, share = get("planning/departure_reproduced"), get("planning/departure_share")
+    planning, depth, segmentation, detection = (bar_ratio(h) for h in ("planning", "depth", "segmentation",
+                                                                        "detection"))
+    return [
+        HeadVerdict("planning", "L2@3s (m)", l2, l2_prior, f"<= {planning:g} x ego-status rollout",
+                    l2 <= planning * l2_prior, f"constant velocity {l2_cv:.3f} m ({_ratio(l2, l2_cv)}); "
+                    f"reproduces {departure:.0%} of the expert's departures from the rollout (> "
+                    f"{DEPARTURE_M:g} m at 3 s: {share:.0%} of frames; the closed-loop mechanism, target "
+                    f">= {DEPARTURE_BAR:.0%})", planning * l2_prior),
+        HeadVerdict("depth", "AbsRel", rel, rel_mean, f"<= {depth:g} x mean depth", rel <= depth * rel_mean,
+                    threshold=depth * rel_mean),
+        HeadVerdict("segmentation", "mIoU", miou, miou_major, f">= {segmentation:g} x majority class",
+                    miou >= segmentation * miou_major, threshold=segmentation * miou_major),
+        HeadVerdict("detection", "mAP", mean_ap, get("detection/baseline_empty/mAP"), f">= {detection:g}",
+                    mean_ap >= detection, threshold=detection),
+    ]
+
+
+def _ratio(value: float, reference: float) -> str:
+    return f"{value / reference:.2f}x" if reference else "n/a"
