@@ -131,7 +131,7 @@ def latency(pipeline, args) -> int:
         print(f"| {'(no references)' if name == '*' else name} | {margin.value:g} | {margin.status} | {margin.basis} |")
     stale = {k: v for k, v in result["loo"].items() if abs(LOO_ERRORS.get(k, 99) - v) > 0.005}
     if stale:
-        print(f"NOTE: latency.LOO_ERRORS differs from this fit for {sorted(stale)}: update it")
+        print(f"NOTE: latency.margins.LOO_ERRORS differs from this fit for {sorted(stale)}: update it")
     _latency_predictions(pipeline, references_for)
     return 0
 
