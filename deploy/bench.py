@@ -103,7 +103,8 @@ def _print_infer(metrics: dict, times: dict, gflop: float, rate_gflops: float, r
 
 
 def latency(pipeline, args) -> int:
-    from stack.deploy.latency.roofline import GATE_MARGIN, LOO_ERRORS, P99_OVER_MEDIAN
+    from stack.deploy.latency.margins import LOO_ERRORS
+    from stack.deploy.latency.roofline import P99_OVER_MEDIAN
     from stack.deploy.latency.efficiency_fit import table
     from stack.deploy.latency.references import FITTED, references_for
 
@@ -111,23 +112,26 @@ def latency(pipeline, args) -> int:
     print(f"\n# latency model fitted to {result['references']} published AGX Orin references (refs not on "
           f"AGX Orin are predicted, never fitted)")
     sources = list(dict.fromkeys(row["source"] for row in result["rows"]))
-    print("| reference | family | precision | device | published ms | predicted ms | error | leave-one-out | source |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| reference | family | precision | device | published ms | predicted ms | error | leave-one-out | "
+          "leave-one-family-out | own device (harness refit) | source |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for row in result["rows"]:
-        loo = "-" if row["loo_error"] is None else f"{row['loo_error']:+.1%}"
+        cells = ["-" if row[k] is None else f"{row[k]:+.1%}" for k in ("loo_error", "lofo_error", "device_error")]
         print(f"| {row['reference']} | {row['family']} | {row['precision']} | {row['target']} | {row['published_ms']} | "
-              f"{row['predicted_ms']} | {row['error']:+.1%} | {loo} | [{sources.index(row['source']) + 1}] |")
+              f"{row['predicted_ms']} | {row['error']:+.1%} | {' | '.join(cells)} | [{sources.index(row['source']) + 1}] |")
     print("\n" + "\n".join(f"[{i}] {source}" for i, source in enumerate(sources, 1)))
     _latency_breakdown(result)
     eff = result["efficiency"]
     print(f"\nefficiencies (fitted: {', '.join(FITTED)}; others are priors): {eff}")
     print(f"harness overhead (per image, fitted): {result['overhead_ms']}")
     print(f"leave-one-out spread: {result['loo_min']:+.1%} to {result['loo_max']:+.1%}, RMS {result['loo_rms']:.1%}; "
-          f"gate margin 1/(1 + worst optimistic) = {result['margin']:g} (in use: {GATE_MARGIN:g}); "
-          f"predicted p99 = median x {P99_OVER_MEDIAN:g}")
+          f"predicted p99 = median x margin x {P99_OVER_MEDIAN:g}")
+    print("\n| target | margin | status | basis |\n|---|---|---|---|")
+    for name, margin in result["margins"].items():
+        print(f"| {'(no references)' if name == '*' else name} | {margin.value:g} | {margin.status} | {margin.basis} |")
     stale = {k: v for k, v in result["loo"].items() if abs(LOO_ERRORS.get(k, 99) - v) > 0.005}
     if stale:
-        print(f"NOTE: latency.LOO_ERRORS differs from this fit for {sorted(stale)}: update it")
+        print(f"NOTE: latency.margins.LOO_ERRORS differs from this fit for {sorted(stale)}: update it")
     _latency_predictions(pipeline, references_for)
     return 0
 
@@ -145,7 +149,8 @@ def _latency_breakdown(result: dict) -> None:
 
 def _latency_predictions(pipeline, references_for) -> None:
     from stack.deploy.export import export_onnx
-    from stack.deploy.latency.roofline import GATE_MARGIN, P99_OVER_MEDIAN, predict, target_validation
+    from stack.deploy.latency.margins import target_margin
+    from stack.deploy.latency.roofline import P99_OVER_MEDIAN, predict
     from stack.deploy.exportable import export_network
     from stack.models import build_model
 
@@ -155,15 +160,17 @@ def _latency_predictions(pipeline, references_for) -> None:
                            pipeline.export.opset, network.metadata).path
         model = onnx.load(str(path))
     print(f"\n{pipeline.name} network, fp16 everywhere vs all convs/matmuls INT8 (predicted, not measured; "
-          f"gated as INT8 x {GATE_MARGIN:g}, p99 x {P99_OVER_MEDIAN:g} more):")
-    print("| target | fp16 ms | int8 ms | int8 x margin ms | bar FPS | own references |\n|---|---|---|---|---|---|")
+          f"gated as INT8 x the target's margin, p99 x {P99_OVER_MEDIAN:g} more):")
+    print("| target | fp16 ms | int8 ms | margin | int8 x margin ms | bar FPS | p99 bar ms | status |\n"
+          "|---|---|---|---|---|---|---|---|")
     for name, target in sorted(pipeline.targets.items()):
         if target.runtime != "tensorrt":
             continue
         fp16 = predict(model, target, keep_fp32=tuple(pipeline.export.keep_fp32)).total_ms
         int8 = predict(model, target, keep_fp32=tuple(pipeline.export.keep_fp32), all_int8=True).total_ms
-        print(f"| {name} | {fp16:.2f} | {int8:.2f} | {int8 * GATE_MARGIN:.2f} | {target.min_fps:g} | "
-              f"{target_validation(name)} |")
+        margin = target_margin(name)
+        print(f"| {name} | {fp16:.2f} | {int8:.2f} | {margin.value:g} | {int8 * margin.value:.2f} | {target.min_fps:g} | "
+              f"{target.max_p99_latency_ms:g} | {margin.status} |")
 
 
 def drive(pipeline, args) -> int:

@@ -396,13 +396,13 @@ def _measure_tensorrt(spec, folder, engine_onnx, target, cfg, result, log, fp32:
 
 
 def _predict(folder, engine_onnx, target, cfg, result, log):
-    from stack.deploy.latency.roofline import GATE_MARGIN, loo_summary, predict, target_validation
+    from stack.deploy.latency.margins import loo_summary, target_margin, validation_note
+    from stack.deploy.latency.roofline import predict
 
     prediction = predict(onnx.load(str(engine_onnx)), target, keep_fp32=tuple(cfg.keep_fp32))
-    note = (f"{PREDICTION_ERROR_NOTE}: {loo_summary()}; the margin covers the worst optimistic one; "
-            f"{target_validation(result['target'])}" + ("; the DLA is not modelled: this is the GPU-only latency"
-                                                       if target.dla_core >= 0 else ""))
-    gate = predicted_gate(target, prediction, note, GATE_MARGIN)
+    note = (f"{PREDICTION_ERROR_NOTE}: {loo_summary()}; {validation_note(result['target'])}"
+            + ("; the DLA is not modelled: this is the GPU-only latency" if target.dla_core >= 0 else ""))
+    gate = predicted_gate(target, prediction, note, target_margin(result["target"]))
     log(f"predicted {prediction.total_ms:.2f} ms on {target.description} (no TensorRT timing on the target here)")
     result["fps"] = gate.to_dict()
     rows = [(l.name, "+".join(l.ops), l.time_ms, f"{l.precision}/{l.bound}") for l in prediction.layers]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -43,6 +43,10 @@ class LatencyStats:
     p99_ms: float
     mean_ms: float
     runs: int
+    round_medians_ms: list = field(default_factory=list)
+    """Median of each timing round when timed side by side (`stack.deploy.gates.fps.time_side_by_side`)."""
+    round_reference_ms: list = field(default_factory=list)
+    """Mean reference-workload time per run of the block timed after each round, same order."""
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -93,11 +93,20 @@ def _closed_loop_passed(closed_loop: dict | None) -> bool | None:
 
 
 def _fps_passed(fps: dict) -> bool:
-    """The FPS and p99 bars on the (scaled) latencies, as `gates.fps.decide` applies them."""
+    """The FPS and p99 bars on the (scaled) latencies, as `gates.fps.decide` applies them: the median bar on
+    the normalised repeats when there are any (pass / fail / inconclusive, inconclusive failing unless the
+    target lets it pass), and the recorded verdict must be the one the figures give."""
+    from stack.deploy.gates.fps import median_verdict
+
     scaled = _near(fps["median_ms"], fps["raw_median_ms"] * fps["scale"]) and \
         _near(fps["p99_ms"], fps["raw_p99_ms"] * fps["scale"])
-    fast = fps["median_ms"] <= 0 or 1000.0 / fps["median_ms"] >= fps["min_fps"]
-    return bool(scaled and fast and fps["p99_ms"] <= fps["max_p99_ms"])
+    bar_ms = 1000.0 / fps["min_fps"]
+    verdict = median_verdict(fps["median_ms"], fps.get("repeats_ms") or [], bar_ms)
+    fast = verdict == "pass" or (verdict == "inconclusive" and bool(fps.get("inconclusive_passes")))
+    tail = fps["p99_ms"] <= fps["max_p99_ms"]
+    recorded = fps.get("verdict")
+    consistent = recorded is None or recorded == (verdict if tail else "fail")
+    return bool(scaled and fast and tail and consistent)
 
 
 def expected_shipped(gate: dict) -> str:
@@ -122,10 +131,22 @@ def _excused(gate: dict, name: str, shipped: str) -> bool:
 
 
 def _timing_problems(gate: dict, shipped: str) -> list[str]:
-    """ONNX Runtime targets time the shipped model here: the FPS gate's raw median is that model's median."""
+    """ONNX Runtime targets time the shipped model here: the FPS gate's raw median is that model's median, and
+    its repeats are that model's round medians normalised by the reference block timed after each round."""
     if gate["runtime"] != "onnxruntime":
         return []
-    timed = gate["speed"]["side_by_side"][shipped]["median_ms"]
-    if _near(timed, gate["fps"]["raw_median_ms"]):
-        return []
-    return [f"the FPS gate's median {gate['fps']['raw_median_ms']} ms is not {shipped}'s timed median {timed} ms"]
+    from stack.deploy.gates.fps import normalised_repeats
+    from stack.deploy.runtime import LatencyStats
+
+    timed = gate["speed"]["side_by_side"][shipped]
+    problems = []
+    if not _near(timed["median_ms"], gate["fps"]["raw_median_ms"]):
+        problems.append(f"the FPS gate's median {gate['fps']['raw_median_ms']} ms is not {shipped}'s timed median "
+                        f"{timed['median_ms']} ms")
+    stats = LatencyStats(**{k: timed[k] for k in LatencyStats.__dataclass_fields__ if k in timed})
+    expected = normalised_repeats(stats, gate["fps"].get("reference_workload_ms", 0.0))
+    recorded = gate["fps"].get("repeats_ms") or []
+    if len(expected) != len(recorded) or not all(math.isclose(a, b, rel_tol=1e-3) for a, b in zip(expected, recorded)):
+        problems.append(f"the FPS gate's repeats {recorded} are not {shipped}'s round medians normalised by the "
+                        f"reference blocks ({[round(v, 4) for v in expected]})")
+    return problems

@@ -2,11 +2,12 @@
 
 The bars are a latency budget a user would set (`stack.pipeline.Target`): the cameras run at
 `camera_hz`, and the network may use `network_share` of each frame period; the rest belongs to
-decoding, pre/post-processing, tracking and control on the same computer. So the median
-latency must fit the budget (`min_fps` = 1000 / budget unless set), and the p99 must fit the
-whole frame period (`max_p99_latency_ms` unless set): a longer run delays or drops the next
-frame. The report prints the budget, the latency and the headroom (budget / median latency;
-the median's share of the frame period).
+decoding, pre/post-processing, tracking and control on the same computer (`other_stages_ms`). So the
+median latency must fit the budget (`min_fps` = 1000 / budget unless set), and the p99 must fit the
+frame period minus the other stages (`max_p99_latency_ms` unless set): a longer run makes the frame
+miss its period. With the derived values both bars are the network's share, and the p99 bar binds first
+for a prediction (p99 = median x `P99_OVER_MEDIAN`). The report prints the budget, the latency and the
+headroom (budget / median latency; the median's share of the frame period).
 
 - measured (ONNX Runtime here, TensorRT on a device): median and p99 over
   `export.timing_runs` runs after warm-up. When the target records the reference
@@ -19,10 +20,15 @@ the median's share of the frame period).
   while the tiny network went from ~50 to 117-147 ms), whereas its mean over a block pays
   for the preemptions as the network does (6-10 ms at that load: network / reference
   13-16x, as on a quiet machine).
-- predicted (TensorRT targets without TensorRT): the latency model's total times
-  `latency.GATE_MARGIN` (the worst optimistic leave-one-out error over its published
-  references) is the median; the p99 is that times `latency.P99_OVER_MEDIAN`, a ratio taken
-  from published Orin runs. The report says "predicted" with the model's stated error.
+  The median bar is decided on the repeats, not on one median: each timing round's median,
+  normalised by the reference runs paired with that round's runs. Their mean's 90% interval within
+  the bar: pass; beyond it: fail; the bar inside it: **inconclusive**, which fails the gate unless
+  the target sets `timing_inconclusive_passes`.
+- predicted (TensorRT targets without TensorRT): the latency model's total times the target's
+  margin (`latency.margins.target_margin`: from the errors on the target's own published
+  references, or the conservative margin when it has none, reported "unvalidated") is the median;
+  the p99 is that times `latency.P99_OVER_MEDIAN`, a ratio taken from published Orin runs. The
+  report says "predicted" with the model's stated error.
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ class FpsGate:
     min_fps: float
     max_p99_ms: float
     scale: float = 1.0
-    """Factor applied to the raw latency (reference workload normalisation); 1 when none."""
+    """Factor applied to the raw latency (reference workload normalisation, or the prediction's margin)."""
     raw_median_ms: float = 0.0
     raw_p99_ms: float = 0.0
     reasons: list = field(default_factory=list)
@@ -49,6 +55,17 @@ class FpsGate:
     frame_period_ms: float = 0.0
     budget_ms: float = 0.0
     """The network's share of the frame period (target.network_share x period), ms."""
+    verdict: str = ""
+    """`pass`, `fail` or `inconclusive` (measured repeats straddling the median bar)."""
+    repeats_ms: list = field(default_factory=list)
+    """Per timing round: the round's median, normalised by the reference block timed after it, ms."""
+    reference_workload_ms: float = 0.0
+    """The target's reference-workload time (0: raw latency); repeats are normalised to it."""
+    inconclusive_passes: bool = False
+    """The target's `timing_inconclusive_passes`."""
+    validation: str = ""
+    """`measured`, or for a prediction `validated` / `unvalidated` (the target has no published reference)."""
+    margin_basis: str = ""
 
     @property
     def headroom(self) -> float:
@@ -73,17 +90,47 @@ class FpsGate:
                     period_used=self.period_used)
 
 
-def decide(mode: str, how: str, median_ms: float, p99_ms: float, target, scale: float = 1.0) -> FpsGate:
-    """Apply the target's bars to (scaled) latencies."""
+def median_verdict(median_ms: float, repeats_ms: list, bar_ms: float) -> str:
+    """`pass` / `fail` / `inconclusive` of the median bar. With repeats: on the 90% interval of their mean
+    (mean +- CONFIDENCE_T x sd / sqrt(n)), pass when it lies within the bar, fail when beyond it, inconclusive
+    when the bar is inside it; without (a prediction, a TensorRT timing), on the one median.
+    `stack.deploy.verdicts` recomputes it from gate.json."""
+    low, high = repeat_interval(repeats_ms) if len(repeats_ms) > 1 else (median_ms, median_ms)
+    if high <= bar_ms:
+        return "pass"
+    return "fail" if low > bar_ms else "inconclusive"
+
+
+def repeat_interval(repeats_ms: list) -> tuple[float, float]:
+    """The 90% t-interval of the repeats' mean, ms."""
+    import statistics
+
+    mean, half = statistics.fmean(repeats_ms), CONFIDENCE_T * statistics.stdev(repeats_ms) / len(repeats_ms) ** 0.5
+    return mean - half, mean + half
+
+
+def decide(mode: str, how: str, median_ms: float, p99_ms: float, target, scale: float = 1.0,
+           repeats_ms: list | None = None) -> FpsGate:
+    """Apply the target's bars to (scaled) latencies; `repeats_ms` (already normalised) decide the median bar."""
     gate = FpsGate(mode, how, median_ms * scale, p99_ms * scale, target.min_fps, target.max_p99_latency_ms,
                    scale, median_ms, p99_ms, camera_hz=target.camera_hz, frame_period_ms=target.frame_period_ms(),
-                   budget_ms=target.latency_budget_ms())
-    if gate.fps < target.min_fps:
-        gate.reasons.append(f"{mode} {gate.fps:.1f} FPS (median {gate.median_ms:.2f} ms) is below the "
+                   budget_ms=target.latency_budget_ms(), repeats_ms=[round(r, 4) for r in repeats_ms or []],
+                   inconclusive_passes=target.timing_inconclusive_passes)
+    gate.verdict = median_verdict(gate.median_ms, gate.repeats_ms, 1000.0 / target.min_fps)
+    spread = ("; repeats' 90%% interval %.2f-%.2f ms" % repeat_interval(gate.repeats_ms)
+              if len(gate.repeats_ms) > 1 else "")
+    if gate.verdict == "fail":
+        gate.reasons.append(f"{mode} {gate.fps:.1f} FPS (median {gate.median_ms:.2f} ms{spread}) is below the "
                             f"required {target.min_fps:g} FPS ({_budget_words(gate, target)})")
+    elif gate.verdict == "inconclusive" and not target.timing_inconclusive_passes:
+        gate.reasons.append(f"{mode} FPS inconclusive: the bar {1000.0 / target.min_fps:.2f} ms lies inside the spread "
+                            f"of the repeats' mean{spread} (median {gate.median_ms:.2f} ms); an inconclusive verdict fails "
+                            f"unless the target sets timing_inconclusive_passes")
     if gate.p99_ms > target.max_p99_latency_ms:
+        gate.verdict = "fail"
         gate.reasons.append(f"{mode} p99 latency {gate.p99_ms:.2f} ms exceeds {target.max_p99_latency_ms:g} ms "
-                            f"(the {gate.frame_period_ms:.1f} ms frame period at {target.camera_hz:g} Hz unless set)")
+                            f"(the {gate.frame_period_ms:.1f} ms frame period at {target.camera_hz:g} Hz minus "
+                            f"{target.other_stages_ms:g} ms of the pipeline's other stages, unless set)")
     return gate
 
 
@@ -93,15 +140,21 @@ def _budget_words(gate: FpsGate, target) -> str:
 
 
 TIMING_ROUNDS = 5
-"""Side-by-side timing alternates the models in this many rounds, so a burst of load hits them all."""
-REFERENCE_RUNS_PER_ROUND = 20
-"""Reference-workload runs timed as one block after each round."""
+"""Side-by-side timing alternates the models in this many rounds, so a burst of load hits them all; each
+round's normalised median is one repeat of the verdict."""
+CONFIDENCE_T = 2.132
+"""Student's t, 4 degrees of freedom, one-sided 95% (two-sided 90%): the verdict's interval on the mean of
+TIMING_ROUNDS repeats is mean +- this x sd / sqrt(5)."""
 
 
 def time_side_by_side(sessions: dict, feeds: dict, runs: int, warmup: int) -> tuple[dict, float]:
     """({name: LatencyStats} over `runs` runs each, reference workload ms): the sessions alternate in TIMING_ROUNDS
-    rounds, each round followed by a block of reference runs whose mean time per run is the reference."""
-    import time
+    rounds, and every model run is followed by one reference run, whose mean time per run is the reference.
+    Pairing each run with a reference run samples the same load (a 20-run block after the round tracked it
+    poorly: per-round normalised medians of the tiny network spread 14-37 ms at load 2-3.5 on the 2-core
+    EPYC, against 12-24 ms paired). Each LatencyStats carries its rounds' medians and the mean reference of
+    the runs paired with them: the repeats the median bar is decided on."""
+    import numpy as np
 
     from stack.deploy.runtime import reference_session, summarize, time_session
 
@@ -109,42 +162,82 @@ def time_side_by_side(sessions: dict, feeds: dict, runs: int, warmup: int) -> tu
     for session in sessions.values():
         time_session(session, feeds, runs=1, warmup=warmup)
     time_session(reference, reference_feeds, runs=1, warmup=5)
-    times, reference_s = {name: [] for name in sessions}, 0.0
+    rounds: dict = {name: [] for name in sessions}
     per_round = -(-runs // TIMING_ROUNDS)
     for _ in range(TIMING_ROUNDS):
         for name, session in sessions.items():
-            for _ in range(per_round):
-                start = time.perf_counter()
-                session.run(None, feeds)
-                times[name].append(time.perf_counter() - start)
+            rounds[name].append(_paired_runs(session, feeds, reference, reference_feeds, per_round))
+    out, references = {}, []
+    for name, values in rounds.items():
+        stats = summarize([t for model, _ in values for t in model])
+        stats.round_medians_ms = [float(np.median(model)) * 1e3 for model, _ in values]
+        stats.round_reference_ms = [float(np.mean(ref)) * 1e3 for _, ref in values]
+        references += stats.round_reference_ms
+        out[name] = stats
+    return out, float(np.mean(references))
+
+
+def _paired_runs(session, feeds: dict, reference, reference_feeds: dict, runs: int) -> tuple[list, list]:
+    """(model seconds, reference seconds) of `runs` model runs, each followed by one reference run."""
+    model, ref = _timed_runs(session, feeds, 0), []
+    for _ in range(runs):
+        model += _timed_runs(session, feeds, 1)
+        ref += _timed_runs(reference, reference_feeds, 1)
+    return model, ref
+
+
+def _timed_runs(session, feeds: dict, runs: int) -> list:
+    """Wall time in seconds of each of `runs` runs."""
+    import time
+
+    times = []
+    for _ in range(runs):
         start = time.perf_counter()
-        for _ in range(REFERENCE_RUNS_PER_ROUND):
-            reference.run(None, reference_feeds)
-        reference_s += time.perf_counter() - start
-    reference_ms = 1e3 * reference_s / (TIMING_ROUNDS * REFERENCE_RUNS_PER_ROUND)
-    return {name: summarize(values) for name, values in times.items()}, reference_ms
+        session.run(None, feeds)
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def normalised_repeats(stats, reference_workload_ms: float) -> list:
+    """Each round's median scaled by (reference_workload_ms / the reference block after it); raw medians when
+    the target has no reference workload. [] when the timings were not taken in rounds."""
+    medians = list(getattr(stats, "round_medians_ms", []) or [])
+    blocks = list(getattr(stats, "round_reference_ms", []) or [])
+    if reference_workload_ms > 0 and len(blocks) == len(medians):
+        return [m * reference_workload_ms / r for m, r in zip(medians, blocks)]
+    return medians
 
 
 def measured_gate(target, stats, runtime: str, reference_now_ms: float | None) -> FpsGate:
-    """The gate on timings taken here (`stats`: LatencyStats)."""
+    """The gate on timings taken here (`stats`: LatencyStats); the median bar on its normalised repeats."""
     scale, note = 1.0, ""
     if target.reference_workload_ms > 0 and reference_now_ms:
         scale = target.reference_workload_ms / reference_now_ms
         note = (f"; normalised by the reference workload ({reference_now_ms:.2f} ms now vs "
                 f"{target.reference_workload_ms:.2f} ms on the reference machine, x{scale:.2f})")
-    how = f"measured: {runtime}, median and p99 over {stats.runs} runs after warm-up{note}"
-    return decide("measured", how, stats.median_ms, stats.p99_ms, target, scale)
+    repeats = normalised_repeats(stats, target.reference_workload_ms if reference_now_ms else 0.0)
+    rounds = f", verdict on the {len(repeats)} rounds' medians" if repeats else ""
+    how = f"measured: {runtime}, median and p99 over {stats.runs} runs after warm-up{note}{rounds}"
+    gate = decide("measured", how, stats.median_ms, stats.p99_ms, target, scale, repeats)
+    gate.reference_workload_ms = target.reference_workload_ms if reference_now_ms else 0.0
+    gate.validation = "measured"
+    return gate
 
 
-def predicted_gate(target, prediction, error_note: str, margin: float = 1.0, p99_ratio: float | None = None) -> FpsGate:
-    """The gate on the latency model's prediction (`prediction`: latency.Prediction) times `margin`; the p99
-    bar is checked against that times `p99_ratio` (default `latency.P99_OVER_MEDIAN`): a prediction is a
-    median, and a frame that waits is decided by the tail."""
+def predicted_gate(target, prediction, error_note: str, margin=1.0, p99_ratio: float | None = None) -> FpsGate:
+    """The gate on the latency model's prediction (`prediction`: latency.Prediction) times `margin` (a number,
+    or the target's `latency.margins.Margin`, whose status and basis the gate records); the p99 bar is checked
+    against that times `p99_ratio` (default `latency.P99_OVER_MEDIAN`): a prediction is a median, and a frame
+    that waits is decided by the tail."""
     from stack.deploy.latency.roofline import P99_OVER_MEDIAN
 
+    value = getattr(margin, "value", margin)
+    status = getattr(margin, "status", "")
     p99_ratio = P99_OVER_MEDIAN if p99_ratio is None else p99_ratio
     how = (f"predicted: per-layer roofline over the QDQ graph against {target.description or 'the target'} peaks "
            f"(INT8 {target.int8_tops:g} TOPS, FP16 {target.fp16_tflops:g} TFLOPS, {target.memory_bandwidth_gbs:g} GB/s), "
-           f"TensorRT-style fusion, {prediction.total_ms:.2f} ms raw x {margin:g} safety margin, p99 = median x "
-           f"{p99_ratio:g} (published Orin p99/median); {error_note}")
-    return decide("predicted", how, prediction.total_ms, prediction.total_ms * p99_ratio, target, scale=margin)
+           f"TensorRT-style fusion, {prediction.total_ms:.2f} ms raw x {value:g} {status + ' ' if status else ''}"
+           f"safety margin, p99 = median x {p99_ratio:g} (published Orin p99/median); {error_note}")
+    gate = decide("predicted", how, prediction.total_ms, prediction.total_ms * p99_ratio, target, scale=value)
+    gate.validation, gate.margin_basis = status, getattr(margin, "basis", "")
+    return gate

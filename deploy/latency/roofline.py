@@ -21,8 +21,9 @@ computed on TensorRT's view of the graph rather than ONNX's node list:
 
 Efficiencies are per operator class (`KINDS`) and precision, fitted to 12 published Jetson AGX
 Orin TensorRT timings from three network families (`stack.deploy.latency.references.REFERENCES`,
-refit by `stack bench latency`); each reference's leave-one-out error is the stated error
-(`LOO_ERRORS`), its worst optimistic value sets `GATE_MARGIN`, and BENCHMARKS.md records them.
+refit by `stack bench latency`); each reference's leave-one-out and leave-one-family-out error is the
+stated error, and each target's gate margin comes from the errors on its own references
+(`stack.deploy.latency.margins`); BENCHMARKS.md records them.
 Roofline model: Williams, Waterman, Patterson, CACM 2009
 (https://doi.org/10.1145/1498765.1498785).
 """
@@ -86,26 +87,6 @@ class Efficiency:
 FITTED_EFFICIENCY = Efficiency(conv_int8=0.3154, conv_fp16=0.4499, memory=0.7366)
 """`stack.deploy.latency.efficiency_fit.fit` on the 12 AGX Orin references (`stack bench latency` refits and prints
 it; the slow test checks these figures are what the fit gives). The other fields are the priors."""
-LOO_ERRORS = {
-    "ResNet-50 v1.5 224x224 int8": 0.182,
-    "CUDA-BEVFusion camera backbone (R50 + LSS-FPN + depth net) 6x3x256x704 int8": -0.112,
-    "YOLO11n 640x640 fp16": 0.038, "YOLO11s 640x640 fp16": -0.012, "YOLO11m 640x640 fp16": -0.045,
-    "YOLO11l 640x640 fp16": -0.01, "YOLO11x 640x640 fp16": 0.069,
-    "YOLO11n 640x640 int8": -0.049, "YOLO11s 640x640 int8": 0.031, "YOLO11m 640x640 int8": 0.021,
-    "YOLO11l 640x640 int8": -0.059, "YOLO11x 640x640 int8": 0.136,
-}
-"""Leave-one-out relative error per AGX Orin reference (fitted on the other 11, then predicted; positive =
-pessimistic), from `stack.deploy.latency.efficiency_fit.table` (`stack bench latency`)."""
-
-
-def gate_margin(loo_errors: dict) -> float:
-    """Factor on a prediction that covers the worst optimistic leave-one-out error: 1 / (1 + most negative
-    error), 1 when no reference was under-predicted. The gate trusts the model no further than it has been
-    seen to err on a network it was not fitted to."""
-    worst = min(list(loo_errors.values()) + [0.0])
-    return round(1.0 / (1.0 + worst), 2)
-
-
 P99_OVER_MEDIAN = 1.13
 """Predicted p99 = predicted median x this. Published Jetson AGX Orin runs: trtexec on a quiet board with
 locked clocks gives p99/median 1.001 (IGEV-YOLO8 issue #8, AGX Orin 32GB, FP16: 76.45 / 76.34 ms); an
@@ -114,33 +95,6 @@ application sharing the GPU gives a wider spread: CUDA-BEVFusion's camera backbo
 shares its GPU, so the larger ratio is used. MLPerf SingleStream publishes p90 only, which does not
 extrapolate to p99 without a distribution, so it is not used here."""
 DEFAULT_EFFICIENCY = FITTED_EFFICIENCY
-GATE_MARGIN = gate_margin(LOO_ERRORS)
-"""The predicted FPS gate multiplies the prediction by this (1.13: BEVFusion's camera backbone, -11.2%)."""
-
-
-TARGET_CHECKS = {
-    "orin": (12, -0.112, 0.182, "leave-one-out"),
-    "orin-nano-super": (10, -0.256, 0.109, "the AGX Orin fit applied to its peaks"),
-    "orin-nx": (10, -0.289, 0.117, "the AGX Orin fit applied to its peaks"),
-}
-"""Per target with published references of its own: (count, worst negative error, worst positive error, how)
-from `stack bench latency`; the slow test recomputes them."""
-
-
-def target_validation(name: str) -> str:
-    """What the prediction for target `name` has been checked against, for its report."""
-    if name not in TARGET_CHECKS:
-        return (f"target {name!r} has no published reference of its own: its prediction applies the AGX Orin "
-                f"efficiencies to its datasheet peaks, unchecked on the device")
-    count, low, high, how = TARGET_CHECKS[name]
-    return f"checked on {count} published references of {name} ({how}): errors {low:+.0%} to {high:+.0%}"
-
-
-def loo_summary() -> str:
-    """One line on the stated error, for reports: spread of the leave-one-out errors and their count."""
-    values = list(LOO_ERRORS.values())
-    return (f"leave-one-out error on {len(values)} published AGX Orin references (3 network families, INT8 and "
-            f"FP16) from {min(values):+.0%} to {max(values):+.0%}, RMS {np.sqrt(np.mean(np.square(values))):.0%}")
 
 
 @dataclass

@@ -170,11 +170,64 @@ def test_every_reference_is_sourced_and_the_fit_covers_three_families():
     assert {ref.precision for ref in fitted} == {"int8", "fp16"}
 
 
-def test_gate_margin_comes_from_the_worst_optimistic_leave_one_out_error():
-    from stack.deploy.latency.roofline import GATE_MARGIN, LOO_ERRORS, gate_margin
+def test_gate_margin_comes_from_the_worst_optimistic_error():
+    from stack.deploy.latency.margins import LOO_ERRORS, LOFO_ERRORS, gate_margin, target_margin
 
     assert gate_margin({"a": -0.2, "b": 0.3}) == 1.25 and gate_margin({"a": 0.1}) == 1.0
-    assert GATE_MARGIN == gate_margin(LOO_ERRORS) and GATE_MARGIN * (1 + min(LOO_ERRORS.values())) >= 0.995
+    orin = target_margin("orin")
+    worst = min(list(LOO_ERRORS.values()) + [e for family in LOFO_ERRORS.values() for e in family.values()])
+    assert orin.status == "validated" and orin.value == gate_margin({"w": worst}) and orin.value * (1 + worst) >= 0.995
+
+
+def test_each_target_margin_comes_from_its_own_references():
+    """orin-nx and orin-nano-super: their own references' worst error compounded with AGX Orin's worst family
+    error; so they differ from each other and from AGX Orin's."""
+    from stack.deploy.latency.margins import DEVICE_ERRORS, LOFO_ERRORS, target_margin
+
+    family = min(e for errors in LOFO_ERRORS.values() for e in errors.values())
+    for name in ("orin-nx", "orin-nano-super"):
+        margin = target_margin(name)
+        expected = 1 / ((1 + min(DEVICE_ERRORS[name].values())) * (1 + family))
+        assert margin.status == "validated" and margin.references == len(DEVICE_ERRORS[name]) == 10
+        assert margin.value == pytest.approx(expected, abs=0.005)
+    assert len({target_margin(n).value for n in ("orin", "orin-nx", "orin-nano-super")}) == 3
+
+
+def test_margins_follow_the_errors_they_are_given():
+    """The rules on hand-made errors: a worse device reference raises that device's margin only."""
+    from stack.deploy.latency.margins import margins_from
+
+    loo, lofo = {"a": -0.1, "b": 0.2}, {"f1": {"a": -0.2}, "f2": {"b": 0.1}}
+    margins = margins_from(loo, lofo, {"dev": {"y": -0.5, "z": 0.1}}, {"dev": -0.3})
+    assert margins["orin"].value == 1.25  # worst of LOO and LOFO: -0.2
+    assert margins["dev"].value == pytest.approx(1 / (0.5 * 0.8), abs=0.005)
+    assert margins["*"].status == "unvalidated" and margins["*"].value == pytest.approx(1 / (0.8 * 0.7), abs=0.005)
+
+
+def test_a_target_without_references_gets_the_conservative_margin_and_says_unvalidated():
+    """orin-nano's original clocks and x86-gpu's L4 have no published reference: never AGX Orin's margin."""
+    from stack.deploy.latency.margins import CONSERVATIVE_MARGIN, target_margin, validation_note
+
+    for name in ("orin-nano", "x86-gpu", "some-new-target"):
+        margin = target_margin(name)
+        assert margin.status == "unvalidated" and margin.value == CONSERVATIVE_MARGIN
+        assert margin.value > max(target_margin(n).value for n in ("orin", "orin-nx", "orin-nano-super"))
+        assert validation_note(name).startswith("UNVALIDATED")
+
+
+def test_leave_one_family_out_refits_without_the_family():
+    """Three one-parameter families: leaving one out predicts it with the others' efficiency alone."""
+    from stack.deploy.latency.efficiency_fit import leave_one_family_out
+
+    def ref(name, family, published):
+        from stack.deploy.latency.references import Reference
+        return Reference(name, family, "none", (1,), "int8", published, "hand-made")
+
+    loads = {ref("A", "fa", 2.0): _workload(1.0), ref("B", "fb", 2.0): _workload(1.0), ref("C", "fc", 4.0): _workload(1.0)}
+    prior = Efficiency(conv_int8=0.9, launch_us=0.0)
+    errors = {r.name: e for r, e in leave_one_family_out(loads, prior, ("conv_int8",), "linear").items()}
+    assert errors["C"] == pytest.approx(2.0 / 4.0 - 1, abs=1e-3)  # fitted on A and B: e = 0.5
+    assert errors["A"] == pytest.approx(8 ** 0.5 / 2.0 - 1, abs=1e-3)  # fitted on B and C: e = 1 / sqrt(8)
 
 
 def test_predicted_p99_is_the_median_times_the_published_ratio(orin):
@@ -201,12 +254,12 @@ def test_a_heavier_network_predicts_proportionally_slower(orin):
 
 
 def test_targets_say_whether_they_have_references_of_their_own():
-    from stack.deploy.latency.roofline import target_validation
+    from stack.deploy.latency.margins import validation_note
     from stack.deploy.latency.references import references_for
 
-    assert "no published reference of its own" in target_validation("orin-nano")
+    assert "no published reference of its own" in validation_note("orin-nano")
     assert not references_for("orin-nano")
-    assert "10 published references" in target_validation("orin-nano-super") and len(references_for("orin-nx")) == 10
+    assert "10 published references" in validation_note("orin-nano-super") and len(references_for("orin-nx")) == 10
 
 
 def test_yolo11_rebuild_has_ultralytics_parameter_counts():
@@ -232,9 +285,10 @@ def test_reference_graphs_are_built_once_and_cached_without_weights(tmp_path, mo
 
 @pytest.mark.slow
 def test_stated_error_is_what_the_published_references_give():
-    """Refit on the published references: the efficiencies, leave-one-out errors and per-target checks the
-    gate and reports use are what the fit gives today (builds the reference graphs once per cache)."""
-    from stack.deploy.latency.roofline import FITTED_EFFICIENCY, LOO_ERRORS, TARGET_CHECKS
+    """Refit on the published references: the efficiencies, leave-one-out, leave-one-family-out and per-device
+    errors the margins use are what the fit gives today (builds the reference graphs once per cache)."""
+    from stack.deploy.latency import margins
+    from stack.deploy.latency.roofline import FITTED_EFFICIENCY
     from stack.deploy.latency.efficiency_fit import fit, outside, table, workloads
     from stack.deploy.latency.references import FITTED, FIT_TARGET
 
@@ -245,22 +299,25 @@ def test_stated_error_is_what_the_published_references_give():
     result = table(targets)
     for name in FITTED:
         assert getattr(result["efficiency"], name) == pytest.approx(getattr(FITTED_EFFICIENCY, name), rel=0.01)
-    assert result["loo"] == pytest.approx(LOO_ERRORS, abs=0.005)
-    assert len(outside(LOO_ERRORS, 0.25)) == 0
-    for target, (count, low, high, _) in TARGET_CHECKS.items():
-        errors = [row["loo_error" if target == "orin" else "error"] for row in result["rows"] if row["target"] == target]
-        assert (len(errors), min(errors), max(errors)) == (count, pytest.approx(low, abs=0.005),
-                                                           pytest.approx(high, abs=0.005))
+    assert result["loo"] == pytest.approx(margins.LOO_ERRORS, abs=0.005)
+    for family, errors in margins.LOFO_ERRORS.items():
+        assert result["lofo"][family] == pytest.approx(errors, abs=0.005)
+    for target, errors in margins.DEVICE_ERRORS.items():
+        assert result["devices"][target] == pytest.approx(errors, abs=0.005)
+    assert len(outside(margins.LOO_ERRORS, 0.25)) == 0
+    assert all(result["margins"][name].value == margins.target_margin(name).value for name in result["margins"])
 
 
-@pytest.mark.parametrize("name, words", [("orin-nano", "no published reference of its own"),
-                                         ("orin-nano-super", "checked on 10 published references")])
-def test_the_predicted_gate_states_its_error_and_the_targets_own_references(tmp_path, name, words):
-    """What a deploy report's FPS line says for a predicted target: the LOO spread, the margin and p99 ratio
-    applied, and whether the target was ever checked against published figures of its own."""
+@pytest.mark.parametrize("name, words, status", [("orin-nano", "no published reference of its own", "unvalidated"),
+                                                 ("x86-gpu", "UNVALIDATED", "unvalidated"),
+                                                 ("orin-nano-super", "validated on 10 published references", "validated")])
+def test_the_predicted_gate_states_its_error_and_the_targets_own_references(tmp_path, name, words, status):
+    """What a deploy report's FPS line says for a predicted target: the LOO and LOFO spreads, the target's own
+    margin (the conservative one when it has no reference) and p99 ratio, and whether it is validated."""
     from types import SimpleNamespace
 
-    from stack.deploy.latency.roofline import GATE_MARGIN, P99_OVER_MEDIAN
+    from stack.deploy.latency.margins import target_margin
+    from stack.deploy.latency.roofline import P99_OVER_MEDIAN
     from stack.deploy.orchestrate import _predict
 
     path = tmp_path / "m.onnx"
@@ -269,5 +326,6 @@ def test_the_predicted_gate_states_its_error_and_the_targets_own_references(tmp_
     _predict(tmp_path, path, load_target(name, load_pipeline()), SimpleNamespace(keep_fp32=[]), result, lambda m: None)
     gate = result["fps"]
     assert words in gate["how"] and "leave-one-out error on 12 published AGX Orin references" in gate["how"]
-    assert gate["median_ms"] == pytest.approx(gate["raw_median_ms"] * GATE_MARGIN)
+    assert "leave-one-family-out" in gate["how"] and gate["validation"] == status
+    assert gate["median_ms"] == pytest.approx(gate["raw_median_ms"] * target_margin(name).value)
     assert gate["p99_ms"] == pytest.approx(gate["median_ms"] * P99_OVER_MEDIAN)
