@@ -101,7 +101,7 @@ def test_deploy_ci_cpu_measures_and_an_untrained_network_is_not_for_deployment(t
     bar: with --allow-below-bar the bundle is built (exit 0), marked NOT FOR DEPLOYMENT, and the runtime refuses it."""
     checkpoint, overrides, folder = tiny
     result = stack("deploy", "--target", "ci-cpu", "--allow-below-bar", str(checkpoint), *overrides,
-                   "targets.ci-cpu.closed_loop.episodes=2")
+                   "targets.ci-cpu.closed_loop.episodes=2", "export.timing_runs=100")  # 5 rounds of 20: a verdict
     assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
     assert "ci-cpu: PASS, NOT FOR DEPLOYMENT (below the quality bar)" in result.stdout
     bundle = folder / "export" / "ci-cpu"
