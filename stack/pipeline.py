@@ -43,6 +43,26 @@ def _in_range(problems: Problems, name: str, value: float, low: float, high: flo
         problems.append((name, f"got {value!r}; must be between {low} and {high}"))
 
 
+def _at_most(problems: Problems, name: str, value: float, high: float, why: str) -> None:
+    """Refuse a count or size past what any run could use. Such a value is a typo (an extra digit, a byte count,
+    a unit slip) that would otherwise start days of work or ask for memory no machine has, and fail far from
+    the key that caused it, or never."""
+    if value > high:
+        problems.append((name, f"got {_number(value)}; at most {_number(high)} {why}"))
+
+
+def _number(value: float) -> str:
+    """A count as typed (`65537`), a float without a trailing `.0` (`101`, `1e+12`)."""
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _bounded(problems: Problems, section, bounds: tuple) -> None:
+    """`_at_most` for each (field, bound, why) of a section's table of upper bounds."""
+    for name, high, why in bounds:
+        value = getattr(section, name)
+        _at_most(problems, name, len(value) if isinstance(value, (list, dict)) else value, high, why)
+
+
 def _increasing(problems: Problems, name: str, values: List[float], count: int) -> None:
     if len(values) != count or any(b <= a for a, b in zip(values, values[1:])):
         problems.append((name, f"got {list(values)!r}; expected {count} increasing numbers"))
@@ -94,6 +114,11 @@ def _surround_rig() -> List[Camera]:
     ]
 
 
+MAX_IMAGE_SIDE = 8192
+"""Largest data.rig image width or height: 8K pixels, past any automotive camera (nuScenes: 1600x900)."""
+MAX_CAMERAS = 32
+"""Most cameras in a rig (surround rigs have 6-12): each is a backbone pass per sample."""
+
 @dataclass
 class RigConfig:
     """The camera rig: every camera shares one image size."""
@@ -113,6 +138,10 @@ class RigConfig:
                 found.append((name, f"got {value}; must be a multiple of 8 and at least 16"))
         if not self.cameras:
             found.append(("cameras", "got an empty list; the rig needs at least one camera"))
+        _bounded(found, self, (
+            ("image_width", MAX_IMAGE_SIDE, "pixels (8K, past any automotive camera); e.g. 704"),
+            ("image_height", MAX_IMAGE_SIDE, "pixels (8K, past any automotive camera); e.g. 256"),
+            ("cameras", MAX_CAMERAS, "cameras (surround rigs have 6-12; each is a backbone pass per sample)")))
         names = [c.name for c in self.cameras]
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
@@ -157,6 +186,12 @@ class WorldConfig:
     def problems(self) -> Problems:
         found: Problems = []
         _in_range(found, "drive_episodes", self.drive_episodes, 0, 100_000)
+        _bounded(found, self, (
+            ("scenes", 100_000, "scenes (a million rendered frames and more); e.g. 40"),
+            ("frames_per_scene", 10_000, "frames per scene (over an hour at 2 Hz; scenes last seconds); e.g. 40"),
+            ("frame_rate_hz", 100.0, "Hz (cameras run at 10-30 Hz; nuScenes annotates at 2 Hz); e.g. 2"),
+            ("agents_per_scene", 1_000, "road users per scene (a junction holds tens); e.g. 24"),
+            ("spawn_radius_m", 1_000.0, "m (the BEV grid sees 50 m around the ego); e.g. 70")))
         for name in ("scenes", "frames_per_scene", "frame_rate_hz", "spawn_radius_m"):
             _positive(found, name, getattr(self, name))
         unknown = sorted(set(self.class_mix) - set(AGENT_CLASS_MIX))
@@ -238,9 +273,11 @@ class DataConfig:
         _choice(found, "layout", self.layout, SHARD_LAYOUTS)
         _choice(found, "backend", self.backend, DATA_BACKENDS)
         _positive(found, "batch_size", self.batch_size)
-        if self.batch_size > MAX_BATCH_SIZE:
-            found.append(("batch_size", f"got {self.batch_size}; at most {MAX_BATCH_SIZE} samples per rank (more "
-                                        f"images than any GPU holds); e.g. 4 on a CPU, 8-64 on a GPU"))
+        _bounded(found, self, (
+            ("batch_size", MAX_BATCH_SIZE, "samples per rank (more images than any GPU holds); e.g. 4 on a CPU, "
+                                           "8-64 on a GPU"),
+            ("samples_per_shard", 100_000, "samples per shard (a shard is one worker's unit of reading; "
+                                           "WebDataset shards hold hundreds); e.g. 64")))
         _positive(found, "samples_per_shard", self.samples_per_shard)
         _in_range(found, "num_workers", self.num_workers, 0, 64)
         _in_range(found, "jpeg_quality", self.jpeg_quality, 1, 100)
@@ -252,6 +289,10 @@ class DataConfig:
 
 
 # -------------------------------------------------------------------------- model
+
+
+MAX_BEV_CELLS = 2048
+"""Most BEV cells along x or y (range / cell_size): 2048^2 cells x 64 channels is 1 GB per sample in fp32."""
 
 
 @dataclass
@@ -272,6 +313,14 @@ class BevGridConfig:
         for name in ("x_range", "y_range", "z_range"):
             _increasing(found, name, getattr(self, name), 2)
         _positive(found, "cell_size", self.cell_size)
+        if self.cell_size > 0 and not found:
+            for name in ("x_range", "y_range"):
+                low, high = getattr(self, name)
+                cells = (high - low) / self.cell_size
+                if cells > MAX_BEV_CELLS:
+                    found.append((name, f"got {[low, high]} at cell_size {self.cell_size:g}: {cells:.0f} cells; at "
+                                        f"most {MAX_BEV_CELLS} (range / cell_size; 2048 x 2048 cells are 1 GB of BEV "
+                                        f"features per sample); use a larger cell_size or a shorter range"))
         return found
 
 
@@ -322,6 +371,22 @@ SEGMENTATION_CLASSES = [
     "road", "lane_marking", "sidewalk", "building", "vegetation",
     "sky", "car", "truck", "pedestrian", "cyclist",
 ]
+
+
+MODEL_BOUNDS = (
+    ("neck_channels", 4096, "channels (ResNet-50's widest stage has 2048); e.g. 64"),
+    ("bev_channels", 4096, "channels (BEV encoders use 64-512); e.g. 64"),
+    ("planning_width", 4096, "channels (0: bev_channels); e.g. 0"),
+    ("max_boxes", 10_000, "boxes per sample (a junction holds tens of road users); e.g. 64"),
+    ("planning_modes", 256, "candidate trajectories (planners propose 6-256); e.g. 6"),
+    ("planning_steps", 100, "waypoints (50 s at 0.5 s steps; planners look 3-8 s ahead); e.g. 6"),
+    ("planning_layers", 64, "attention layers; e.g. 2"),
+    ("planning_accelerations", 256, "accelerations (the path-speed planner scores each one); e.g. 15"),
+    ("path_points", 1024, "path points; e.g. 16"),
+    ("detection_classes", 256, "classes; e.g. the 4 of the rendered world"),
+    ("segmentation_classes", 255, "classes (semantic ids are stored as uint8, 255 marks no label)"),
+)
+"""Upper bounds of ModelConfig's sizes: (field, bound, why)."""
 
 
 @dataclass
@@ -382,6 +447,7 @@ class ModelConfig:
         for name in ("neck_channels", "bev_channels", "max_boxes", "planning_modes", "planning_steps",
                      "planning_layers"):
             _positive(found, name, getattr(self, name))
+        _bounded(found, self, MODEL_BOUNDS)
         if self.planning_accelerations:
             _positive(found, "path_points", self.path_points)
             if not self.path_spacing_m > 0:
@@ -428,6 +494,24 @@ TRACKING_OFF = ("off", "false", "no", "none")
 """Spellings of train.tracking_uri that turn tracking off; the schema keeps `off`."""
 TRACKING_FILES = (".db", ".sqlite", ".sqlite3")
 """Endings of a path train.tracking_uri names as a SQLite store (a bare word is a typo, not a store in the cwd)."""
+
+
+MAX_STEPS = 1_000_000_000
+"""Most optimizer steps any step count may name (a billion: years of training at several steps a second)."""
+TRAIN_BOUNDS = (
+    ("max_epochs", 1_000_000, "epochs (bound a long run with max_steps); e.g. 20"),
+    ("max_steps", MAX_STEPS, "steps (years of training); e.g. 2000, or -1 for no bound"),
+    ("warmup_steps", MAX_STEPS, "steps; e.g. 50"),
+    ("checkpoint_every_n_steps", MAX_STEPS, "steps; e.g. 200"),
+    ("log_every_n_steps", MAX_STEPS, "steps; e.g. 10"),
+    ("devices", 1024, "processes per node (a node holds up to 8-16 GPUs); e.g. 8"),
+    ("num_nodes", 100_000, "nodes (more than any cluster); e.g. 4"),
+    ("keep_checkpoints", 10_000, "checkpoints (each is the whole training state on disk); e.g. 2"),
+    ("profile_steps", 1_000, "steps (the Chrome trace of a few steps is already large); e.g. 6"),
+    ("slurm_signal_seconds", 65_535, "s (sbatch --signal takes at most 65535 seconds); e.g. 300"),
+    ("slurm_cpus_per_task", 4_096, "CPUs per rank (more than any node holds); e.g. 8"),
+)
+"""Upper bounds of TrainConfig's counts: (field, bound, why)."""
 
 
 @dataclass
@@ -550,6 +634,7 @@ class TrainConfig:
         _choice(found, "launcher", self.launcher, LAUNCHERS)
         for name in ("keep_checkpoints", "log_every_n_steps", "profile_steps"):
             _positive(found, name, getattr(self, name))
+        _bounded(found, self, TRAIN_BOUNDS)
         if self.peak_tflops < 0:
             found.append(("peak_tflops", f"got {self.peak_tflops}; use 0 (measure) or a positive peak"))
         scheme = self.tracking_uri.split("://", 1)[0] if "://" in self.tracking_uri else ""
@@ -601,6 +686,18 @@ class TrainConfig:
 # ------------------------------------------------------------------------- export
 
 
+EXPORT_BOUNDS = (
+    ("batch_size", 256, "frames per engine run (a car's computer runs one frame at a time); e.g. 1"),
+    ("calibration_samples", 100_000, "samples (INT8 ranges settle within hundreds); e.g. 64"),
+    ("accuracy_samples", 100_000, "samples (each runs fp32 and INT8); e.g. 32"),
+    ("sensitivity_samples", 10_000, "samples (each runs once per ranked layer); e.g. 4"),
+    ("max_fp32_layers", 10_000, "layers (more than the network has); e.g. 8"),
+    ("timing_runs", 100_000, "runs per model (a p99 settles within hundreds); e.g. 100"),
+    ("timing_warmup", 10_000, "runs; e.g. 10"),
+)
+"""Upper bounds of ExportConfig's counts: (field, bound, why)."""
+
+
 @dataclass
 class ExportConfig:
     """How `stack export` writes the ONNX graph and how it is quantized."""
@@ -644,10 +741,16 @@ class ExportConfig:
                 found.append((name, f"got {getattr(self, name)}; must be >= 0"))
         if self.timing_runs < 20:
             found.append(("timing_runs", f"got {self.timing_runs}; a p99 needs at least 20 runs"))
+        _bounded(found, self, EXPORT_BOUNDS)
         return found
 
 
 # ------------------------------------------------------------------------ targets
+
+MAX_EPISODES = 100_000
+"""Most closed-loop episodes per policy (drive.episodes, targets.*.closed_loop.episodes): days on a CPU."""
+MAX_EPISODE_SECONDS = 600.0
+MAX_LATENCY_MS = 10_000.0
 
 RUNTIMES = ("tensorrt", "onnxruntime")
 TARGET_PRECISIONS = ("fp32", "fp16", "int8", "best")
@@ -692,6 +795,7 @@ class ClosedLoopBudget:
         for name in ("episodes", "driving_score_drop", "collision_rise"):
             if getattr(self, name) < 0:
                 found.append((name, f"got {getattr(self, name)}; must be >= 0"))
+        _at_most(found, "episodes", self.episodes, MAX_EPISODES, "(days of driving on a CPU); e.g. 28")
         return found
 
 
@@ -798,6 +902,10 @@ class Target:
             found.append(("reference_workload_ms", f"got {self.reference_workload_ms}; must be >= 0 (0 disables)"))
         if self.dla_core < -1:
             found.append(("dla_core", f"got {self.dla_core}; use -1 (GPU only) or a DLA core index"))
+        _bounded(found, self, (
+            ("dla_core", 15, "(Jetson Orin has DLA cores 0 and 1); e.g. 0, or -1 for the GPU alone"),
+            ("device_multiprocessors", 4096, "SMs (the largest GPUs have ~150); e.g. 16"),
+            ("camera_hz", 1_000.0, "Hz (automotive cameras run at 10-60 Hz); e.g. 12")))
         if self.precision in ("int8", "best") and self.qdq_flavour == "none":
             found.append(("qdq_flavour", f"precision {self.precision} needs a QDQ flavour, got 'none'"))
         if self.device_compute_capability and not re.fullmatch(r"\d+\.\d+", self.device_compute_capability):
@@ -819,10 +927,6 @@ DRIVE_SCENARIOS = ("route", "lead_brake", "stopped_vehicle", "zebra_crossing", "
 DRIVE_BASELINES = ("expert", "constant_velocity", "ego_rollout")
 """Policies that need no network: the privileged expert (upper bound) and two blind ones."""
 
-
-MAX_EPISODES = 100_000
-MAX_EPISODE_SECONDS = 600.0
-MAX_LATENCY_MS = 10_000.0
 
 
 @dataclass
@@ -916,12 +1020,12 @@ class DriveConfig:
         elif self.latency_ms > MAX_LATENCY_MS:
             found.append(("latency_ms", f"got {self.latency_ms}; a plan that arrives after {MAX_LATENCY_MS:g} ms is never "
                                         f"driven in an episode of seconds: use at most {MAX_LATENCY_MS:g}"))
-        if self.episodes > MAX_EPISODES:
-            found.append(("episodes", f"got {self.episodes}; at most {MAX_EPISODES} (days of driving on a CPU); "
-                                      f"e.g. 56"))
-        if self.episode_seconds > MAX_EPISODE_SECONDS:
-            found.append(("episode_seconds", f"got {self.episode_seconds}; at most {MAX_EPISODE_SECONDS:g} s (the "
-                                             f"scenarios stage their event in the first seconds); e.g. 8"))
+        _bounded(found, self, (
+            ("episodes", MAX_EPISODES, "(days of driving on a CPU); e.g. 56"),
+            ("episode_seconds", MAX_EPISODE_SECONDS, "s (the scenarios stage their event in the first seconds); e.g. 8"),
+            ("sim_hz", 1_000.0, "Hz (the vehicle model is stable at 10 Hz); e.g. 10"),
+            ("seeds", 1_000, "seeds (each multiplies the episodes' worlds); e.g. [0, 1, 2]"),
+            ("clips", 1_000, "clips per policy (each is an MP4 of an episode); e.g. 2")))
         _in_range(found, "workers", self.workers, 0, 64)
         if self.clips < 0:
             found.append(("clips", f"got {self.clips}; must be >= 0"))

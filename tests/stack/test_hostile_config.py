@@ -266,3 +266,70 @@ def test_data_batch_size_has_an_upper_bound(size, allowed, capsys):
     else:
         assert code == 2 and "Traceback" not in err, err
         assert f"data.batch_size: got {size}; at most 65536 samples per rank" in err
+
+
+# ---------------------------------------------------------------- upper bounds on every count and size
+
+COUNTS = {  # key: (largest value accepted, how to write n of it)
+    "data.samples_per_shard": 100_000, "data.rig.image_width": 8192, "data.rig.image_height": 8192,
+    "data.world.scenes": 100_000, "data.world.frames_per_scene": 10_000, "data.world.agents_per_scene": 1_000,
+    "data.world.frame_rate_hz": 100, "data.world.spawn_radius_m": 1_000,
+    "model.neck_channels": 4096, "model.bev_channels": 4096, "model.planning_width": 4096, "model.max_boxes": 10_000,
+    "model.planning_steps": 100, "model.planning_layers": 64, "model.path_points": 1024,
+    "train.max_epochs": 1_000_000, "train.max_steps": 10**9, "train.warmup_steps": 10**9,
+    "train.checkpoint_every_n_steps": 10**9, "train.log_every_n_steps": 10**9, "train.devices": 1024,
+    "train.num_nodes": 100_000, "train.keep_checkpoints": 10_000, "train.profile_steps": 1_000,
+    "train.slurm_cpus_per_task": 4_096, "export.batch_size": 256, "export.calibration_samples": 100_000,
+    "export.accuracy_samples": 100_000, "export.sensitivity_samples": 10_000, "export.max_fp32_layers": 10_000,
+    "export.timing_runs": 100_000, "export.timing_warmup": 10_000, "targets.orin.closed_loop.episodes": 100_000,
+    "targets.orin.dla_core": 15, "targets.orin.device_multiprocessors": 4096, "targets.orin.camera_hz": 1_000,
+    "drive.sim_hz": 1_000, "drive.clips": 1_000,
+}
+
+
+def configure(*overrides):
+    """The pipeline's ConfigError message for these overrides on the default files, or None when they are valid."""
+    from stack.config import load_pipeline
+    from stack.errors import ConfigError
+
+    try:
+        load_pipeline(["configs/pipeline.yaml"], list(overrides))
+    except ConfigError as exc:
+        return str(exc)
+    return None
+
+
+@pytest.mark.parametrize("key", sorted(COUNTS))
+def test_every_count_and_size_has_an_upper_bound(key, monkeypatch):
+    """A typo (an extra digit, a byte count) must not start days of work or ask for memory no machine has:
+    one past the bound is refused naming the key, the bound and a typical value; the bound itself is accepted."""
+    monkeypatch.chdir(REPO)
+    high = COUNTS[key]
+    extra = ["model.planning_modes=1", "model.planning_accelerations=[0.0]"] if key == "model.path_points" else []
+    assert configure(f"{key}={high}", *extra) is None
+    message = configure(f"{key}={high + 1}", *extra)
+    assert message and f"{key}: got {high + 1}; at most {high} " in message and "e.g." in message, message
+
+
+@pytest.mark.parametrize("override, needle", [
+    ("train.slurm_signal_seconds=65536", "train.slurm_signal_seconds: got 65536; at most 65535 s (sbatch --signal"),
+    ("data.rig.cameras=[" + ", ".join(f"{{name: c{i}}}" for i in range(33)) + "]",
+     "data.rig.cameras: got 33; at most 32 cameras"),
+    ("model.planning_accelerations=[" + ", ".join(str(-12 + i / 16) for i in range(257)) + "]",
+     "model.planning_accelerations: got 257; at most 256 accelerations"),
+    ("model.segmentation_classes=[" + ", ".join(f"c{i}" for i in range(256)) + "]",
+     "model.segmentation_classes: got 256; at most 255 classes (semantic ids are stored as uint8"),
+    ("drive.seeds=[" + ", ".join(map(str, range(1001))) + "]", "drive.seeds: got 1001; at most 1000 seeds"),
+    ("model.bev.cell_size=0.0001", "model.bev.x_range: got [-51.2, 51.2] at cell_size 0.0001: 1024000 cells; at "
+                                   "most 2048"),
+])
+def test_lists_rates_and_grids_have_upper_bounds(override, needle, monkeypatch):
+    monkeypatch.chdir(REPO)
+    message = configure(override, "train.slurm_time=2-00:00:00")
+    assert message and needle in message, message
+
+
+def test_an_upper_bound_through_the_cli_is_exit_2_without_traceback(capsys):
+    assert main(["config", "export.timing_runs=1000000000000"]) == 2
+    err = capsys.readouterr().err
+    assert "export.timing_runs: got 1000000000000; at most 100000 runs per model" in err and "Traceback" not in err
