@@ -35,8 +35,8 @@ from stack.batch import IGNORE_INDEX, Batch
 from stack.data.dali_augment import GraphAugment
 from stack.data.checksums import ShardSums
 from stack.data.loader import check_arrays, check_layout, dataset_shards, read_manifest
-from stack.data.samples import (LOADER_MEMBERS, BadSample, ClassMaps, check_members, decode_arrays,
-                                label_fields, stack_fields)
+from stack.data.samples import (LOADER_MEMBERS, BadSample, ClassMaps, check_jpeg_sizes, check_members,
+                                decode_arrays, label_fields, stack_fields)
 from stack.data.shard_index import SampleReader
 from stack.data.sharding import batches_per_rank, locate, rank_samples
 from stack.errors import StackError
@@ -208,8 +208,10 @@ class DaliLoader:
         if self.sums is not None:
             self.sums.check_sample(sample, shard)
         check_members(sample, self.manifest["cameras"], shard)
-        sample["arrays"] = decode_arrays(sample, shard, SMALL)
-        check_arrays(sample["arrays"], self.manifest, shard, sample["__key__"])
+        check_jpeg_sizes(sample, self.manifest["cameras"], self.manifest["image_size"], shard)
+        arrays = decode_arrays(sample, shard, LOADER_MEMBERS)  # views over the bytes: the dense ones are checked here,
+        check_arrays(arrays, self.manifest, shard, sample["__key__"])  # decoded in the graph, which cannot name them
+        sample["arrays"] = {name: arrays[name] for name in SMALL}
         return sample
 
     def _schedule(self, pipe, where: list, samples: list) -> None:

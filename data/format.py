@@ -238,6 +238,55 @@ def array_problem(name: str, array: np.ndarray, cameras: int, image_size: list) 
     return None
 
 
+FINITE_MEMBERS = ("intrinsics", "cam_to_ego", "boxes", "boxes2d", "ego", "past")
+"""Float members whose every value is a measurement: a NaN or inf in them is damage, not a marker."""
+COMMANDS = 3
+"""Values of `command.npy`: 0 left, 1 straight, 2 right."""
+UNLABELLED = 255
+"""The `semantic.npy` value of a pixel without a class."""
+
+
+def label_problem(name: str, array: np.ndarray, manifest: dict) -> str | None:
+    """What is wrong with the values of a member of the right dtype and shape (`array_problem`): a NaN, or a class
+    id outside the manifest's lists, would otherwise reach the loss or the metrics as nan or an index error, far
+    from the shard."""
+    if name == "depth":
+        bits = array.view(np.uint16) & 0x7FFF  # float16 with every exponent bit set is inf or nan
+        return "expected finite depths in metres, found nan or inf" if bits.size and bits.max() >= 0x7C00 else None
+    if name in FINITE_MEMBERS:
+        return _not_finite(array, ~np.isfinite(array))
+    if name == "future":  # a row of NaN marks a waypoint past the end of the recording (nuScenes conversion)
+        finite = np.isfinite(array)
+        partial = (finite.any(axis=1) != finite.all(axis=1))[:, None]
+        return _not_finite(array, np.isinf(array) | (~finite & partial))
+    if name == "box_ids":
+        return _ids_problem(array[:, 0], len(manifest["detection_classes"]), "the manifest's detection classes")
+    if name == "semantic":
+        return _ids_problem(array, len(manifest["semantic_classes"]), "the manifest's semantic classes",
+                            also=UNLABELLED)
+    if name == "command":
+        return _ids_problem(array, COMMANDS, "0 left, 1 straight, 2 right")
+    return None
+
+
+def _not_finite(array: np.ndarray, broken: np.ndarray) -> str | None:
+    if not broken.any():
+        return None
+    where = tuple(int(i) for i in np.argwhere(broken)[0])
+    return f"expected finite numbers, found {array[where]} at index {list(where)}"
+
+
+def _ids_problem(ids: np.ndarray, count: int, meaning: str, also: int | None = None) -> str | None:
+    """Ids must lie in [0, count) (or equal `also`); min/max first, so a good array costs two passes."""
+    if not ids.size or (ids.min() >= 0 and ids.max() < count):
+        return None
+    bad = ((ids < 0) | (ids >= count)) & (ids != also if also is not None else True)
+    if not bad.any():
+        return None
+    allowed = f"0-{count - 1}" + (f" or {also} (unlabelled)" if also is not None else "")
+    return f"expected ids {allowed} ({meaning}), found {int(ids[bad].flat[0])}"
+
+
 def _json_kind(value, with_value: bool = False) -> str:
     kinds = {dict: "object", list: "array", str: "string", bool: "boolean", int: "number", float: "number"}
     kind = "null" if value is None else kinds.get(type(value), type(value).__name__)

@@ -39,9 +39,9 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from stack.data.augment import augment_row
 from stack.data.checksums import ShardSums
-from stack.data.format import MANIFEST, SCHEMA_VERSION, array_problem, manifest_problem
-from stack.data.samples import (LOADER_MEMBERS, BadSample, ClassMaps, check_members, collate, decode_arrays, decode_jpeg,
-                                to_fields)
+from stack.data.format import MANIFEST, SCHEMA_VERSION, array_problem, label_problem, manifest_problem
+from stack.data.samples import (LOADER_MEMBERS, BadSample, ClassMaps, check_jpeg_sizes, check_members, collate,
+                                decode_arrays, decode_jpeg, to_fields)
 from stack.data.shard_index import SampleReader, ShortShard
 from stack.data.sharding import Piece, locate, rank_samples, worker_quotas, worker_samples
 from stack.errors import StackError
@@ -71,10 +71,12 @@ def read_manifest(root: str | Path) -> dict:
     return manifest
 
 
-def check_arrays(arrays: dict, manifest: dict, shard: str, key: str) -> None:
-    """BadSample unless every `.npy` member has the dtype and shape of the schema (stack.data.format)."""
+def check_arrays(arrays: dict, manifest: dict, shard: str, key: str, values: bool = True) -> None:
+    """BadSample unless every `.npy` member has the dtype and shape of the schema (stack.data.format) and, with
+    `values`, usable values (`label_problem`: finite, class ids within the manifest's lists)."""
     for name, array in arrays.items():
         problem = array_problem(name, array, len(manifest["cameras"]), manifest["image_size"])
+        problem = problem or (values and label_problem(name, array, manifest))
         if problem:
             raise BadSample(f"shard {shard}, sample {key}: member {name}.npy: {problem}; re-create the shard "
                             "with `stack data make`, or set data.skip_bad_samples=true to skip such samples")
@@ -212,8 +214,12 @@ class FrameSamples(IterableDataset):
             from stack.data.clips import decode_clip, frame_arrays
 
             clip, videos = decode_clip(sample, cameras, shard)
-            return [to_fields(videos[:, t], frame_arrays(clip, t), self.maps, self.pipeline) for t in range(videos.shape[1])]
+            frames = [frame_arrays(clip, t) for t in range(videos.shape[1])]
+            for t, arrays in enumerate(frames):
+                check_arrays(arrays, self.manifest, shard, f"{key} frame {t}")
+            return [to_fields(videos[:, t], arrays, self.maps, self.pipeline) for t, arrays in enumerate(frames)]
         check_members(sample, cameras, shard)
+        check_jpeg_sizes(sample, cameras, self.manifest["image_size"], shard)
         arrays = decode_arrays(sample, shard, LOADER_MEMBERS)
         check_arrays(arrays, self.manifest, shard, key)
         images = np.stack([decode_jpeg(sample[f"{c}.jpg"], shard, key, f"{c}.jpg") for c in cameras])

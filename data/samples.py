@@ -105,6 +105,39 @@ def decode_jpeg(data: bytes, shard: str, key: str, member: str) -> np.ndarray:
                         "re-create the shard, or set data.skip_bad_samples=true to skip such samples") from exc
 
 
+FRAME_HEADERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+"""JPEG start-of-frame markers (baseline, progressive, ...); 0xC4/0xC8/0xCC are other segments in that range."""
+
+
+def jpeg_size(data: bytes) -> tuple[int, int] | None:
+    """(height, width) from a JPEG's frame header without decoding it (a few segments are skipped); None when
+    no frame header comes before the data ends or a segment is malformed."""
+    if data[:2] != b"\xff\xd8":
+        return None
+    at = 2
+    while at + 9 <= len(data) and data[at] == 0xFF:
+        marker = data[at + 1]
+        if marker in FRAME_HEADERS:
+            return int.from_bytes(data[at + 5:at + 7], "big"), int.from_bytes(data[at + 7:at + 9], "big")
+        at += 1 if marker == 0xFF else 2 + int.from_bytes(data[at + 2:at + 4], "big")  # 0xFF: fill byte
+    return None
+
+
+def check_jpeg_sizes(sample: dict, cameras: list, image_size: list, shard: str) -> None:
+    """BadSample unless every camera's JPEG has the manifest's size ([height, width]): a valid JPEG of another
+    size would fail as a shape error in the batch (torch) or inside the DALI graph, without naming the member."""
+    key = sample.get("__key__")
+    for camera in cameras:
+        size = jpeg_size(sample[f"{camera}.jpg"])
+        if size is None:
+            raise BadSample(f"shard {shard}, sample {key}: member {camera}.jpg is not a decodable JPEG (no frame "
+                            "header); re-create the shard, or set data.skip_bad_samples=true to skip such samples")
+        if list(size) != list(image_size):
+            raise BadSample(f"shard {shard}, sample {key}: member {camera}.jpg is {size[1]}x{size[0]} pixels, "
+                            f"expected {image_size[1]}x{image_size[0]} (the manifest's image_size); re-create the "
+                            "shard with `stack data make`, or set data.skip_bad_samples=true to skip such samples")
+
+
 @dataclass
 class ClassMaps:
     """Lookup tables from the classes stored in the shards to the pipeline's class lists."""

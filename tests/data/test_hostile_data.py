@@ -188,3 +188,104 @@ def _escape(text: str) -> str:
     import re
 
     return re.escape(text)
+
+
+# ---------------------------------------------------------------- member contents both loaders refuse by name
+
+BACKENDS = ["torch", "dali"]
+
+
+def _broken(dataset, tmp_path, small_pipeline, backend, changes: dict):
+    """A copy of the dataset whose sample f0001 (first train shard) has each member in `changes` replaced by
+    change(stored bytes) -> bytes (checksums follow: the shard was written wrong), and its pipeline."""
+    pipeline, manifest, root = _copy(dataset, tmp_path, f"data.backend={backend}", small_pipeline=small_pipeline)
+    shard = _first_train_shard(root, manifest)
+    _rewrite(shard, lambda name, data: next((change(data) for member, change in changes.items()
+                                             if name.endswith(f"f0001.{member}")), data))
+    return pipeline
+
+
+def _npy(change):
+    """A change of a `.npy` member's array (a writable copy of the stored one)."""
+    return lambda data: npy_bytes(change(np.load(io.BytesIO(data)).copy()))
+
+
+def _set(index, value):
+    def change(array):
+        array[index] = value
+        return array
+    return _npy(change)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("member, array, needle", [
+    ("depth", np.zeros((6, 64, 127), np.float16), "member depth.npy: expected float16 (6, 64, 128), found float16 "
+                                                  "(6, 64, 127)"),
+    ("semantic", np.zeros((6, 64, 128), np.int64), "member semantic.npy: expected uint8 (6, 64, 128), found int64"),
+])
+def test_both_loaders_name_a_dense_member_of_the_wrong_shape(dataset, tmp_path, small_pipeline, backend, member,
+                                                             array, needle):
+    """DALI decodes depth and semantics in its graph, which cannot name the member: they are checked before."""
+    pipeline = _broken(dataset, tmp_path, small_pipeline, backend, {f"{member}.npy": lambda _: npy_bytes(array)})
+    with pytest.raises(BadSample, match=rf"frames-000000.tar, sample s\d+f0001: {_escape(needle)}"):
+        _iterate(pipeline)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_both_loaders_name_a_valid_jpeg_of_the_wrong_size(dataset, tmp_path, small_pipeline, backend):
+    from stack.data.format import encode_jpeg
+
+    jpeg = encode_jpeg(np.zeros((32, 96, 3), np.uint8), 90)
+    pipeline = _broken(dataset, tmp_path, small_pipeline, backend, {"front.jpg": lambda _: jpeg})
+    with pytest.raises(BadSample, match=r"frames-000000.tar, sample s\d+f0001: member front.jpg is 96x32 pixels, "
+                                        r"expected 128x64 \(the manifest's image_size\)"):
+        _iterate(pipeline)
+
+
+def _one_box(class_id):
+    """boxes.npy and box_ids.npy with one visible box of class `class_id`."""
+    box = np.array([[10, 0, 1, 4, 2, 1.5, 0, 0, 0, 1]], np.float32)
+    return {"boxes.npy": lambda _: npy_bytes(box), "box_ids.npy": lambda _: npy_bytes(np.array([[class_id, 7]],
+                                                                                              np.int32))}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("changes, needle", [
+    (_one_box(999), "member box_ids.npy: expected ids 0-3 (the manifest's detection classes), found 999"),
+    (_one_box(-2), "member box_ids.npy: expected ids 0-3 (the manifest's detection classes), found -2"),
+    ({"semantic.npy": _set((2, 5, 7), 200)},
+     "member semantic.npy: expected ids 0-9 or 255 (unlabelled) (the manifest's semantic classes), found 200"),
+    ({"command.npy": _set(0, 7)}, "member command.npy: expected ids 0-2 (0 left, 1 straight, 2 right), found 7"),
+    ({"depth.npy": _set((1, 3, 3), np.nan)}, "member depth.npy: expected finite depths in metres, found nan or inf"),
+    ({"depth.npy": _set((1, 3, 3), np.inf)}, "member depth.npy: expected finite depths in metres, found nan or inf"),
+    ({"ego.npy": _set(0, np.nan)}, "member ego.npy: expected finite numbers, found nan at index [0]"),
+    ({"past.npy": _set((1, 0), np.nan)}, "member past.npy: expected finite numbers, found nan at index [1, 0]"),
+    ({"future.npy": _set((2, 1), np.nan)}, "member future.npy: expected finite numbers, found nan at index [2, 1]"),
+    ({"future.npy": _set((2, 0), np.inf)}, "member future.npy: expected finite numbers, found inf at index [2, 0]"),
+    ({**_one_box(1), "boxes.npy": lambda _: npy_bytes(np.full((1, 10), np.nan, np.float32))},
+     "member boxes.npy: expected finite numbers, found nan at index [0, 0]"),
+    ({"intrinsics.npy": _set((0, 0, 0), np.nan)}, "member intrinsics.npy: expected finite numbers, found nan"),
+])
+def test_both_loaders_refuse_labels_out_of_range_or_not_finite(dataset, tmp_path, small_pipeline, backend, changes,
+                                                              needle):
+    """A class id past the manifest's lists is an index error (or a silently wrong class) in the loss, a NaN label
+    reaches the loss and the metrics as nan: each is named with its shard, sample and member instead."""
+    pipeline = _broken(dataset, tmp_path, small_pipeline, backend, changes)
+    with pytest.raises(BadSample, match=rf"frames-000000.tar, sample s\d+f0001: {_escape(needle)}"):
+        _iterate(pipeline)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_future_waypoints_past_the_recording_are_rows_of_nan(dataset, tmp_path, small_pipeline, backend):
+    """The nuScenes conversion marks waypoints past the end of a scene with whole rows of NaN: still read, as
+    invalid waypoints."""
+    pipeline = _broken(dataset, tmp_path, small_pipeline, backend, {"future.npy": _set(slice(3, None), np.nan)})
+    batches = _iterate(pipeline)
+    assert any((~b.future_valid[:, 3:]).all(dim=1).any() for b in batches)
+    assert all(torch_isfinite(b.future_trajectory) for b in batches)
+
+
+def torch_isfinite(tensor) -> bool:
+    import torch
+
+    return bool(torch.isfinite(tensor).all())
