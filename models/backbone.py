@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from stack.checkpoint.model_file import read_weights_file
 from stack.errors import StackError
 from stack.models.layers import ConvNormAct
 
@@ -44,20 +45,21 @@ def create_backbone(name: str, checkpoint: str | None, min_stride: int) -> nn.Mo
     if not Path(checkpoint).is_file():
         raise StackError(f"model.backbone_checkpoint {checkpoint!r} does not exist. Give the path of a local "
                          f"{name} state dict (.pth/.safetensors), or set it to null to train from scratch.")
-    _check_checkpoint_fits(name, checkpoint)
+    weights = read_weights_file(checkpoint, "model.backbone_checkpoint", f"a {name} state dict")
+    _check_checkpoint_fits(name, checkpoint, weights)
+    # the weights already read are handed over: timm would read the file again with its own loader
     return timm.create_model(name, features_only=True, pretrained=True, out_indices=indices,
-                             pretrained_cfg_overlay=dict(file=str(checkpoint)))
+                             pretrained_cfg_overlay=dict(state_dict=weights))
 
 
-def _check_checkpoint_fits(name: str, checkpoint: str, min_share: float = 0.9) -> None:
+def _check_checkpoint_fits(name: str, checkpoint: str, weights: dict, min_share: float = 0.9) -> None:
     """Refuse a checkpoint of another architecture: timm loads non-strictly and would only log a warning,
     leaving a silently randomly initialised backbone."""
     import timm
-    from timm.models import load_state_dict
 
     expected = {key for key in timm.create_model(name, pretrained=False).state_dict()
                 if not key.startswith(("fc.", "head", "classifier"))}
-    found = set(load_state_dict(str(checkpoint)))
+    found = set(weights)
     missing = sorted(expected - found)
     if len(missing) > (1 - min_share) * len(expected):
         raise StackError(f"model.backbone_checkpoint {checkpoint!r} does not fit model.backbone {name!r}: "

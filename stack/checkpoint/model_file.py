@@ -236,6 +236,40 @@ def _read(path: Path) -> dict:
     return raw
 
 
+WEIGHTS_KEYS = ("state_dict_ema", "model_ema", "state_dict", "model")
+"""Where training scripts nest a network's weights inside a saved dict (timm's order: EMA weights first)."""
+
+
+def read_weights_file(path: str | Path, key: str, what: str) -> dict:
+    """The tensors of a weights file the user names under `key` (`what`: what it should hold), read as safetensors
+    or `torch.load(weights_only=True)` and nothing else: a pickle that names a callable is refused, as are text
+    and other non-weight files, with one line saying what was expected (never a traceback from the reader)."""
+    import torch
+
+    path = Path(path)
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            raw = load_file(str(path), device="cpu")
+        else:
+            raw = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - whatever the reader raises, the file is not weights it can read
+        raise CheckpointError(
+            f"{key} {str(path)!r} is not a weights file that can be read without running code from it "
+            f"({_refusal_reason(exc)}). Expected {what}: a state dict saved with torch.save(model.state_dict()) "
+            f"(.pth/.pt) or a .safetensors file.") from None
+    nested = next((raw[k] for k in WEIGHTS_KEYS if isinstance(raw, dict) and isinstance(raw.get(k), dict)), raw)
+    tensors = isinstance(nested, dict) and nested and all(
+        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in nested.items())
+    if not tensors:
+        found = f"a dict with keys {sorted(map(str, nested))[:6]}" if isinstance(nested, dict) else \
+            f"a {type(nested).__name__}"
+        raise CheckpointError(f"{key} {str(path)!r} holds no state dict: expected {what} (names to tensors), found "
+                              f"{found}. Save the weights with torch.save(model.state_dict()).")
+    return {k.removeprefix("module."): v for k, v in nested.items()}
+
+
 def _lineage(raw: dict) -> dict:
     """The checkpoint's `dataset` and `tracking` records (stack.lineage), None where it has none (older files)."""
     from stack.lineage import DATASET_KEY, TRACKING_KEY

@@ -178,6 +178,60 @@ def test_checkpoint_of_another_backbone_is_refused(tmp_path):
         build_model(pipeline("tiny", "model.backbone=regnetx_002", f"model.backbone_checkpoint={path}"))
 
 
+class _Marker:
+    """Pickled by reference: unpickling it would import this test module and run `__reduce__`'s callable."""
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, ("touch /tmp/stack-backbone-pickle-ran",))
+
+
+@pytest.mark.parametrize("content, needle", [
+    ("pickle", "not a weights file that can be read without running code from it"),
+    ("pickle", "GLOBAL posix.system"),
+    ("text", "not a weights file that can be read without running code from it"),
+    ("list", "holds no state dict: expected a resnet10t state dict (names to tensors), found a list"),
+    ("empty-safetensors", "not a weights file that can be read without running code from it"),
+])
+def test_a_backbone_checkpoint_that_is_no_state_dict_is_refused_in_one_line(tmp_path, capsys, content, needle):
+    """`model.backbone_checkpoint` is a file the user names: never unpickled, and anything but tensors is exit 2
+    with what to give instead (it was timm's loader's traceback)."""
+    import pickle
+
+    from stack.cli import main
+
+    path = tmp_path / ("weights.safetensors" if content == "empty-safetensors" else "weights.pth")
+    if content == "pickle":
+        path.write_bytes(pickle.dumps({"conv1.0.weight": _Marker()}, protocol=2))
+    elif content == "text":
+        path.write_text("these are not weights\n")
+    elif content == "list":
+        torch.save([torch.zeros(1)], path)
+    else:
+        path.write_bytes(b"")
+    marker = __import__("pathlib").Path("/tmp/stack-backbone-pickle-ran")
+    marker.unlink(missing_ok=True)
+    code = main(["profile", "-c", "configs/pipeline.yaml", "-c", "configs/presets/tiny.yaml", "model.backbone=resnet10t",
+                 f"model.backbone_checkpoint={path}", f"data.root={tmp_path / 'nodata'}",
+                 f"train.out_dir={tmp_path / 'out'}"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err and needle in err, err
+    assert f"model.backbone_checkpoint {str(path)!r}" in err and not marker.exists()
+
+
+def test_a_safetensors_backbone_checkpoint_is_loaded(tmp_path):
+    import timm
+    from safetensors.torch import save_file
+
+    source = timm.create_model("resnet10t", pretrained=False)
+    path = tmp_path / "resnet10t.safetensors"
+    save_file({k: v.contiguous() for k, v in source.state_dict().items()}, str(path))
+    model = build_model(pipeline("tiny", "model.backbone=resnet10t", f"model.backbone_checkpoint={path}"))
+    torch.testing.assert_close(model.image_encoder.backbone.state_dict()["layer1.0.conv1.weight"],
+                               source.state_dict()["layer1.0.conv1.weight"])
+
+
 @pytest.mark.parametrize("device", device_params())
 def test_train_step_and_decoders_run_on_device(device):
     from stack.models.decoders import decode_all
