@@ -28,6 +28,7 @@ from stack.data import staging
 from stack.data.format import SIDECARS, ShardWriter, frame_members, write_manifest
 from stack.sim.world.roads import SEG_CLASSES
 from stack.sim.world.traffic import CLASSES
+from stack.durable import disk_full
 from stack.failpoints import fail_point
 from stack.pipeline import Pipeline
 
@@ -127,8 +128,6 @@ def _device(pipeline: Pipeline) -> str:
 
 def make_dataset(pipeline: Pipeline, log=print) -> dict:
     """Render every scene of `pipeline.data.world` into `pipeline.data.root`; returns the manifest."""
-    from rich.progress import Progress
-
     world, root = pipeline.data.world, Path(pipeline.data.root)
     device = _device(pipeline)
     splits = {s: split_of(s, world.scenes, world.val_fraction) for s in range(world.scenes)}
@@ -136,6 +135,18 @@ def make_dataset(pipeline: Pipeline, log=print) -> dict:
     if pipeline.data.layout == "clips":  # a clip holds a whole scene: keep shards about as large as frame shards
         per_shard = max(1, per_shard // world.frames_per_scene)
     stage = staging.prepare(root, log)
+    kept = f"The dataset in data.root={str(root)!r} is as it was: the new one was being written to {stage}, now removed"
+    with disk_full(stage, kept, remove=stage):
+        _render_into(pipeline, stage, device, splits, per_shard, log)
+    fail_point("data-before-swap")
+    return staging.commit(root, log)
+
+
+def _render_into(pipeline: Pipeline, stage: Path, device: str, splits: dict, per_shard: int, log) -> dict:
+    """Render every scene and closed-loop episode into shards under the staging folder, then its manifest."""
+    from rich.progress import Progress
+
+    world, root = pipeline.data.world, Path(pipeline.data.root)
     staging.check_free(root, _planned_files(pipeline, splits, per_shard))
     writers = {split: ShardWriter(stage / split, pipeline.data.layout, per_shard) for split in ("train", "val")}
     drives = _drive_specs(pipeline)
@@ -169,9 +180,7 @@ def make_dataset(pipeline: Pipeline, log=print) -> dict:
         "splits": {split: [{"path": f"{split}/{s['path']}", "samples": s["samples"]} for s in w.shards]
                    for split, w in writers.items()},
     }
-    write_manifest(stage, manifest)
-    fail_point("data-before-swap")
-    return staging.commit(root, log)
+    return write_manifest(stage, manifest)
 
 
 def _planned_files(pipeline: Pipeline, splits: dict, per_shard: int) -> list[str]:

@@ -27,8 +27,6 @@ also rewrote the digest but left a verdict disagreeing with its figures.
 
 from __future__ import annotations
 
-import ctypes
-import errno
 import hashlib
 import json
 import os
@@ -36,6 +34,7 @@ import re
 import shutil
 from pathlib import Path
 
+from stack.durable import exchange
 from stack.errors import StackError
 from stack.failpoints import fail_point
 
@@ -46,8 +45,6 @@ MODEL_FILES = ("model.int8.onnx", "model.onnx")
 """The model files a bundle may ship (gate.json's `shipped`)."""
 DEVICE_FOLDER = "device"
 """Where the on-device build writes; not covered by the checksums."""
-_AT_FDCWD = -100
-_RENAME_EXCHANGE = 2
 
 
 class BundleMismatch(StackError):
@@ -131,7 +128,7 @@ def swap_in(staging: Path, folder: Path) -> None:
         if not folder.exists():
             os.rename(staging, folder)
             return
-        if _exchange(staging, folder):
+        if exchange(staging, folder):
             fail_point("deploy-after-swap")
             shutil.rmtree(staging, ignore_errors=True)  # now holds the old bundle
             return
@@ -142,21 +139,6 @@ def swap_in(staging: Path, folder: Path) -> None:
     except OSError as exc:  # e.g. another deploy wrote the same bundle at the same moment
         raise StackError(f"could not put the new bundle in place at {folder} ({exc.strerror}); the complete new "
                          f"bundle is in {staging}. Is another `stack deploy` writing the same target? Run it again.")
-
-
-def _exchange(a: Path, b: Path) -> bool:
-    """renameat2(a, b, RENAME_EXCHANGE); False where the C library or the file system cannot."""
-    try:
-        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
-    except (AttributeError, OSError):
-        return False
-    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
-        return True
-    error = ctypes.get_errno()
-    if error in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):  # not supported here: fall back to two renames
-        return False
-    raise OSError(error, os.strerror(error), str(b))
 
 
 def read_gate(folder: str | Path) -> dict:

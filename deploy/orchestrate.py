@@ -39,6 +39,7 @@ from stack.deploy.gates.fps import measured_gate, predicted_gate
 from stack.deploy.quantize import check_calibration_set, fp32_nodes, quantizable_nodes, quantize
 from stack.deploy.report import markdown, plot_latency, verdict_line, write_gate_json
 from stack.deploy.trt_ops import tensorrt_problems
+from stack.durable import disk_full
 from stack.failpoints import fail_point
 
 __all__ = ["DeploySpec", "run_deploy", "verify_bundle"]
@@ -96,6 +97,20 @@ def run_deploy(spec: DeploySpec, name: str, target, export_cfg, folder: Path, lo
     """
     check_replaceable(folder)
     final, folder = folder, stage(folder)
+    kept = (f"The bundle at {str(final)!r} is as it was" if final.exists() else f"Nothing was written at {final}") \
+        + f" (the new one was being built in {folder}, now removed)"
+    with disk_full(final.parent, kept, remove=folder):
+        result = _build(spec, name, target, export_cfg, folder, log, allow_below_bar)
+    swap_in(folder, final)
+    log(f"{name}: {verdict_line(result)} -> {final / 'report.md'}")
+    for reason in result["failures"] + result["below_bar"]:
+        log(f"  {reason}")
+    _attach(result, spec, name, final, log)
+    return result
+
+
+def _build(spec: DeploySpec, name: str, target, export_cfg, folder: Path, log, allow_below_bar: bool) -> dict:
+    """Every file of the bundle in the staging `folder`, every gate run, gate.json last; its content."""
     result = {"target": name, "target_description": target.description, "runtime": target.runtime,
               "precision": target.precision, "qdq_flavour": target.qdq_flavour, "checkpoint": spec.checkpoint,
               "pipeline_name": spec.pipeline_name, "pipeline_hash": spec.pipeline_hash,
@@ -122,11 +137,6 @@ def run_deploy(spec: DeploySpec, name: str, target, export_cfg, folder: Path, lo
     listed = sorted({p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()} | {"report.md", "gate.json"})
     (folder / "report.md").write_text(markdown(result, listed))
     write_gate_json(folder, vouch(folder, result, spec.checkpoint))
-    swap_in(folder, final)
-    log(f"{name}: {verdict_line(result)} -> {final / 'report.md'}")
-    for reason in result["failures"] + result["below_bar"]:
-        log(f"  {reason}")
-    _attach(result, spec, name, final, log)
     return result
 
 

@@ -40,6 +40,7 @@ from torch.distributed.checkpoint.default_planner import DefaultSavePlanner, _Em
 from torch.distributed.checkpoint.staging import AsyncStager
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
+from stack.durable import fsync_dir, write_durably
 from stack.errors import StackError
 from stack.failpoints import fail_point
 
@@ -176,17 +177,17 @@ class AsyncCheckpointWriter:
         """Background: wait for DCP's write, then (rank 0) make the checkpoint durable and `latest`."""
         if meta is not None:
             temp.mkdir(parents=True, exist_ok=True)
-            _write_durably(temp / META, meta)
+            write_durably(temp / META, meta)
         upload.result()
         if meta is not None:
             self._commit(temp, final)
 
     def _commit(self, temp: Path, final: Path) -> None:
-        _fsync_dir(temp)
+        fsync_dir(temp)
         fail_point("checkpoint-commit")
         _remove(final)
         os.replace(temp, final)
-        _fsync_dir(self.directory)
+        fsync_dir(self.directory)
         write_atomically(self.directory / LATEST, final.name + "\n")
         self._prune(final)
 
@@ -200,27 +201,11 @@ class CheckpointWriteFailed(StackError):
     """A background checkpoint write failed (disk full, permissions); the previous checkpoint stays `latest`."""
 
 
-def _write_durably(path: Path, data: bytes) -> None:
-    with open(path, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    """Make a folder's entries (new files, renames) durable: POSIX needs an fsync of the folder itself."""
-    descriptor = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
-
-
 def write_atomically(path: Path, text: str) -> None:
     temp = path.with_name(f".{path.name}.partial")
-    _write_durably(temp, text.encode())
+    write_durably(temp, text.encode())
     os.replace(temp, path)
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 def _remove(path: Path) -> None:

@@ -16,14 +16,17 @@ SMALL = ["data.rig.image_width=64", "data.rig.image_height=32", "data.world.fram
          "data.samples_per_shard=1", "data.world.val_fraction=0.34", "data.batch_size=1", "data.num_workers=0"]
 
 
-def make(root, *overrides, fail_at=None):
-    """`stack data make` as its own process (a kill point SIGKILLs it there), rc and output."""
+def make(root, *overrides, fail_at=None, file_limit=None):
+    """`stack data make` as its own process (a kill point SIGKILLs it there; `file_limit` bytes: `ulimit -f`), rc
+    and output."""
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     env.pop("STACK_FAIL_POINT", None)
     if fail_at:
         env["STACK_FAIL_POINT"] = fail_at
+    limit = (lambda: __import__("resource").setrlimit(__import__("resource").RLIMIT_FSIZE, (file_limit, file_limit))) \
+        if file_limit else None
     result = subprocess.run([sys.executable, "-m", "stack", "data", "make", *SMALL, f"data.root={root}", *overrides],
-                            cwd=REPO, capture_output=True, text=True, env=env, timeout=300)
+                            cwd=REPO, capture_output=True, text=True, env=env, timeout=300, preexec_fn=limit)
     return result.returncode, result.stdout + result.stderr
 
 
@@ -156,3 +159,15 @@ def test_a_second_writer_on_the_same_data_root_is_refused(previous, tmp_path):
         os.close(held)
     assert rc == 2 and "another `stack data make`" in output and "Traceback" not in output, output
     assert snapshot(root) == before
+
+
+def test_a_full_disk_while_rendering_is_one_line_and_keeps_the_previous_dataset(previous, tmp_path):
+    """A file-size limit (as `ulimit -f` sets; a full disk raises the same way) stops the run with one line naming
+    the folder and saying the previous dataset is intact; the partial staging folder is removed."""
+    root = copy_of(previous, tmp_path)
+    rc, output = make(root, "data.world.scenes=4", "data.world.seed=5", file_limit=20_000)
+    assert rc == 2 and "Traceback" not in output, output
+    assert f"no room to write under '{root / '.staging'}': a file reached the size limit for files (ulimit -f)" \
+        in output and f"The dataset in data.root='{root}' is as it was" in output, output
+    assert snapshot(root) == previous[1] and not (root / ".staging").exists()
+    assert loads(root) == 6

@@ -275,3 +275,25 @@ def test_a_killed_redeploy_leaves_a_bundle_that_verifies(gated, tmp_path, deploy
     deploy_module[1](bundle, 1)  # the next deploy cleans up after the killed one
     assert not list(tmp_path.glob(".cpu.staging-*"))
     verify_bundle(bundle)
+
+
+def test_a_full_disk_during_a_redeploy_is_one_line_and_keeps_the_previous_bundle(gated, tmp_path, deploy_module):
+    """A file-size limit while the new bundle is written (a full disk raises the same way): DiskFull names the
+    folder and says the previous bundle is intact, which still verifies; the staging folder is removed."""
+    import resource
+
+    from stack.durable import DiskFull
+
+    bundle = _copy(gated, tmp_path)
+    before = bundle_files(bundle)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (150_000, hard))  # the ONNX files are ~300 kB
+    try:
+        with pytest.raises(DiskFull) as raised:
+            deploy_module[1](bundle, 1)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    assert f"no room to write under '{tmp_path}': a file reached the size limit for files" in str(raised.value)
+    assert f"The bundle at '{bundle}' is as it was" in str(raised.value)
+    assert bundle_files(bundle) == before and not list(tmp_path.glob(".cpu.staging-*"))
+    verify_bundle(bundle)

@@ -1,0 +1,102 @@
+"""Changes to folders that a kill, a power cut or a full disk cannot leave half done.
+
+A dataset (`stack data make`) and a deploy bundle (`stack deploy`) are built aside and put in place whole,
+so a reader never sees half of one and half of the other:
+
+- `exchange(a, b)` swaps two directory entries in one step: Linux's `renameat2(RENAME_EXCHANGE)` (rename(2)
+  cannot replace a non-empty directory); False where the C library or the file system lacks it, so the
+  caller can fall back to renames.
+- `fsync_tree` / `fsync_dir` / `write_durably`: a rename is durable only once the folder holding it is
+  fsync'd, and the renamed files only once their own data is (POSIX; ext4's delayed allocation shows it).
+- `disk_full(folder, kept)`: a full disk (ENOSPC, EDQUOT) or a file-size limit (EFBIG, `ulimit -f`) while
+  writing under `folder` becomes one line naming the folder (and the file, when the OS says which) and
+  what was kept, instead of a traceback from deep inside a writer.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import shutil
+from contextlib import contextmanager
+from pathlib import Path
+
+from stack.errors import StackError
+
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2
+FULL = {errno.ENOSPC: "the file system is full", errno.EDQUOT: "the disk quota is used up",
+        errno.EFBIG: "a file reached the size limit for files (ulimit -f)"}
+"""The errors that mean "no room to write", with what each says."""
+
+
+def exchange(a: Path, b: Path) -> bool:
+    """renameat2(a, b, RENAME_EXCHANGE); False where the C library or the file system cannot."""
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    error = ctypes.get_errno()
+    if error in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):  # not supported here: fall back to two renames
+        return False
+    raise OSError(error, os.strerror(error), str(b))
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a folder's entries (new files, renames) durable: POSIX needs an fsync of the folder itself."""
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def fsync_tree(folder: Path) -> None:
+    """fsync every file and folder under `folder`, then `folder` itself (before it is renamed into place)."""
+    for parent, folders, files in os.walk(folder, topdown=False):
+        for name in files:
+            descriptor = os.open(os.path.join(parent, name), os.O_RDONLY)
+            try:
+                os.fsync(descriptor)
+            finally:
+                os.close(descriptor)
+        fsync_dir(Path(parent))
+
+
+def write_durably(path: Path, data: bytes) -> None:
+    with open(path, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+class DiskFull(StackError):
+    """No room to write (full disk, quota, file-size limit); the message names the folder and what was kept."""
+
+
+@contextmanager
+def disk_full(folder: Path, kept: str, remove: Path | None = None):
+    """Turn ENOSPC/EDQUOT/EFBIG raised inside the block into `DiskFull` naming `folder` (and the file when the
+    OS names it), the free space left there and `kept` (what is intact); `remove` (the partial output) is
+    deleted first, so the space it took is given back."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno not in FULL:
+            raise
+        if remove is not None:
+            shutil.rmtree(remove, ignore_errors=True)
+        where = f" ({exc.filename})" if exc.filename else ""
+        raise DiskFull(f"no room to write under {str(folder)!r}{where}: {FULL[exc.errno]}, {_free(folder)}. "
+                       f"{kept}. Free some space (or raise the limit) and run again") from None
+
+
+def _free(folder: Path) -> str:
+    for path in (Path(folder), *Path(folder).parents):
+        if path.exists():
+            return f"{shutil.disk_usage(path).free / 2**20:,.0f} MiB free there"
+    return "free space unknown"
