@@ -284,6 +284,9 @@ def load_sharded_checkpoint(path: Path) -> dict:
     alone, whatever the number of ranks that wrote it."""
     path = Path(path)
     state = torch.load(path / META, map_location="cpu", weights_only=True)
+    # read (and check) the metadata once before DCP does: DCP catches a failure to read it, logs it with its
+    # traceback on the root logger, retries, and only then raises, so a bad file printed two tracebacks
+    _SafeReader(path).read_metadata()
     tensors: dict = {}
     _load_state_dict(tensors, storage_reader=_SafeReader(path), planner=_SafeFullLoadPlanner(), no_dist=True)
     state["state_dict"] = tensors.pop("state_dict")

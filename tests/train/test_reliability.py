@@ -169,6 +169,32 @@ def test_an_unreadable_resume_checkpoint_is_refused_before_training(finished, tm
     assert not (tmp_path / "new" / "csv").exists()  # refused before Lightning started
 
 
+@pytest.mark.parametrize("damage", ["garbage metadata", "truncated metadata", "truncated shard", "garbage shard",
+                                    "missing shard"])
+def test_an_unreadable_resume_checkpoint_logs_no_traceback(finished, tmp_path, damage, caplog):
+    """The one-line refusal is all a user sees: DCP logged a failed metadata read with its traceback on the root
+    logger (twice: it retries with the rank's own metadata) before the refusal."""
+    out = tmp_path / "run"
+    shutil.copytree(finished, out)
+    ckpt = out / "checkpoints" / "step-0000012.ckpt"
+    metadata, shard = ckpt / ".metadata", ckpt / "__0_0.distcp"
+    if damage == "garbage metadata":
+        metadata.write_bytes(os.urandom(4096))
+    elif damage == "truncated metadata":
+        metadata.write_bytes(metadata.read_bytes()[:100])
+    elif damage == "truncated shard":
+        shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    elif damage == "garbage shard":
+        shard.write_bytes(os.urandom(shard.stat().st_size))
+    else:
+        shard.unlink()
+    caplog.set_level("DEBUG")
+    with pytest.raises(StackError, match=r"step-0000012\.ckpt is not a readable training checkpoint"):
+        run(tmp_path / "new", f"train.resume={out}")
+    logged = [f"{r.name}: {r.getMessage()}" for r in caplog.records if r.exc_info or r.levelno >= 30]
+    assert logged == [], logged
+
+
 def test_a_checkpoint_of_another_network_shape_is_refused_naming_the_key(finished, tmp_path):
     with pytest.raises(StackError, match=r"model.segmentation_classes: \['road', 'car', 'sky'\] vs "
                                          r"\['road', 'car', 'sky', 'building'\].*segmentation_head.weight"):
