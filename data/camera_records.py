@@ -85,3 +85,68 @@ def _npy(data: bytes, shard: Path, name: str) -> np.ndarray:
 def describe(root: Path, manifest: dict) -> str:
     """A name for calibrations read from this dataset."""
     return f"{root.name} ({manifest.get('source', 'stack data make')})"
+
+
+RIG_ATOL_M = 0.5
+"""Largest distance between a camera's mount in data.rig and in the data: vehicles of one model differ by
+centimetres; a camera on another part of the car (or another car) is metres away."""
+RIG_ATOL_DEG = 5.0
+"""Largest difference in orientation and field of view, degrees: calibrations of one rig differ by a degree or
+two; another mount (data.rig.cameras.0.yaw_deg=40 for a front camera) by tens."""
+
+
+def check_rig(rig, root: str | Path, split: str, what: str) -> None:
+    """Refuse to train or evaluate with a `data.rig` (`rig`) that is not the dataset's cameras: names, count and
+    order (the manifest), image size, and each camera's mount and field of view in the split's first sample,
+    within RIG_ATOL_M / RIG_ATOL_DEG. The loaders read the cameras the manifest lists whatever data.rig says, so
+    a one-camera rig trained silently on six cameras, and its model then drove a one-camera world."""
+    from stack.data.loader import read_manifest, split_shards
+
+    manifest = read_manifest(root)
+    shards = [Path(path) for path, _ in split_shards(manifest, root, split)]
+    differences = rig_differences(rig, manifest, next(camera_records(shards[:1]), None))
+    if differences:
+        raise StackError(f"data.rig is not the cameras of the dataset at {root} that {what}:\n  "
+                         + "\n  ".join(differences) + "\nSet data.rig to the cameras the data was recorded with "
+                         "(the dataset's values are above), or render a dataset for this rig with `stack data make`")
+
+
+def rig_differences(rig, manifest: dict, record: CameraRecord | None) -> list[str]:
+    """What differs between `rig` (data.rig) and a dataset (its manifest and one sample's stored cameras)."""
+    names = [camera.name for camera in rig.cameras]
+    if names != manifest["cameras"]:
+        return [f"cameras: data.rig has {len(names)} ({', '.join(names)}), the dataset {len(manifest['cameras'])} "
+                f"({', '.join(manifest['cameras'])}), in that order"]
+    found = []
+    if [rig.image_height, rig.image_width] != list(manifest["image_size"]):
+        height, width = manifest["image_size"]
+        found.append(f"image size: data.rig {rig.image_width}x{rig.image_height}, the dataset {width}x{height} "
+                     "(data.rig.image_width, data.rig.image_height)")
+    if record is None or found:
+        return found
+    for index, camera in enumerate(rig.cameras):
+        found += [f"camera {index} ({camera.name}): {d}" for d in _mount_differences(
+            camera, record.intrinsics[index].astype(np.float64), record.cam_to_ego[index].astype(np.float64),
+            rig.image_width)]
+    return found
+
+
+def _mount_differences(camera, k: np.ndarray, pose: np.ndarray, width: int) -> list[str]:
+    from stack.rig import camera_to_ego, mount_of, rotation_angle_deg
+
+    stored, nominal = mount_of(k, pose, width), vars(camera)
+    found = []
+    if float(np.linalg.norm([stored[a] - nominal[a] for a in "xyz"])) > RIG_ATOL_M:
+        found.append("position " + _pair(nominal, stored, ("x", "y", "z"), "m"))
+    if rotation_angle_deg(camera_to_ego(camera)[:3, :3], pose[:3, :3]) > RIG_ATOL_DEG:
+        found.append("orientation " + _pair(nominal, stored, ("yaw_deg", "pitch_deg"), "degrees"))
+    if abs(stored["hfov_deg"] - camera.hfov_deg) > RIG_ATOL_DEG:
+        found.append("field of view " + _pair(nominal, stored, ("hfov_deg",), "degrees"))
+    return found
+
+
+def _pair(nominal: dict, stored: dict, keys: tuple, unit: str) -> str:
+    """'yaw_deg=40, pitch_deg=0 in data.rig, yaw_deg=0.0, pitch_deg=0.0 in the data (degrees)'."""
+    given = ", ".join(f"{key}={nominal[key]:g}" for key in keys)
+    recorded = ", ".join(f"{key}={stored[key]:.2f}" for key in keys)
+    return f"{given} in data.rig, {recorded} in the data ({unit})"

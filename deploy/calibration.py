@@ -45,6 +45,7 @@ from pathlib import Path
 import numpy as np
 
 from stack.errors import StackError, missing_file_message
+from stack.rig import rotation_angle_deg
 
 BUNDLE_FILE = "calibration.yaml"
 """The calibration's file in a deploy bundle (and beside `stack export`'s model.onnx)."""
@@ -263,12 +264,6 @@ def _camera_problems(k: np.ndarray, pose: np.ndarray, width: int, height: int) -
         found.append(f"cam_to_ego rotation is not a proper rotation (|R^T R - I| = {error:.2e}, det "
                      f"{np.linalg.det(rotation):+.4f}; expected < {ORTHONORMAL_ATOL:g} and +1)")
     return found
-
-
-def rotation_angle_deg(a: np.ndarray, b: np.ndarray) -> float:
-    """Angle of the rotation taking `a` to `b` (both 3x3 rotations), degrees."""
-    cosine = (np.trace(a.T @ b) - 1.0) / 2.0
-    return math.degrees(math.acos(float(np.clip(cosine, -1.0, 1.0))))
 
 
 def _length(metres: float) -> str:

@@ -51,3 +51,19 @@ def scale_intrinsics(k: np.ndarray, scale_x: float, scale_y: float, crop_x: floa
     out[..., 0, 2] -= crop_x
     out[..., 1, 2] -= crop_y
     return out
+
+
+def rotation_angle_deg(a: np.ndarray, b: np.ndarray) -> float:
+    """Angle of the rotation taking `a` to `b` (both 3x3 rotations), degrees."""
+    cosine = (np.trace(a.T @ b) - 1.0) / 2.0
+    return math.degrees(math.acos(float(np.clip(cosine, -1.0, 1.0))))
+
+
+def mount_of(k: np.ndarray, pose: np.ndarray, width: int) -> dict:
+    """The rig parameters (data.rig.cameras.*: x, y, z, yaw_deg, pitch_deg, hfov_deg) of a stored camera: the
+    inverse of `intrinsics` and `camera_to_ego`, roll aside (the rig has none)."""
+    forward = pose[:3, 2]
+    return {"x": float(pose[0, 3]), "y": float(pose[1, 3]), "z": float(pose[2, 3]),
+            "yaw_deg": math.degrees(math.atan2(forward[1], forward[0])),
+            "pitch_deg": math.degrees(-math.asin(float(np.clip(forward[2], -1.0, 1.0)))),
+            "hfov_deg": math.degrees(2.0 * math.atan(width / 2.0 / float(k[0, 0])))}

@@ -51,12 +51,14 @@ def evaluate_checkpoint(checkpoint: Path, pipeline: Pipeline | None, progress: b
     the checkpoint's run on a remote store only when it is that one."""
     from stack.checkpoint.model_file import load_model_checkpoint
     from stack.data import build_loader
+    from stack.data.camera_records import check_rig
     from stack.models import build_model
     from stack.train.parallel import accelerator_name
 
     stored, state, meta = load_model_checkpoint(checkpoint)
     pipeline = pipeline or stored
     given = warn_on_other_data(meta, pipeline, checkpoint, f"evaluated ({split} split) on")
+    check_rig(stored.data.rig, pipeline.data.root, split, f"checkpoint {checkpoint} would be evaluated on")
     model = build_model(stored)
     model.load_state_dict(state)
     device = torch.device("cuda" if accelerator_name(pipeline.train) == "gpu" else "cpu")

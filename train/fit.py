@@ -36,6 +36,7 @@ from stack.pipeline import Pipeline
 from stack.train.callbacks import LoaderPosition, StepStats
 from stack.checkpoint.training import (LATEST, RollingCheckpoints, ShardedCheckpointIO, check_resume, out_dir_lock,
                                     prepare_out_dir, resolve_resume)
+from stack.data.camera_records import check_rig
 from stack.train.datamodule import LoaderFactory, PipelineData
 from stack.train.module import TrainModule
 from stack.train.parallel import accelerator_name, build_strategy
@@ -136,6 +137,8 @@ def fit(pipeline: Pipeline, model: Callable[[Pipeline], nn.Module] | None = None
     pipeline = resume_after_requeue(pipeline)  # a requeued SLURM job continues from its own latest checkpoint
     first_rank = _launching_rank_zero()
     resume = resolve_resume(pipeline.train.resume) if pipeline.train.resume else None  # a missing one is named first
+    if loaders is None:  # the dataset's cameras must be the ones the network is built for, before anything starts
+        check_rig(pipeline.data.rig, pipeline.data.root, "train", "it would train on")
     if first_rank:
         check_store(pipeline)
     with out_dir_lock(pipeline, first_rank):

@@ -95,8 +95,9 @@ def _pipeline(sources: list[str], args):
     stored = []
     for source in sources:
         if _kind(source) == "checkpoint":
-            pipeline, state_dict, _ = load_model_checkpoint(source)
+            pipeline, state_dict, meta = load_model_checkpoint(source)
             check_has_planner(state_dict, source)
+            _check_trained_cameras(source, pipeline, meta.get("dataset"))
         else:
             file = Path(source) / "pipeline.yaml"
             if not file.is_file():
@@ -110,6 +111,20 @@ def _pipeline(sources: list[str], args):
     if args.print_config:
         print(pipeline_to_yaml(pipeline), end="", flush=True)
     return pipeline
+
+
+def _check_trained_cameras(source: str, stored, dataset: dict | None) -> None:
+    """A network drives the world its rig renders: refuse one whose rig is not the cameras of the data it was
+    trained on (its lineage record), as a checkpoint trained before `stack train` checked this can be."""
+    cameras, size = (dataset or {}).get("cameras"), (dataset or {}).get("image_size")
+    if not isinstance(cameras, list):
+        return  # trained before lineage was recorded
+    rig = stored.data.rig
+    names, rig_size = [c.name for c in rig.cameras], [rig.image_height, rig.image_width]
+    if cameras != names or (isinstance(size, list) and len(size) == 2 and size != rig_size):
+        raise StackError(f"checkpoint {source} was trained on data recorded with cameras {cameras} at image size "
+                         f"{size} (height, width), but its rig (data.rig) is {names} at {rig_size}: it would drive "
+                         "with cameras it never saw. Retrain it with data.rig set to the dataset's cameras")
 
 
 def _check_same(source: str, stored, pipeline) -> None:
