@@ -44,6 +44,16 @@ def release_folder(folder: Path) -> None:
         os.close(handle)
 
 
+def exchanged(a: Path, b: Path) -> None:
+    """After folders `a` and `b` swapped places (`stack.durable.exchange`), the locks this process holds follow
+    the directories, so they are filed under their new paths (the lock taken on `a` now guards `b`'s path)."""
+    keys = str(Path(a).resolve()), str(Path(b).resolve())
+    handles = [_held.pop(key, None) for key in keys]
+    for key, handle in zip(reversed(keys), handles):
+        if handle is not None:
+            _held[key] = handle
+
+
 @contextmanager
 def folder_lock(folder: Path, busy: str):
     """`hold_folder` for the duration of a `with` block: a process that trains several runs in turn (a test

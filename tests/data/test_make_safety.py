@@ -79,17 +79,43 @@ def test_a_kill_before_the_swap_leaves_the_previous_dataset_intact(previous, tmp
     assert (root / "README").read_text() == "mine"
 
 
-def test_a_kill_during_the_swap_is_finished_by_the_next_run(previous, tmp_path):
-    root = copy_of(previous, tmp_path)
-    rc, output = make(root, "data.world.scenes=2", fail_at="data-swap-files")
+@pytest.mark.parametrize("point, samples", [("data-swap-aside", 6), ("data-swap-exchanged", 10),
+                                           ("data-swap-retire", 10)])
+def test_a_kill_at_every_swap_point_leaves_a_usable_dataset_and_the_next_run_finishes(previous, tmp_path, point,
+                                                                                       samples):
+    """The swap is one directory exchange: killed before it, data.root is the previous dataset byte for byte;
+    killed after it, the new one; the user's files are there either way, and the next run finishes the swap."""
+    root = copy_of(previous, tmp_path / "data")
+    rc, output = make(root, "data.world.scenes=5", fail_at=point)
     assert rc == -9, output
-    rc, output = make(root, "data.world.scenes=5")
+    assert loads(root) == samples  # 6: the previous dataset, 10: the new one; loadable as it is
+    assert (root / "train" / "frames-foo.tar").read_bytes() == b"the user's own shard"
+    assert (root / "README").read_text() == "mine"
+    if samples == 6:
+        assert snapshot(root) == previous[1]
+    rc, output = make(root, "data.world.scenes=3", "data.world.seed=2")
     assert rc == 0, output
-    assert "completing that swap first" in output
-    assert loads(root) == 10
+    assert ("completing that swap first" if samples == 6 else "removing the previous dataset") in output
+    assert loads(root) == 6 and sorted(p.name for p in tmp_path.iterdir()) == ["data"]  # no swap folder or plan
     shards = sorted(p.name for p in (root / "train").glob("*.tar"))
     assert shards == ["frames-000000.tar", "frames-000001.tar", "frames-000002.tar", "frames-000003.tar",
-                      "frames-000004.tar", "frames-000005.tar", "frames-foo.tar"]  # no orphan of either run
+                      "frames-foo.tar"]  # no orphan of either run
+    assert (root / "README").read_text() == "mine"
+
+
+def test_without_the_exchange_the_swap_renames_in_place(previous, tmp_path, monkeypatch):
+    """Where RENAME_EXCHANGE is missing (or data.root is a mount point), the swap falls back to renames in place:
+    the new dataset is in, the user's files stay, nothing is left beside data.root."""
+    from stack.config import load_pipeline
+    from stack.data import staging
+    from stack.data.make import make_dataset
+
+    root = copy_of(previous, tmp_path / "data")
+    monkeypatch.setattr(staging, "exchange", lambda a, b: False)
+    make_dataset(load_pipeline(overrides=[*SMALL, f"data.root={root}", "data.world.scenes=5"]), log=lambda *_: None)
+    assert loads(root) == 10 and sorted(p.name for p in tmp_path.iterdir()) == ["data"]
+    assert (root / "train" / "frames-foo.tar").read_bytes() == b"the user's own shard"
+    assert (root / "README").read_text() == "mine" and not (root / ".staging").exists()
 
 
 def default_sigint() -> None:

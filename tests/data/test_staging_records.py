@@ -129,3 +129,51 @@ def test_a_swap_the_project_planned_is_still_finished(tmp_path):
     assert sorted(p.name for p in (root / "train").iterdir()) == [
         "frames-000001.idx", "frames-000001.sums", "frames-000001.tar", "frames-foo.tar"]
     assert not (root / ".staging").exists()
+
+
+def exchange_plan(root: Path, manifest_sha: str, sign: bool = True) -> Path:
+    """The plan a swap by exchange writes beside data.root (`.NAME.swap.json`)."""
+    body = {"manifest_sha256": manifest_sha}
+    if sign:
+        body["sha256"] = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+    path = staging.swap_folder(root).with_name(staging.swap_folder(root).name + ".json")
+    path.write_text(json.dumps(body))
+    return path
+
+
+@pytest.mark.parametrize("planted", ["link", "folder without a plan", "unsigned plan", "plan for another dataset"])
+def test_a_planted_swap_beside_data_root_is_refused_and_changes_nothing(victims, planted):
+    """`.NAME.swap/` and its plan beside data.root are the project's only when the plan's sha256 holds and names
+    the dataset in data.root or in that folder: a link there, a folder without a plan or a plan for something
+    else is refused before anything is moved or deleted."""
+    root = victims / "data"
+    dataset(root)
+    aside = staging.swap_folder(root)
+    if planted == "link":
+        aside.symlink_to(victims / "victimdir")
+        exchange_plan(root, "0" * 64)
+    else:
+        dataset(aside, content=b"someone else's")
+        if planted != "folder without a plan":
+            exchange_plan(root, hashlib.sha256(b"x").hexdigest(), sign=planted != "unsigned plan")
+    refused_unchanged(root, r"nothing was changed", victims)
+
+
+def test_a_swap_killed_after_the_exchange_is_finished_without_deleting_the_users_files(tmp_path):
+    """After the exchange the previous dataset waits beside data.root: the next run deletes the files its
+    manifest lists and the second links of the user's files, and moves back what only it holds."""
+    root = tmp_path / "data"
+    dataset(root, "train/frames-000001.tar", b"new shard")
+    aside = staging.swap_folder(root)
+    dataset(aside)
+    (aside / "README").write_text("mine")
+    (aside / "train" / "notes.txt").write_text("only here")
+    (root / "train" / "notes.txt").parent.mkdir(exist_ok=True)
+    os_link = __import__("os").link
+    os_link(aside / "README", root / "README")
+    exchange_plan(root, hashlib.sha256((root / "manifest.json").read_bytes()).hexdigest())
+    staging.prepare(root, print)
+    assert not aside.exists() and not list(tmp_path.glob(".data.swap*"))
+    assert (root / "README").read_text() == "mine" and (root / "train" / "notes.txt").read_text() == "only here"
+    assert (root / "train" / "frames-000001.tar").read_bytes() == b"new shard"
+    assert not (root / SHARD).exists()
