@@ -165,6 +165,21 @@ def run_torchrun(pipeline: Pipeline, program: Sequence[str], dry_run: bool) -> i
     return subprocess.run(command).returncode
 
 
+def local_dry_run(pipeline: Pipeline, program: Sequence[str]) -> int:
+    """`--dry-run` with train.launcher=local: print the command that trains and what it would train, as the other
+    launchers print theirs; nothing is trained and nothing is written (not even train.out_dir)."""
+    from stack.config import pipeline_hash
+
+    train = pipeline.train
+    steps = f"{train.max_steps} steps" if train.max_steps > 0 else f"{train.max_epochs} epochs"
+    print(shlex.join(program))
+    print(f"# would train {pipeline.name} (pipeline {pipeline_hash(pipeline)[:12]}) on {pipeline.data.root} for "
+          f"{steps}: {train.devices} device(s) x {train.num_nodes} node(s), strategy {train.strategy}, precision "
+          f"{train.precision}, into {train.out_dir}" + (f", resuming {train.resume}" if train.resume else "")
+          + "; dry run: nothing trained or written", file=sys.stderr)
+    return 0
+
+
 def _require(tool: str, why: str) -> str:
     found = shutil.which(tool)
     if not found:

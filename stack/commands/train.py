@@ -20,7 +20,8 @@ import argparse
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dry-run", action="store_true",
-                        help="with train.launcher=slurm or torchrun: print the sbatch script / command, do not run it")
+                        help="print what would run (the sbatch script, the torchrun command, or the local training "
+                             "command and what it would train), and do not run it")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -28,13 +29,15 @@ def run(args: argparse.Namespace) -> int:
 
     pipeline = load_pipeline_from_args(args)
     launcher = pipeline.train.launcher
-    if launcher != "local":
-        from stack.train.launch import rank_command, run_torchrun, submit_slurm
+    if launcher != "local" or args.dry_run:
+        from stack.train.launch import local_dry_run, rank_command, run_torchrun, submit_slurm
 
         program = rank_command(args.config, args.overrides)
         if launcher == "slurm":
             return submit_slurm(pipeline, program, args.dry_run)
-        return run_torchrun(pipeline, program, args.dry_run)
+        if launcher == "torchrun":
+            return run_torchrun(pipeline, program, args.dry_run)
+        return local_dry_run(pipeline, program)
     from stack.train.fit import fit
 
     module, trainer, stats = fit(pipeline)

@@ -41,6 +41,17 @@ def test_torchrun_dry_run_prints_the_command():
     assert "torch.distributed.run --nnodes=2" in result.stdout and "--rdzv-endpoint=head:29400" in result.stdout
 
 
+def test_local_dry_run_prints_the_command_and_trains_nothing(tmp_path):
+    """As with the other launchers, --dry-run says what would run and runs nothing: no training, no out_dir, no
+    tracking store (it trained for real)."""
+    out = tmp_path / "out"
+    result = stack("train", *TINY, f"train.out_dir={out}", f"data.root={tmp_path / 'no-data-yet'}", "--dry-run")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"{sys.executable} -m stack train -c ") and "train.launcher=local" in result.stdout
+    assert f"into {out}; dry run: nothing trained or written" in result.stderr
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
 def test_train_with_a_missing_resume_checkpoint_is_bad_input(tmp_path):
     result = stack("train", *TINY, f"train.resume={tmp_path}/nope")
     assert result.returncode == 2 and "Traceback" not in result.stderr
