@@ -129,7 +129,7 @@ def commit(root: Path, log: Callable[[str], None]) -> dict:
 def swap_folder(root: Path) -> Path:
     """Where the staging folder waits for the exchange, beside data.root (`.NAME.swap`); after the exchange the
     previous dataset is there until it is retired."""
-    root = Path(os.path.abspath(root))
+    root = Path(os.path.realpath(root))  # beside the folder itself, not beside a link to it
     return root.parent / f".{root.name}.swap"
 
 
@@ -139,8 +139,12 @@ def _exchange_plan(root: Path) -> Path:
 
 def _swap_by_exchange(root: Path, staging: Path, manifest_bytes: bytes, log) -> bool:
     """Steps 1-4 of the module docstring; False (nothing changed but links in the staging folder) where the
-    exchange cannot be made, for the in-place swap to do instead."""
-    root, aside, plan = Path(root), swap_folder(root), _exchange_plan(root)
+    exchange cannot be made, for the in-place swap to do instead (also when this process works inside data.root:
+    the exchange would leave its working folder in the retired dataset)."""
+    root, aside, plan = Path(os.path.realpath(root)), swap_folder(root), _exchange_plan(root)
+    cwd = Path(os.path.realpath(os.getcwd()))
+    if cwd == root or root in cwd.parents:
+        return False
     _link_user_files(root, staging, set(dataset_files(root)) | {MANIFEST})
     fsync_tree(staging)
     _write_record(plan, {"manifest_sha256": _sha256(manifest_bytes)})
@@ -181,7 +185,7 @@ def _recover_exchange(root: Path, log) -> bool:
     """Finish an exchange a killed run left (`.NAME.swap.json` beside data.root); True when the complete new
     dataset is back in the staging folder, to be swapped in by `commit`. A plan or folder there that this
     module did not write is refused (exit 2), nothing changed."""
-    aside, plan = swap_folder(root), _exchange_plan(root)
+    root, aside, plan = Path(os.path.realpath(root)), swap_folder(root), _exchange_plan(root)
     if not plan.exists() and not os.path.lexists(aside):
         return False
     if os.path.islink(aside) or (aside.exists() and not aside.is_dir()) or not plan.is_file():

@@ -197,3 +197,24 @@ def test_a_full_disk_while_rendering_is_one_line_and_keeps_the_previous_dataset(
         in output and f"The dataset in data.root='{root}' is as it was" in output, output
     assert snapshot(root) == previous[1] and not (root / ".staging").exists()
     assert loads(root) == 6
+
+
+@pytest.mark.parametrize("how", ["data.root is a link to the folder", "run from inside data.root"])
+def test_a_linked_data_root_stays_a_link_and_a_working_folder_inside_stays(previous, tmp_path, monkeypatch, how):
+    """The exchange swaps the folder itself (beside its real path), never a link to it; a process working inside
+    data.root swaps in place, so its working folder is not retired with the previous dataset."""
+    from stack.config import load_pipeline
+    from stack.data.make import make_dataset
+
+    real = copy_of(previous, tmp_path / "real")
+    root = real
+    if how == "data.root is a link to the folder":
+        root = tmp_path / "link"
+        root.symlink_to(real)
+    else:
+        monkeypatch.chdir(real / "train")
+    make_dataset(load_pipeline(overrides=[*SMALL, f"data.root={root}", "data.world.scenes=5"]), log=lambda *_: None)
+    assert loads(root) == 10 and (root / "README").read_text() == "mine"
+    assert (real / "train" / "frames-foo.tar").read_bytes() == b"the user's own shard"
+    assert root.is_symlink() == (how == "data.root is a link to the folder") and Path(os.getcwd()).exists()
+    assert not list(tmp_path.glob(".*.swap*"))
