@@ -102,6 +102,8 @@ def check_rig(rig, root: str | Path, split: str, what: str) -> None:
     a one-camera rig trained silently on six cameras, and its model then drove a one-camera world."""
     from stack.data.loader import read_manifest, split_shards
 
+    if not (Path(root) / MANIFEST).is_file():
+        return  # no dataset yet: the loader says so where it always did, after the out_dir checks
     manifest = read_manifest(root)
     shards = [Path(path) for path, _ in split_shards(manifest, root, split)]
     differences = rig_differences(rig, manifest, next(camera_records(shards[:1]), None))
