@@ -103,15 +103,28 @@ def test_a_kill_at_every_swap_point_leaves_a_usable_dataset_and_the_next_run_fin
     assert (root / "README").read_text() == "mine"
 
 
-def test_without_the_exchange_the_swap_renames_in_place(previous, tmp_path, monkeypatch):
-    """Where RENAME_EXCHANGE is missing (or data.root is a mount point), the swap falls back to renames in place:
-    the new dataset is in, the user's files stay, nothing is left beside data.root."""
+@pytest.mark.parametrize("missing", ["no RENAME_EXCHANGE", "data.root is a mount point"])
+def test_without_the_exchange_the_swap_renames_in_place(previous, tmp_path, monkeypatch, missing):
+    """Where RENAME_EXCHANGE is missing, or the staging folder cannot be set aside beside data.root (a mount point:
+    EXDEV; a read-only parent: EACCES), the swap falls back to renames in place: the new dataset is in, the
+    user's files stay, nothing is left beside data.root."""
+    import errno
+
     from stack.config import load_pipeline
     from stack.data import staging
     from stack.data.make import make_dataset
 
     root = copy_of(previous, tmp_path / "data")
-    monkeypatch.setattr(staging, "exchange", lambda a, b: False)
+    if missing == "no RENAME_EXCHANGE":
+        monkeypatch.setattr(staging, "exchange", lambda a, b: False)
+    else:
+        rename = os.rename
+
+        def cross_device(source, target):
+            if str(target).endswith(".swap"):
+                raise OSError(errno.EXDEV, os.strerror(errno.EXDEV), str(target))
+            rename(source, target)
+        monkeypatch.setattr(staging.os, "rename", cross_device)
     make_dataset(load_pipeline(overrides=[*SMALL, f"data.root={root}", "data.world.scenes=5"]), log=lambda *_: None)
     assert loads(root) == 10 and sorted(p.name for p in tmp_path.iterdir()) == ["data"]
     assert (root / "train" / "frames-foo.tar").read_bytes() == b"the user's own shard"
@@ -218,3 +231,28 @@ def test_a_linked_data_root_stays_a_link_and_a_working_folder_inside_stays(previ
     assert (real / "train" / "frames-foo.tar").read_bytes() == b"the user's own shard"
     assert root.is_symlink() == (how == "data.root is a link to the folder") and Path(os.getcwd()).exists()
     assert not list(tmp_path.glob(".*.swap*"))
+
+
+def test_the_staged_tree_is_durable_before_the_exchange(previous, tmp_path, monkeypatch):
+    """Every file and folder of the new dataset is fsync'd before it is exchanged, and the folder holding both
+    entries after: a power cut cannot leave data.root naming a tree whose blocks never reached the disk."""
+    from stack.config import load_pipeline
+    from stack.data import staging
+    from stack.data.make import make_dataset
+
+    root, events = copy_of(previous, tmp_path / "data"), []
+
+    def recorded(name):
+        original = getattr(staging, name)
+
+        def call(*args):
+            events.append((name, *map(str, args)))
+            return original(*args)
+        return call
+    for name in ("fsync_tree", "fsync_dir", "exchange"):
+        monkeypatch.setattr(staging, name, recorded(name))
+    make_dataset(load_pipeline(overrides=[*SMALL, f"data.root={root}", "data.world.scenes=5"]), log=lambda *_: None)
+    swap = str(tmp_path / ".data.swap")
+    assert events.index(("fsync_tree", str(root / ".staging"))) < events.index(("exchange", swap, str(root)))
+    assert ("fsync_dir", str(tmp_path)) in events[events.index(("exchange", swap, str(root))):]
+    assert loads(root) == 10

@@ -1,0 +1,42 @@
+"""stack.durable: the directory exchange, and a full disk turned into one line that says what was kept."""
+
+import errno
+import os
+
+import pytest
+
+from stack.durable import DiskFull, disk_full, exchange
+
+
+@pytest.mark.parametrize("code, says", [(errno.ENOSPC, "the file system is full"),
+                                        (errno.EDQUOT, "the disk quota is used up"),
+                                        (errno.EFBIG, "a file reached the size limit for files (ulimit -f)")])
+def test_no_room_to_write_is_one_line_naming_the_folder_the_file_and_what_was_kept(tmp_path, code, says):
+    partial = tmp_path / "partial"
+    partial.mkdir()
+    (partial / "half.bin").write_bytes(b"x")
+    with pytest.raises(DiskFull) as raised:
+        with disk_full(tmp_path, "The previous output is as it was", remove=partial):
+            raise OSError(code, os.strerror(code), str(partial / "half.bin"))
+    message = str(raised.value)
+    assert message.startswith(f"no room to write under '{tmp_path}' ({partial / 'half.bin'}): {says}, ")
+    assert "MiB free there. The previous output is as it was. Free some space" in message
+    assert not partial.exists() and raised.value.exit_code == 2
+
+
+def test_other_errors_pass_through_and_keep_the_output(tmp_path):
+    with pytest.raises(PermissionError):
+        with disk_full(tmp_path, "kept", remove=tmp_path):
+            raise PermissionError(errno.EACCES, "denied")
+    assert tmp_path.is_dir()
+
+
+def test_exchange_swaps_two_folders_in_one_step(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a" / "from-a").write_text("a")
+    (tmp_path / "b" / "from-b").write_text("b")
+    if not exchange(tmp_path / "a", tmp_path / "b"):
+        pytest.skip("this file system or C library has no RENAME_EXCHANGE (the callers fall back to renames)")
+    assert [p.name for p in (tmp_path / "a").iterdir()] == ["from-b"]
+    assert [p.name for p in (tmp_path / "b").iterdir()] == ["from-a"]
