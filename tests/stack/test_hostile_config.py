@@ -200,7 +200,9 @@ def alias_bomb(levels: int = 9) -> str:
 
 
 def refused_quickly(call, *needles):
-    """`call()` raises the project's config error naming every needle, within two seconds (not after expanding)."""
+    """`call()` raises the project's config error naming every needle, before expanding the bomb: a generous
+    30-second ceiling (a loaded machine stays far inside it), where expanding the 9-level bomb takes minutes
+    and gigabytes."""
     import time
 
     from stack.errors import ConfigError
@@ -208,7 +210,7 @@ def refused_quickly(call, *needles):
     start = time.monotonic()
     with pytest.raises(ConfigError) as raised:
         call()
-    assert time.monotonic() - start < 2.0
+    assert time.monotonic() - start < 30.0
     for needle in needles:
         assert needle in str(raised.value), f"{needle!r} not in {str(raised.value)!r}"
     return str(raised.value)
