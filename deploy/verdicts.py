@@ -146,7 +146,7 @@ def _timing_problems(gate: dict, shipped: str) -> list[str]:
     stats = LatencyStats(**{k: timed[k] for k in LatencyStats.__dataclass_fields__ if k in timed})
     expected = normalised_repeats(stats, gate["fps"].get("reference_workload_ms", 0.0))
     recorded = gate["fps"].get("repeats_ms") or []
-    if len(expected) != len(recorded) or not all(math.isclose(a, b, rel_tol=1e-3) for a, b in zip(expected, recorded)):
+    if len(expected) != len(recorded) or not all(_near(a, b) for a, b in zip(expected, recorded)):
         problems.append(f"the FPS gate's repeats {recorded} are not {shipped}'s round medians normalised by the "
                         f"reference blocks ({[round(v, 4) for v in expected]})")
     return problems

@@ -114,7 +114,7 @@ def decide(mode: str, how: str, median_ms: float, p99_ms: float, target, scale: 
     """Apply the target's bars to (scaled) latencies; `repeats_ms` (already normalised) decide the median bar."""
     gate = FpsGate(mode, how, median_ms * scale, p99_ms * scale, target.min_fps, target.max_p99_latency_ms,
                    scale, median_ms, p99_ms, camera_hz=target.camera_hz, frame_period_ms=target.frame_period_ms(),
-                   budget_ms=target.latency_budget_ms(), repeats_ms=[round(r, 4) for r in repeats_ms or []],
+                   budget_ms=target.latency_budget_ms(), repeats_ms=[float(r) for r in repeats_ms or []],
                    inconclusive_passes=target.timing_inconclusive_passes)
     gate.verdict = median_verdict(gate.median_ms, gate.repeats_ms, 1000.0 / target.min_fps)
     spread = ("; repeats' 90%% interval %.2f-%.2f ms" % repeat_interval(gate.repeats_ms)

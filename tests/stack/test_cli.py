@@ -100,7 +100,7 @@ def test_unknown_command_is_bad_input():
 
 SHARED_OPTIONS = {"-h", "--help", "-c", "--config", "--print-config"}
 COMMAND_OPTIONS = {"config": {"--describe"}, "data": {"--out", "--sample", "--from", "--source", "--version"},
-                   "deploy": {"--target", "--verify", "--calibration"},
+                   "deploy": {"--target", "--verify", "--calibration", "--allow-below-bar"},
                    # the closed-loop command line the users asked for: --scenarios/--episodes map onto drive.* keys
                    "drive": {"--policy", "--scenarios", "--episodes"}, "export": {"--calibration"}, "eval": {"--split"}, "train": {"--dry-run"}}
 """Options each command may add beyond the shared ones. Config keys are never flags:
