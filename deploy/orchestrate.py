@@ -188,13 +188,21 @@ def _attach(result: dict, spec: DeploySpec, name: str, bundle: Path, log) -> Non
     from stack.lineage import attach_to_run
 
     fps = result.get("fps") or {}
-    metrics = {f"deploy/{name}/passed": float(result["passed"])}
+    metrics = {f"deploy/{name}/passed": float(result["passed"]),
+               f"deploy/{name}/for_deployment": float(bool(result.get("for_deployment")))}
     metrics.update({f"deploy/{name}/{key}": value for key, value in fps.items()
                     if key in ("median_ms", "p99_ms", "fps", "budget_ms") and isinstance(value, (int, float))})
     attach_to_run(result.get("tracking"), metrics,
                   [(bundle / "gate.json", f"deploy/{name}"), (bundle / "report.md", f"deploy/{name}")],
-                  {f"stack.deploy.{name}": "PASS" if result["passed"] else "FAIL"}, log, chosen=spec.chosen_store,
+                  {f"stack.deploy.{name}": _verdict_tag(result)}, log, chosen=spec.chosen_store,
                   checkpoint_folder=Path(spec.checkpoint).parent if spec.checkpoint else None)
+
+
+def _verdict_tag(result: dict) -> str:
+    """The deploy verdict as `stack runs` lists it: PASS, FAIL, or PASS-NOT-FOR-DEPLOYMENT (below the quality bar)."""
+    if not result["passed"]:
+        return "FAIL"
+    return "PASS" if result.get("for_deployment") else "PASS-NOT-FOR-DEPLOYMENT"
 
 
 def _export_step(spec: DeploySpec, folder: Path, cfg, result: dict, log) -> Path:

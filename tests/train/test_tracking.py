@@ -312,7 +312,8 @@ def test_deploy_on_other_data_warns_records_lineage_in_gate_json_and_logs_into_t
     assert gate["trained_on"] == {"root": str(seen.resolve()), "hash": dataset_fingerprint(seen)["hash"]}
     assert gate["tracking"]["run_id"] == run_id
     run = client.get_run(run_id)
-    assert run.data.tags["stack.deploy.cpu"] == ("PASS" if result["passed"] else "FAIL")
+    expected = "FAIL" if not result["passed"] else "PASS" if result["for_deployment"] else "PASS-NOT-FOR-DEPLOYMENT"
+    assert run.data.tags["stack.deploy.cpu"] == expected
     assert run.data.metrics["deploy/cpu/passed"] == float(result["passed"]) and "deploy/cpu/median_ms" in run.data.metrics
     assert {a.path for a in client.list_artifacts(run_id, "deploy/cpu")} == {"deploy/cpu/gate.json",
                                                                             "deploy/cpu/report.md"}
