@@ -50,10 +50,12 @@ def planning_key(pipeline) -> str:
 
 def make_evaluator(pipeline, batches: list):
     """An accuracy.Evaluator over `batches` (stack.batch.Batch; one frame each), one runtime call per sample."""
+    feeds = [batch_feeds(batch) for batch in batches]  # once: the gate scores every attempt on the same frames
+
     def evaluate(run) -> Scores:
         from stack.metrics.suite import TaskMetrics
 
-        frames = frame_metrics(pipeline, batches, run)
+        frames = frame_metrics(pipeline, batches, feeds, run)
 
         def on(indices) -> dict:
             total = TaskMetrics(pipeline)
@@ -73,22 +75,23 @@ def make_quality_evaluator(pipeline, batches: list):
         from stack.metrics.suite import TaskMetrics
 
         total = TaskMetrics(pipeline)
-        for frame in frame_metrics(pipeline, batches, run):
+        for frame in frame_metrics(pipeline, batches, [batch_feeds(batch) for batch in batches], run):
             total.merge(frame)
         return total.compute()
 
     return evaluate
 
 
-def frame_metrics(pipeline, batches: list, run) -> list:
-    """One `TaskMetrics` per batch of `run`'s decoded outputs (so any resample of frames can be rescored)."""
+def frame_metrics(pipeline, batches: list, feeds: list, run) -> list:
+    """One `TaskMetrics` per batch of `run`'s decoded outputs on its `feeds` (`batch_feeds` of that batch), so any
+    resample of frames can be rescored."""
     from stack.metrics.suite import TaskMetrics
     from stack.models.decoders import decode_all
 
     frames = []
-    for batch in batches:
+    for batch, samples in zip(batches, feeds):
         metrics = TaskMetrics(pipeline)
-        metrics.update(decode_all(_stack([run(sample) for sample in batch_feeds(batch)]), pipeline), batch)
+        metrics.update(decode_all(_stack([run(sample) for sample in samples]), pipeline), batch)
         frames.append(metrics)
     return frames
 

@@ -22,6 +22,7 @@ Every figure a verdict rests on is recorded (the head metrics, each episode's sc
 from __future__ import annotations
 
 from stack.metrics.bars import HEAD_KEYS, verdicts
+from stack.metrics.driving import closed_loop_bar
 
 NETWORK = "fp32"
 """The policy name the closed-loop gate gives the fp32 model, the one this gate judges."""
@@ -44,14 +45,8 @@ def driving_quality(closed_loop: dict | None) -> dict:
                 "(closed_loop.episodes is 0): set it above 0 to judge the network's driving"}
     if "skipped" in closed_loop:
         return {"passed": False, "comparisons": [], "not_judged": closed_loop["skipped"]}
-    bar = _bar(closed_loop["episode_scores"])
+    bar = closed_loop_bar(closed_loop["episode_scores"], NETWORK)
     return {"passed": bool(bar["passed"]), "comparisons": bar["comparisons"], "episodes": closed_loop["episodes"]}
-
-
-def _bar(episode_scores: list) -> dict:
-    from stack.metrics.driving import closed_loop_bar
-
-    return closed_loop_bar(episode_scores, NETWORK)
 
 
 def quality_verdict(heads: dict, driving: dict) -> dict:
