@@ -334,7 +334,7 @@ def _measure_onnxruntime(spec, folder, engine_onnx, fp32_path, target, cfg, resu
     paths = [engine_onnx] + ([fp32_path] if engine_onnx != fp32_path else [])
     log(f"timing {' and '.join(p.name for p in paths)} with ONNX Runtime, side by side ({cfg.timing_runs} runs "
         f"each after {cfg.timing_warmup} warm-up) ...")
-    times, reference = _time_side_by_side(paths, feeds, cfg)
+    times, reference = _time_side_by_side(paths, feeds, cfg, target)
     result["shipped"] = _choose_shipped(target, engine_onnx, fp32_path, result, times)
     shipped = folder / result["shipped"]["file"]
     log(f"shipping {shipped.name}: {result['shipped']['why']}")
@@ -347,13 +347,16 @@ def _measure_onnxruntime(spec, folder, engine_onnx, fp32_path, target, cfg, resu
     plot_latency(folder, [(n, op, ms, op) for n, op, ms in nodes], f"measured per-node time, ONNX Runtime ({shipped.name})")
 
 
-def _time_side_by_side(paths: list, feeds: dict, cfg) -> tuple[dict, float]:
-    """({file name: LatencyStats}, reference workload ms now), the models and the reference interleaved."""
-    from stack.deploy.gates.fps import time_side_by_side
+def _time_side_by_side(paths: list, feeds: dict, cfg, target) -> tuple[dict, float]:
+    """({file name: LatencyStats}, reference workload ms now), the models and the reference interleaved, with
+    more rounds while a model's verdict on `target` is inconclusive."""
+    from functools import partial
+
+    from stack.deploy.gates.fps import conclusive, time_side_by_side
     from stack.deploy.runtime import ort_session
 
     return time_side_by_side({path.name: ort_session(path) for path in paths}, feeds, cfg.timing_runs,
-                             cfg.timing_warmup)
+                             cfg.timing_warmup, settled=partial(conclusive, target))
 
 
 def _choose_shipped(target, int8_path: Path, fp32_path: Path, result: dict, times: dict) -> dict:

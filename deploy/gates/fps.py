@@ -22,8 +22,11 @@ headroom (budget / median latency; the median's share of the frame period).
   13-16x, as on a quiet machine).
   The median bar is decided on the repeats, not on one median: each timing round's median,
   normalised by the reference runs paired with that round's runs. Their mean's 90% interval within
-  the bar: pass; beyond it: fail; the bar inside it: **inconclusive**, which fails the gate unless
-  the target sets `timing_inconclusive_passes`.
+  the bar: pass; beyond it: fail; the bar inside it: **inconclusive**. An inconclusive verdict buys
+  more rounds (TIMING_ROUNDS at a time, up to MAX_TIMING_ROUNDS): on a shared runner one preempted
+  round can widen five rounds' interval over the bar (a CI run: median 15.5 ms, interval 17.1-26.1 ms
+  against a 26.0 ms bar), and twenty rounds narrow it by about 2.3x. Still inconclusive after them, it
+  fails the gate unless the target sets `timing_inconclusive_passes`.
 - predicted (TensorRT targets without TensorRT): the latency model's total times the target's
   margin (`latency.margins.target_margin`: from the errors on the target's own published
   references, or the conservative margin when it has none, reported "unvalidated") is the median;
@@ -92,7 +95,7 @@ class FpsGate:
 
 def median_verdict(median_ms: float, repeats_ms: list, bar_ms: float) -> str:
     """`pass` / `fail` / `inconclusive` of the median bar. With repeats: on the 90% interval of their mean
-    (mean +- CONFIDENCE_T x sd / sqrt(n)), pass when it lies within the bar, fail when beyond it, inconclusive
+    (mean +- t x sd / sqrt(n)), pass when it lies within the bar, fail when beyond it, inconclusive
     when the bar is inside it; without (a prediction, a TensorRT timing), on the one median.
     `stack.deploy.verdicts` recomputes it from gate.json."""
     low, high = repeat_interval(repeats_ms) if len(repeats_ms) > 1 else (median_ms, median_ms)
@@ -102,11 +105,19 @@ def median_verdict(median_ms: float, repeats_ms: list, bar_ms: float) -> str:
 
 
 def repeat_interval(repeats_ms: list) -> tuple[float, float]:
-    """The 90% t-interval of the repeats' mean, ms."""
+    """The 90% t-interval of the repeats' mean, ms (Student's t with n - 1 degrees of freedom)."""
     import statistics
 
-    mean, half = statistics.fmean(repeats_ms), CONFIDENCE_T * statistics.stdev(repeats_ms) / len(repeats_ms) ** 0.5
+    n = len(repeats_ms)
+    mean, half = statistics.fmean(repeats_ms), confidence_t(n) * statistics.stdev(repeats_ms) / n ** 0.5
     return mean - half, mean + half
+
+
+def confidence_t(n: int) -> float:
+    """Two-sided 90% Student's t for the mean of `n` repeats (2.132 for five)."""
+    from scipy.stats import t
+
+    return float(t.ppf(0.95, n - 1))
 
 
 def decide(mode: str, how: str, median_ms: float, p99_ms: float, target, scale: float = 1.0,
@@ -142,21 +153,23 @@ def _budget_words(gate: FpsGate, target) -> str:
 TIMING_ROUNDS = 5
 """Side-by-side timing alternates the models in this many rounds, so a burst of load hits them all; each
 round's normalised median is one repeat of the verdict."""
-CONFIDENCE_T = 2.132
-"""Student's t, 4 degrees of freedom, one-sided 95% (two-sided 90%): the verdict's interval on the mean of
-TIMING_ROUNDS repeats is mean +- this x sd / sqrt(5)."""
+MAX_TIMING_ROUNDS = 20
+"""An inconclusive verdict buys TIMING_ROUNDS more rounds at a time, up to this many: 20 repeats narrow the
+interval of 5 by sqrt(20 / 5) x t(4) / t(19) = 2.5x. Looking again only while inconclusive, a clear pass or
+fail after five rounds is never revisited."""
 
 
-def time_side_by_side(sessions: dict, feeds: dict, runs: int, warmup: int) -> tuple[dict, float]:
-    """({name: LatencyStats} over `runs` runs each, reference workload ms): the sessions alternate in TIMING_ROUNDS
-    rounds, and every model run is followed by one reference run, whose mean time per run is the reference.
-    Pairing each run with a reference run samples the same load (a 20-run block after the round tracked it
-    poorly: per-round normalised medians of the tiny network spread 14-37 ms at load 2-3.5 on the 2-core
-    EPYC, against 12-24 ms paired). Each LatencyStats carries its rounds' medians and the mean reference of
-    the runs paired with them: the repeats the median bar is decided on."""
-    import numpy as np
-
-    from stack.deploy.runtime import reference_session, summarize, time_session
+def time_side_by_side(sessions: dict, feeds: dict, runs: int, warmup: int,
+                      settled=None) -> tuple[dict, float]:
+    """({name: LatencyStats}, reference workload ms): the sessions alternate in rounds of ceil(`runs` /
+    TIMING_ROUNDS) runs each, and every model run is followed by one reference run, whose mean time per run is
+    the reference. Pairing each run with a reference run samples the same load (a 20-run block after the round
+    tracked it poorly: per-round normalised medians of the tiny network spread 14-37 ms at load 2-3.5 on the
+    2-core EPYC, against 12-24 ms paired). Each LatencyStats carries its rounds' medians and the mean reference
+    of the runs paired with them: the repeats the median bar is decided on. After TIMING_ROUNDS rounds, and
+    after each further TIMING_ROUNDS up to MAX_TIMING_ROUNDS, `settled(stats, reference)` (when given) says
+    whether the verdicts are decided; until it does, more rounds are timed."""
+    from stack.deploy.runtime import reference_session, time_session
 
     reference, reference_feeds = reference_session()
     for session in sessions.values():
@@ -164,9 +177,21 @@ def time_side_by_side(sessions: dict, feeds: dict, runs: int, warmup: int) -> tu
     time_session(reference, reference_feeds, runs=1, warmup=5)
     rounds: dict = {name: [] for name in sessions}
     per_round = -(-runs // TIMING_ROUNDS)
-    for _ in range(TIMING_ROUNDS):
-        for name, session in sessions.items():
-            rounds[name].append(_paired_runs(session, feeds, reference, reference_feeds, per_round))
+    while True:
+        for _ in range(TIMING_ROUNDS):
+            for name, session in sessions.items():
+                rounds[name].append(_paired_runs(session, feeds, reference, reference_feeds, per_round))
+        out, reference_ms = _round_stats(rounds)
+        if settled is None or len(rounds[next(iter(rounds))]) >= MAX_TIMING_ROUNDS or settled(out, reference_ms):
+            return out, reference_ms
+
+
+def _round_stats(rounds: dict) -> tuple[dict, float]:
+    """({name: LatencyStats with its rounds' medians and references}, mean reference ms) of the rounds so far."""
+    import numpy as np
+
+    from stack.deploy.runtime import summarize
+
     out, references = {}, []
     for name, values in rounds.items():
         stats = summarize([t for model, _ in values for t in model])
@@ -175,6 +200,13 @@ def time_side_by_side(sessions: dict, feeds: dict, runs: int, warmup: int) -> tu
         references += stats.round_reference_ms
         out[name] = stats
     return out, float(np.mean(references))
+
+
+def conclusive(target, times: dict, reference_now_ms: float) -> bool:
+    """Whether every timed model's median verdict on `target` is decided (pass or fail): `time_side_by_side`'s
+    `settled` for an ONNX Runtime target."""
+    return all(measured_gate(target, stats, "", reference_now_ms).verdict != "inconclusive"
+               for stats in times.values())
 
 
 def _paired_runs(session, feeds: dict, reference, reference_feeds: dict, runs: int) -> tuple[list, list]:

@@ -76,19 +76,68 @@ def test_tiny_network_passes_ci_cpu_and_twice_its_work_does_not(tiny_onnx):
     """ci-cpu's own bars (median bar sqrt(2) x the recipe's normalised latency, decided on the 90% interval of
     the rounds' normalised medians), timed side by side as deploy times them: the tiny network clears them;
     the same graph run twice per frame (exactly 2x the work) is refused, failed or inconclusive, never passed."""
-    from stack.deploy.gates.fps import measured_gate, time_side_by_side
+    from functools import partial
+
+    from stack.deploy.gates.fps import MAX_TIMING_ROUNDS, TIMING_ROUNDS, conclusive, measured_gate, time_side_by_side
     from stack.deploy.runtime import ort_session
 
     path, feeds, tiny = tiny_onnx
     target = load_target("ci-cpu", tiny)
     assert target.min_fps == pytest.approx(38.5) and target.max_p99_latency_ms == pytest.approx(83.333)
     session = ort_session(path)
-    times, reference = time_side_by_side({"tiny": session, "slowed": Repeated(session, 2)}, feeds, 100, 5)
+    times, reference = time_side_by_side({"tiny": session, "slowed": Repeated(session, 2)}, feeds, 100, 5,
+                                         settled=partial(conclusive, target))
     normal = measured_gate(target, times["tiny"], "ONNX Runtime CPU", reference)
     slowed = measured_gate(target, times["slowed"], "ONNX Runtime CPU", reference)
     assert normal.passed and normal.verdict == "pass", normal.to_dict()
     assert not slowed.passed and slowed.verdict in ("fail", "inconclusive"), slowed.to_dict()
-    assert len(normal.repeats_ms) == 5 and slowed.median_ms > 1.5 * normal.median_ms
+    assert len(normal.repeats_ms) % TIMING_ROUNDS == 0 and len(normal.repeats_ms) <= MAX_TIMING_ROUNDS
+    assert slowed.median_ms > 1.5 * normal.median_ms
+
+
+class _Instant:
+    """A stand-in session that returns at once: the timing loop's bookkeeping without a model."""
+
+    def run(self, names, feeds):
+        return []
+
+
+def test_an_inconclusive_timing_buys_more_rounds_up_to_the_cap():
+    """Deploy times more rounds while `settled` says a verdict is undecided, TIMING_ROUNDS at a time, and stops
+    at MAX_TIMING_ROUNDS; a verdict decided after the first rounds is not timed again."""
+    from stack.deploy.gates.fps import MAX_TIMING_ROUNDS, TIMING_ROUNDS, time_side_by_side
+
+    looks = []
+
+    def settles_on_second_look(times, reference):
+        looks.append(len(times["m"].round_medians_ms))
+        return len(looks) == 2
+
+    times, _ = time_side_by_side({"m": _Instant()}, {}, TIMING_ROUNDS, 1, settled=settles_on_second_look)
+    assert looks == [TIMING_ROUNDS, 2 * TIMING_ROUNDS] and len(times["m"].round_medians_ms) == 2 * TIMING_ROUNDS
+    times, _ = time_side_by_side({"m": _Instant()}, {}, TIMING_ROUNDS, 1, settled=lambda t, r: False)
+    assert len(times["m"].round_medians_ms) == MAX_TIMING_ROUNDS
+    times, _ = time_side_by_side({"m": _Instant()}, {}, TIMING_ROUNDS, 1, settled=lambda t, r: True)
+    assert len(times["m"].round_medians_ms) == TIMING_ROUNDS
+
+
+def test_conclusive_is_false_only_while_a_timed_model_straddles_the_bar():
+    """`conclusive` judges the normalised repeats as the gate does: a straddling model keeps the timing going."""
+    from stack.deploy.gates.fps import conclusive
+    from stack.deploy.runtime import LatencyStats
+
+    target = dataclasses.replace(load_target("ci-cpu", load_pipeline()), min_fps=40.0, max_p99_latency_ms=80.0)
+
+    def timed(repeats):
+        stats = LatencyStats(24.0, 30.0, 24.0, 100)
+        stats.round_medians_ms, stats.round_reference_ms = repeats, [target.reference_workload_ms] * len(repeats)
+        return stats
+
+    fast, straddling = timed([19.0, 20.0, 21.0, 20.0, 20.5]), timed([18.0, 30.0, 22.0, 27.0, 24.0])
+    assert conclusive(target, {"a": fast}, target.reference_workload_ms)
+    assert not conclusive(target, {"a": fast, "b": straddling}, target.reference_workload_ms)
+    narrowed = timed([18.0, 30.0, 22.0, 27.0, 24.0] + [20.0, 21.0, 19.5, 20.5, 21.0] * 3)
+    assert conclusive(target, {"b": narrowed}, target.reference_workload_ms)
 
 
 def test_an_inconclusive_measured_verdict_fails_unless_the_target_allows_it():
@@ -163,7 +212,7 @@ def test_large_preset_fails_the_orin_budget_even_all_int8(tmp_path):
 def _timings(int8_ms: float, fp32_ms: float):
     from stack.deploy.runtime import LatencyStats
 
-    def fake(paths, feeds, cfg):
+    def fake(paths, feeds, cfg, target):
         table = {"model.int8.onnx": int8_ms, "model.onnx": fp32_ms}
         return {p.name: LatencyStats(table[p.name], table[p.name] * 1.2, table[p.name], 30) for p in paths}, 1.0
     return fake
