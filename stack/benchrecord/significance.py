@@ -9,8 +9,8 @@ The rule, after asv's `asv compare` (`asv/statistics.py: is_different`, and its 
 3. Otherwise the Mann-Whitney U rank test (two-sided; Mann & Whitney, Ann. Math. Statist. 18, 1947) on the
    two sets of samples must give p < `ALPHA` (0.01). It assumes nothing about the shape of the noise, which
    for timings is skewed (other load only ever adds time). When the sample counts are too small for any
-   ordering to reach p < ALPHA (smallest p = 2 / C(n + m, n)), the verdict is "inconclusive", as asv
-   refuses to call such a test.
+   ordering to reach p < ALPHA (smallest p = 2 / C(n + m, n)), the verdict is "inconclusive": asv skips
+   the rank test in that case too (and falls back to asking whether 99% intervals overlap).
 
 The ratio's interval is a percentile bootstrap (Efron 1979) of the ratio of medians at the same
 confidence, 1 - ALPHA, resampling each side (`BOOTSTRAP_RESAMPLES`, a fixed seed, so a comparison prints
