@@ -38,6 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
+from stack.benchrecord import figures_of
 from stack.pipeline import Pipeline
 
 GOAL_IMAGES_PER_S = 60.0
@@ -345,6 +346,20 @@ def bench_scenes(frames_per_scene: int) -> int:
     return -(-BENCH_FRAMES // frames_per_scene)
 
 
+FLOORS = {"torch": "pil", "torch_unverified": "pil", "dali": "dali_floor", "dali_unverified": "dali_floor",
+          "dali_graph": "dali_floor"}
+"""Loader measure -> the bare-decode measure that bounds its rate."""
+
+
+def record_figures(figures, generator_rate: float, rates: dict) -> None:
+    """The generator's rate (one run) and every interleaved loader and floor rate (REPEATS each), for --record;
+    a loader's floor is the best rate of the bare decode it is set against."""
+    figures.add("generator (make, end to end)", [generator_rate], "camera images/s", lower_is_better=False)
+    for name, values in rates.items():
+        floor = max(rates[FLOORS[name]]) if name in FLOORS else None
+        figures.add(f"rate: {name}", values, "samples/s", lower_is_better=False, floor=floor)
+
+
 def run(pipeline: Pipeline, args) -> int:
     """Print the side-by-side table (markdown) for BENCHMARKS.md."""
     import os
@@ -372,10 +387,12 @@ def run(pipeline: Pipeline, args) -> int:
                     "dali_unverified": lambda: _loader_rate(dali, verify=False),
                     "dali_augment_graph": lambda: _loader_rate(dali, augment=True),
                     "dali_augment_python": lambda: _loader_rate(dali, per_row=_augment_rows_in_python(dali))}
-        best = {name: 0.0 for name in measures}
+        rates = {name: [] for name in measures}
         for _ in range(REPEATS):  # interleaved, best of REPEATS: other processes only ever slow a run down
             for name, measure in measures.items():
-                best[name] = max(best[name], measure())
+                rates[name].append(measure())
+        best = {name: max(values) for name, values in rates.items()}
+        record_figures(figures_of(args), rate, rates)
         torch_rate, dali_rate, pil_floor, dali_floor, dali_graph, torch_unverified, dali_unverified = \
             (best[name] for name in list(measures)[:7])
         xxh_rate, crc_rate = _hash_rates(jpegs)

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import onnx
 
+from stack.benchrecord import figures_of
+
 ROUNDS = 5
 
 
@@ -60,6 +62,10 @@ def infer(pipeline, args) -> int:
         gflop = predict(onnx.load(str(fp32)), _any_gpu_target(pipeline)).total_flops / 1e9
     rate = 2 * REFERENCE_MATMUL ** 3 / reference / 1e6  # GFLOP/s of the fp32 reference matmul
     _print_infer(metrics, times, gflop, rate, reference)
+    figures = figures_of(args)
+    for name, row in times.items():  # the fp32 graph's FLOPs at the reference matmul's rate bound the fp32 model
+        figures.add(f"{name}: median per round", row["round_medians_ms"], "ms",
+                    floor=gflop / rate * 1e3 if name == "fp32" else None)
     return 0
 
 
@@ -81,7 +87,7 @@ def _interleaved(sessions: dict, feeds: dict, cfg) -> dict:
     for name, rounds in samples.items():
         medians = [s.median_ms for s in rounds]
         out[name] = {"median_ms": float(np.median(medians)), "p99_ms": float(max(s.p99_ms for s in rounds)),
-                     "runs": per_round * ROUNDS}
+                     "runs": per_round * ROUNDS, "round_medians_ms": medians}
     return out
 
 
@@ -106,7 +112,7 @@ def latency(pipeline, args) -> int:
     from stack.deploy.latency.margins import LOO_ERRORS
     from stack.deploy.latency.roofline import P99_OVER_MEDIAN
     from stack.deploy.latency.efficiency_fit import table
-    from stack.deploy.latency.references import FITTED, references_for
+    from stack.deploy.latency.references import FITTED
 
     result = table(pipeline.targets, log=lambda message: print(f"# {message}", flush=True))
     print(f"\n# latency model fitted to {result['references']} published AGX Orin references (refs not on "
@@ -132,7 +138,9 @@ def latency(pipeline, args) -> int:
     stale = {k: v for k, v in result["loo"].items() if abs(LOO_ERRORS.get(k, 99) - v) > 0.005}
     if stale:
         print(f"NOTE: latency.margins.LOO_ERRORS differs from this fit for {sorted(stale)}: update it")
-    _latency_predictions(pipeline, references_for)
+    figures = figures_of(args)
+    figures.add("leave-one-out error, RMS", [result["loo_rms"]], "fraction")
+    _latency_predictions(pipeline, figures)
     return 0
 
 
@@ -147,7 +155,7 @@ def _latency_breakdown(result: dict) -> None:
                   + " | ".join(f"{row['by_kind_ms'].get(k, 0.0):.3f}" for k in kinds) + " |")
 
 
-def _latency_predictions(pipeline, references_for) -> None:
+def _latency_predictions(pipeline, figures) -> None:
     from stack.deploy.export import export_onnx
     from stack.deploy.latency.margins import target_margin
     from stack.deploy.latency.roofline import P99_OVER_MEDIAN, predict
@@ -169,6 +177,8 @@ def _latency_predictions(pipeline, references_for) -> None:
         fp16 = predict(model, target, keep_fp32=tuple(pipeline.export.keep_fp32)).total_ms
         int8 = predict(model, target, keep_fp32=tuple(pipeline.export.keep_fp32), all_int8=True).total_ms
         margin = target_margin(name)
+        figures.add(f"{name}: predicted fp16", [fp16], "ms")
+        figures.add(f"{name}: predicted int8", [int8], "ms")
         print(f"| {name} | {fp16:.2f} | {int8:.2f} | {margin.value:g} | {int8 * margin.value:.2f} | {target.min_fps:g} | "
               f"{target.max_p99_latency_ms:g} | {margin.status} |")
 
@@ -183,8 +193,10 @@ def drive(pipeline, args) -> int:
 
     checkpoint = Path(pipeline.train.out_dir) / "model.pt"
     if checkpoint.is_file():
-        return bench.run(pipeline, checkpoint_spec("checkpoint", str(checkpoint)), f"trained weights ({checkpoint})")
+        return bench.run(pipeline, checkpoint_spec("checkpoint", str(checkpoint)), f"trained weights ({checkpoint})",
+                         figures_of(args))
     with tempfile.TemporaryDirectory() as folder:
         path = save_model_checkpoint(Path(folder) / "untrained.pt", pipeline, build_model(pipeline).state_dict())
-        return bench.run(pipeline, checkpoint_spec("checkpoint", str(path)), "untrained weights (same cost as trained)")
+        return bench.run(pipeline, checkpoint_spec("checkpoint", str(path)), "untrained weights (same cost as trained)",
+                         figures_of(args))
 

@@ -18,6 +18,7 @@ import time
 
 import torch
 
+from stack.benchrecord import figures_of
 from stack.pipeline import Pipeline
 
 REPEATS = 3
@@ -69,9 +70,14 @@ def component_flops(model, batch, geometry) -> dict[str, float]:
     return flops
 
 
-def component_times(model, batch, geometry) -> dict[str, tuple[float, float]]:
-    """(median, best) forward seconds per top-level component and for the whole forward
+def median_and_best(samples: list[float]) -> tuple[float, float]:
+    return statistics.median(samples), min(samples)
+
+
+def component_samples(model, batch, geometry) -> dict[str, list[float]]:
+    """Forward seconds of every timed run per top-level component and for the whole forward
     (`total`), from module hooks in the same runs, so the parts and the whole compare.
+    The table shows each one's median and best.
     On a shared machine a multi-threaded op waits at its barrier whenever one thread loses
     its core, which only ever adds time: the best run approximates an idle machine."""
     from stack.models.network import COMPONENTS
@@ -99,11 +105,11 @@ def component_times(model, batch, geometry) -> dict[str, tuple[float, float]]:
     finally:
         for hook in hooks:
             hook.remove()
-    return {name: (statistics.median(values[1:]), min(values[1:])) for name, values in samples.items()}
+    return {name: values[1:] for name, values in samples.items()}  # the first call is timed_runs' warm-up
 
 
-def train_step_time(model, batch, geometry) -> tuple[float, float]:
-    """(median, best) seconds of forward + loss + backward in train mode."""
+def train_step_samples(model, batch, geometry) -> list[float]:
+    """Seconds of each timed forward + loss + backward in train mode."""
     device = batch.images.device
 
     def step():
@@ -114,7 +120,15 @@ def train_step_time(model, batch, geometry) -> tuple[float, float]:
     model.train()
     times = timed_runs(step)
     model.eval()
-    return statistics.median(times), min(times)
+    return times
+
+
+def record_figures(figures, samples: dict, train_samples: list, flops: dict, peak: float) -> None:
+    """Every forward time per component (floor: its FLOPs at the matmul peak) and the train step's, for --record."""
+    for name, values in samples.items():
+        work = sum(flops.values()) if name == "total" else flops[name]
+        figures.add(f"forward: {name}", values, "s", floor=work / peak if work > 0 else None)
+    figures.add("forward + loss + backward", train_samples, "s")
 
 
 def run(pipeline: Pipeline, args) -> int:
@@ -137,9 +151,12 @@ def run(pipeline: Pipeline, args) -> int:
     flops, peak = component_flops(model.eval(), batch, geometry), matmul_peak_flops(device)
     print("timing components, forward and backward ...", flush=True)
     load_before = os.getloadavg()[0]
-    times = component_times(model, batch, geometry)
-    forward_s, train_s = times["total"], train_step_time(model, batch, geometry)
+    samples = component_samples(model, batch, geometry)
+    train_samples = train_step_samples(model, batch, geometry)
+    times = {name: median_and_best(values) for name, values in samples.items()}
+    forward_s, train_s = times["total"], median_and_best(train_samples)
     load = (load_before, os.getloadavg()[0])
+    record_figures(figures_of(args), samples, train_samples, flops, peak)
     print(_markdown(pipeline, model, flops, times, peak, forward_s, train_s, geometry_s, device, load))
     return 0
 

@@ -32,15 +32,26 @@ def _drive(pipeline, spec, episodes, record: bool = False) -> dict:
     start = time.perf_counter()
     rows = run_tasks(pipeline, [(spec, e, None, 0.0 if record else None) for e in episodes], workers=1)
     wall = time.perf_counter() - start
-    parts = {k: sum(r["timings"][k] for r in rows) for k in PARTS}
+    per_episode = {k: [r["timings"][k] for r in rows] for k in PARTS}
     replans = sum(r["replans"] for r in rows)
-    return {"wall": wall, "parts": parts, "replans": replans,
-            "simulated": pipeline.drive.episode_seconds * len(episodes)}
+    return {"wall": wall, "parts": {k: sum(v) for k, v in per_episode.items()}, "per_episode": per_episode,
+            "replans": replans, "simulated": pipeline.drive.episode_seconds * len(episodes)}
 
 
-def run(pipeline, network, weights: str) -> int:
+def record_figures(figures, results: dict, floor_rate: float) -> None:
+    """Each policy's simulated seconds per wall second (one run of BENCH_EPISODES; the network's floor: the rate
+    with policy and simulation free) and its timed parts per episode, for --record."""
+    for name, r in results.items():
+        figures.add(f"{name}: sim-s per wall-s", [r["simulated"] / r["wall"]], "sim-s/wall-s", lower_is_better=False,
+                    floor=floor_rate if name == NETWORK_ROW else None)
+        for part, seconds in r["per_episode"].items():
+            if any(seconds):
+                figures.add(f"{name}: {part} per episode", seconds, "s")
+
+
+def run(pipeline, network, weights: str, figures=None) -> int:
     """Time the camera policy `network` (a PolicySpec; `weights` says which) beside the blind rollout, and print
-    the table for BENCHMARKS.md."""
+    the table for BENCHMARKS.md; the figures go into `figures` (a `stack.benchrecord.FigureLog`) when given."""
     from stack.sim.drive import cpu_name
     from stack.sim.policies import PolicySpec
     from stack.sim.scenarios import episode_specs
@@ -63,6 +74,8 @@ def run(pipeline, network, weights: str) -> int:
     net = results[NETWORK_ROW]
     per_frame = net["parts"]["render"] / max(net["replans"], 1)
     floor = net["simulated"] / max(net["parts"]["render"], 1e-9)
+    if figures is not None:
+        record_figures(figures, results, floor)
     print(f"\nfloor: rendering {len(pipeline.data.rig.cameras)} cameras takes {per_frame * 1000:.0f} ms per replan "
           f"({net['replans']} replans); with policy and simulation free a camera policy would run at "
           f"{floor:.2f} sim-s / wall-s; measured {net['simulated'] / net['wall']:.2f} "

@@ -26,6 +26,8 @@ import math
 import os
 from pathlib import Path
 
+from stack.durable import write_atomic
+
 COLUMNS = (
     ("driving_score", "driving score", True),
     ("pdms", "PDMS", True),
@@ -90,23 +92,6 @@ def plain(value):
     if isinstance(value, os.PathLike):
         return os.fspath(value)
     raise TypeError(f"drive.json: cannot write a {type(value).__name__} ({value!r}) as JSON")
-
-
-def write_atomic(path: Path, data: bytes | None = None, writer=None) -> Path:
-    """Write `path` whole or not at all: into a temp file beside it (umask permissions, unlike mkstemp's 0600),
-    then os.replace. `writer(temp_path)` writes the temp file when `data` is None (matplotlib's savefig)."""
-    path = Path(path)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        if data is not None:
-            temporary.write_bytes(data)
-        else:
-            writer(temporary)
-        os.replace(temporary, path)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
-    return path
 
 
 # ---------------------------------------------------------------------------------------------- markdown

@@ -19,7 +19,7 @@ from stack.errors import StackError
 
 COMMANDS = {
     "config": "validate the pipeline and print it resolved",
-    "bench": "side-by-side speed measurements (ops, data, model, infer)",
+    "bench": "side-by-side speed measurements (ops, data, model, infer); --record them, compare records (compare)",
     "data": "render the driving world into shards (make), draw a sample (inspect), convert a dataset (convert)",
     "train": "train the network (Lightning: DDP/FSDP2, bf16, resumable checkpoints; local, SLURM or torchrun)",
     "profile": "profile a few training steps: Chrome trace with NVTX ranges, top ops, data-wait share",
@@ -61,8 +61,10 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, help_text in COMMANDS.items():
         sub = subparsers.add_parser(name, help=help_text, description=help_text)
-        add_config_arguments(sub)
+        # The command's own arguments first: a positional of its own (`stack bench NAME`) then comes before the
+        # shared `key=value` words, so `stack bench ops data.batch_size=2` and `stack bench compare A B` parse.
         _command_module(name).add_arguments(sub)
+        add_config_arguments(sub)
     return parser
 
 

@@ -6,6 +6,8 @@ so a reader never sees half of one and half of the other:
 - `exchange(a, b)` swaps two directory entries in one step: Linux's `renameat2(RENAME_EXCHANGE)` (rename(2)
   cannot replace a non-empty directory); False where the C library or the file system lacks it, so the
   caller can fall back to renames.
+- `write_atomic(path, data)`: a file written whole or not at all (a temp file beside it, then a rename), for
+  reports and records that a reader may open while they are written.
 - `fsync_tree` / `fsync_dir` / `write_durably`: a rename is durable only once the folder holding it is
   fsync'd, and the renamed files only once their own data is (POSIX; ext4's delayed allocation shows it).
 - `disk_full(folder, kept)`: a full disk (ENOSPC, EDQUOT) or a file-size limit (EFBIG, `ulimit -f`) while
@@ -65,6 +67,23 @@ def fsync_tree(folder: Path) -> None:
             finally:
                 os.close(descriptor)
         fsync_dir(Path(parent))
+
+
+def write_atomic(path: Path, data: bytes | None = None, writer=None) -> Path:
+    """Write `path` whole or not at all: into a temp file beside it (umask permissions, unlike mkstemp's 0600),
+    then os.replace. `writer(temp_path)` writes the temp file when `data` is None (matplotlib's savefig)."""
+    path = Path(path)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        if data is not None:
+            temporary.write_bytes(data)
+        else:
+            writer(temporary)
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+    return path
 
 
 def write_durably(path: Path, data: bytes) -> None:

@@ -12,6 +12,9 @@ Every checkpoint `stack train` writes (model.pt and the resumable `.ckpt`) and e
 - `tracking`: the MLflow run it was logged in (store URI, run id, experiment), so `stack
   eval` and `stack deploy` attach their reports to the run that trained the model.
 
+Training runs and `stack bench --record` records also carry the code they ran: `git_commit()`, the
+commit of the checkout and whether it had uncommitted changes.
+
 `stack eval` and `stack deploy` compare the fingerprint of the data they are given with the
 one the model saw and warn, naming both folders and hashes and what differs. The comparison
 is a warning, not a refusal: scoring a model on another dataset can be the point (a held-out
@@ -33,6 +36,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import subprocess
 from pathlib import Path
 
 TRACKING_KEY = "tracking"
@@ -43,6 +47,25 @@ MANIFEST = "manifest.json"
 SUMS = ".sums"
 
 _active_run: dict | None = None
+
+
+# ------------------------------------------------------------------ code
+
+
+def git_commit() -> tuple[str, str]:
+    """(commit, "true"/"false" uncommitted changes) of the checkout the stack runs from; ("unknown", "unknown")
+    when it is not one (an installed wheel, no git)."""
+    source = Path(__file__).resolve().parent
+    try:
+        commit = subprocess.run(["git", "-C", str(source), "rev-parse", "HEAD"], capture_output=True, text=True,
+                                timeout=10)
+        if commit.returncode != 0:
+            return "unknown", "unknown"
+        dirty = subprocess.run(["git", "-C", str(source), "diff", "--quiet", "HEAD", "--"], capture_output=True,
+                               timeout=30)
+        return commit.stdout.strip(), "true" if dirty.returncode == 1 else "false"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown", "unknown"
 
 
 # ------------------------------------------------------------------ datasets

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+from stack.benchrecord import figures_of
 from stack.pipeline import Pipeline
 
 STEP_CASES = [("32-true", []), ("bf16-mixed", []), ("32-true", ["image_encoder", "bev_encoder"]),
@@ -86,7 +87,7 @@ def step_cases(pipeline: Pipeline, rounds: int = 6) -> list[dict]:
             row["peaks"].append(measure_peak_tflops(torch.device("cpu"), PRECISION_DTYPES[row["precision"]],
                                                     seconds=0.2))
     for row in rows:
-        row["step_ms"] = 1000 * statistics.median(row.pop("times"))
+        row["step_ms"] = 1000 * statistics.median(row["times"])
         row["peak_tflops"] = max(row.pop("peaks"))
         row["floor_ms"] = row["gflop"] / row["peak_tflops"]
     return rows
@@ -117,9 +118,19 @@ def floor_cell(row: dict) -> str:
     return f"{row['floor_ms']:.0f} ({probe})"
 
 
+def record_step_figures(figures, rows: list[dict]) -> None:
+    """Every interleaved step time of each configuration, for --record; the floor only where it is one
+    (`floor_cell`)."""
+    for row in rows:
+        floor = row["floor_ms"] / 1e3 if row["floor_ms"] <= row["step_ms"] else None
+        figures.add(f"step: {row['precision']}, checkpointing {', '.join(row['checkpointing']) or 'none'}",
+                    row["times"], "s", floor=floor)
+
+
 def run_step(pipeline: Pipeline, args) -> int:
     """`stack bench train-step`: fp32 vs bf16, with and without activation checkpointing, interleaved."""
     rows = step_cases(pipeline)
+    record_step_figures(figures_of(args), rows)
     base, plain_bf16 = rows[0], rows[1]
     print("| precision | activation checkpointing | step ms (median) | speed vs fp32 | floor ms (GFLOP / peak) | "
           "saved for backward MiB |\n|---|---|---|---|---|---|")
@@ -156,6 +167,17 @@ def comm_cell(comm: dict, kind: str) -> str:
     return f"{sum(r['sent_mb'] for r in rows.values()):.2f} ({', '.join(sorted(rows))})"
 
 
+def record_memory_figures(figures, rows: dict) -> None:
+    """Each case's one run, for --record: state, peak and bytes sent (its floor: what the ring must send)."""
+    for (strategy, precision), row in rows.items():
+        case = f"{strategy} {precision}"
+        figures.add(f"{case}: params+grads+AdamW per rank", [row["train_state_mb"]], "MiB")
+        figures.add(f"{case}: peak RSS per rank", [row["peak_memory_mb"]], "MiB")
+        figures.add(f"{case}: step", [row["step_ms"]], "ms")
+        figures.add(f"{case}: sent per rank per step", [sum(v["sent_mb"] for v in row["comm"].values())], "MiB",
+                    floor=comm_floor_mb(row, strategy, precision))
+
+
 def run_memory(pipeline: Pipeline, args) -> int:
     """`stack bench train-memory`: per-rank state and bytes sent under DDP vs FSDP2 (fp32, bf16 gathers), 2 ranks."""
     rows = {}
@@ -164,6 +186,7 @@ def run_memory(pipeline: Pipeline, args) -> int:
                      f"train.precision={precision}", "train.count_comm_bytes=true"]
         rows[strategy, precision] = _child(args.config, overrides, "parallel")
         print(json.dumps({f"{strategy} {precision}": rows[strategy, precision]}), flush=True)
+    record_memory_figures(figures_of(args), rows)
     ddp, fsdp, fsdp_bf16 = (rows[case] for case in MEMORY_CASES)
     print("\n| strategy | precision | params+grads+AdamW per rank MiB | ratio to DDP | peak RSS per rank MiB | "
           "step ms | sent per rank per step MiB: all-gather / reduce-scatter / all-reduce | total | floor |\n"

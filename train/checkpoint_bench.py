@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from stack.benchrecord import figures_of
 from stack.pipeline import Pipeline
 from stack.checkpoint.sharded import AsyncCheckpointWriter
 
@@ -124,7 +125,17 @@ def measure(pipeline: Pipeline, folder: Path, rounds: int | None = None) -> dict
               f"async stall {times['async'][-1] * 1e3:.0f} ms", flush=True)
     medians = {name: statistics.median(values) for name, values in times.items()}
     return {"state_mb": size / 2**20, **{f"{name}_ms": value * 1e3 for name, value in medians.items()},
-            "disk_mb_s": size / 2**20 / medians["disk"]}
+            "disk_mb_s": size / 2**20 / medians["disk"], "seconds": times}
+
+
+def record_figures(figures, row: dict) -> None:
+    """The stalls of every round, each against its floor (the median disk write, the median copy), for --record."""
+    seconds = row["seconds"]
+    figures.add("synchronous stall", seconds["sync"], "s", floor=row["disk_ms"] / 1e3)
+    figures.add("asynchronous stall", seconds["async"], "s", floor=row["copy_ms"] / 1e3)
+    figures.add("asynchronous write (background)", seconds["async_written"], "s", floor=row["disk_ms"] / 1e3)
+    figures.add("synchronous stall, CPU time", seconds["sync_cpu"], "s")
+    figures.add("asynchronous stall, CPU time", seconds["async_cpu"], "s")
 
 
 def run(pipeline: Pipeline, args) -> int:
@@ -137,6 +148,7 @@ def run(pipeline: Pipeline, args) -> int:
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     ratio = row["async_ms"] / row["sync_ms"]
+    record_figures(figures_of(args), row)
     print(f"\nstate {row['state_mb']:.1f} MiB (weights + AdamW moments), written to {parent} "
           f"(disk floor {row['disk_mb_s']:.0f} MiB/s, fsync'd), {ROUNDS} interleaved rounds, medians; "
           f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs\n")

@@ -26,14 +26,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 import socket
-import subprocess
 import sys
 from pathlib import Path
 
 import lightning.pytorch as pl
 from lightning.pytorch.loggers import MLFlowLogger
 
-from stack.lineage import DATASET_KEY, TRACKING_KEY, active_run, dataset_fingerprint, quiet_mlflow, reachable, set_active_run
+from stack.lineage import (DATASET_KEY, TRACKING_KEY, active_run, dataset_fingerprint, git_commit, quiet_mlflow,
+                           reachable, set_active_run)
 from stack.pipeline import TRACKING_OFF, Pipeline
 
 LOCAL_STORE = "mlruns.db"
@@ -213,22 +213,6 @@ def run_tags(pipeline: Pipeline) -> dict[str, str]:
             "stack.host": socket.gethostname(),
             "stack.devices": f"{train.num_nodes}x{train.devices} {train.accelerator} ({train.strategy})",
             "stack.precision": train.precision, "stack.out_dir": str(Path(train.out_dir).resolve())}
-
-
-def git_commit() -> tuple[str, str]:
-    """(commit, "true"/"false" uncommitted changes) of the checkout the stack runs from; ("unknown", "unknown")
-    when it is not one (an installed wheel, no git)."""
-    source = Path(__file__).resolve().parent
-    try:
-        commit = subprocess.run(["git", "-C", str(source), "rev-parse", "HEAD"], capture_output=True, text=True,
-                                timeout=10)
-        if commit.returncode != 0:
-            return "unknown", "unknown"
-        dirty = subprocess.run(["git", "-C", str(source), "diff", "--quiet", "HEAD", "--"], capture_output=True,
-                               timeout=30)
-        return commit.stdout.strip(), "true" if dirty.returncode == 1 else "false"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown", "unknown"
 
 
 def finish_tracking(logger: SafeMLFlowLogger | None, trainer) -> None:

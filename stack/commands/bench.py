@@ -1,14 +1,22 @@
-"""`stack bench NAME`: side-by-side speed measurements, written for BENCHMARKS.md.
+"""`stack bench NAME`: side-by-side speed measurements, written for BENCHMARKS.md; `stack bench compare`.
 
 Each benchmark is a function `run(pipeline, args) -> int` in the stage that owns
 the code it measures; BENCHMARKS below maps its name to "module:function" so that
 only the chosen benchmark's stage is imported. Timings live here, never in tests.
+
+A benchmark adds every figure it prints, with its samples, to `args.figures` (a
+`stack.benchrecord.FigureLog`); `--record [PATH]` writes them into a JSON record
+(default: a new file in runs/bench-history/). `stack bench compare` sets two records,
+or a record and the history, side by side (`stack.benchrecord.comparison`).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+from pathlib import Path
+
+from stack.benchrecord.records import DEFAULT_HISTORY
 
 BENCHMARKS: dict[str, str] = {
     "model": "stack.models.bench:run",
@@ -22,15 +30,57 @@ BENCHMARKS: dict[str, str] = {
     "checkpoint": "stack.train.checkpoint_bench:run",
 }
 """Benchmark name -> "module:function". Add an entry when the benchmark works."""
+COMPARE = "compare"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("name", choices=sorted(BENCHMARKS), help="which benchmark to run")
+    parser.usage = ("stack bench NAME [-c FILE ...] [key=value ...] [--record [PATH]]  |  "
+                    "stack bench compare BASELINE.json CANDIDATE.json  |  stack bench compare [RECORD.json] --history [DIR]")
+    parser.add_argument("name", choices=sorted(BENCHMARKS) + [COMPARE],
+                        help="which benchmark to run, or `compare` to set records side by side")
+    parser.add_argument("--record", nargs="?", const=str(DEFAULT_HISTORY), metavar="PATH",
+                        help=f"write the figures with their samples as a JSON record: into a new file in the folder "
+                             f"PATH (default {DEFAULT_HISTORY}), or to PATH when it ends in .json")
+    parser.add_argument("--history", nargs="?", const=str(DEFAULT_HISTORY), metavar="DIR",
+                        help=f"compare: judge a record (default: the newest in DIR) against the records before it in "
+                             f"DIR (default {DEFAULT_HISTORY}), name the commits where figures changed, plot trends")
 
 
 def run(args: argparse.Namespace) -> int:
+    from stack.errors import StackError
+
+    if args.name == COMPARE:
+        return _compare(args)
+    if args.history is not None:
+        raise StackError("--history belongs to `stack bench compare`; to record this run use --record [PATH]")
+    return _bench(args)
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from stack.benchrecord import FigureLog
+    from stack.benchrecord.records import build_record, check_destination, write_record
     from stack.cli import load_pipeline_from_args
 
+    destination = None if args.record is None else Path(args.record)
+    if destination is not None:
+        check_destination(destination)  # before minutes of measuring, not after
     pipeline = load_pipeline_from_args(args)
+    args.figures = FigureLog()
     module_name, function_name = BENCHMARKS[args.name].split(":")
-    return int(getattr(importlib.import_module(module_name), function_name)(pipeline, args) or 0)
+    code = int(getattr(importlib.import_module(module_name), function_name)(pipeline, args) or 0)
+    if destination is not None:
+        path = write_record(build_record(args.name, args, pipeline, args.figures, code), destination)
+        print(f"recorded {len(args.figures.figures)} figures with their samples: {path}")
+    return code
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from stack.benchrecord.comparison import USAGE, run_compare
+    from stack.errors import StackError
+
+    settings = [word for word in args.overrides if "=" in word]
+    if args.config or settings or args.record is not None:
+        given = " ".join([*(f"-c {path}" for path in args.config), *settings,
+                          *([f"--record {args.record}"] if args.record is not None else [])])
+        raise StackError(f"stack bench compare reads records and runs nothing, so it takes no {given!r}; {USAGE}")
+    return run_compare(list(args.overrides), args.history)

@@ -37,6 +37,7 @@ from pathlib import Path
 
 import torch
 
+from stack.benchrecord import figures_of
 from stack.pipeline import Pipeline
 
 PRESETS = {"tiny": ["pipeline.yaml", "presets/tiny.yaml"], "default": ["pipeline.yaml"]}
@@ -137,15 +138,20 @@ def track_allocations_in_rss() -> None:
     ctypes.CDLL("libc.so.6").mallopt(-3, 64 * 1024)  # M_MMAP_THRESHOLD; also stops its dynamic growth
 
 
-def best_seconds(fn, min_total: float = 0.5, min_reps: int = 5) -> float:
-    """Fastest of at least `min_reps` runs (and `min_total` seconds): other load on the machine only adds time."""
+def timed_samples(fn, min_total: float = 0.5, min_reps: int = 5) -> list[float]:
+    """Seconds of every run of `fn` after a warm-up: at least `min_reps` runs and `min_total` seconds."""
     fn()  # warm-up
     times, start = [], time.perf_counter()
     while len(times) < min_reps or time.perf_counter() - start < min_total:
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
-    return min(times)
+    return times
+
+
+def best_seconds(fn, min_total: float = 0.5, min_reps: int = 5) -> float:
+    """Fastest of at least `min_reps` runs (and `min_total` seconds): other load on the machine only adds time."""
+    return min(timed_samples(fn, min_total, min_reps))
 
 
 def copy_bandwidth(megabytes: int = 512) -> float:
@@ -156,6 +162,8 @@ def copy_bandwidth(megabytes: int = 512) -> float:
     return 2 * src.nbytes / seconds
 
 
+GEOMETRY = "geometry (bev_geometry, per batch)"
+"""The row timing `bev_geometry` itself, beside the variants."""
 FORWARD_GOAL, FORWARD_BACKWARD_GOAL = 3.0, 4.0
 """Most time over the floor the op may take (issue 16): forward, and forward + backward."""
 
@@ -270,8 +278,9 @@ def _naive_autograd(case: Case, depth: torch.Tensor, context: torch.Tensor) -> t
     return bev_pool_naive(dataclasses.replace(case, depth=depth, context=context))
 
 
-def measure_times(case: Case, folder: Path, thread_counts: tuple, log) -> dict:
-    """Variant -> ({threads: best seconds}, max abs error vs the reference, NaN for gradients)."""
+def measure_times(case: Case, folder: Path, thread_counts: tuple, log, runs: dict | None = None) -> dict:
+    """Variant -> ({threads: best seconds}, max abs error vs the reference, NaN for gradients); `runs`, when
+    given, receives variant -> every run's seconds (`time_per_thread_count`)."""
     from stack.ops import bev_pool_ref
 
     expected = bev_pool_ref(case.depth, case.context, case.geometry)
@@ -281,29 +290,37 @@ def measure_times(case: Case, folder: Path, thread_counts: tuple, log) -> dict:
         if "bwd" not in name:
             out = fn()
             error = float((torch.as_tensor(out[0] if isinstance(out, list) else out) - expected).abs().max())
-        found[name] = (time_per_thread_count(fn, thread_counts), error)
+        found[name] = (time_per_thread_count(fn, thread_counts, None if runs is None else runs.setdefault(name, {})),
+                       error)
         log(f"  {name}: " + ", ".join(f"{s * 1e3:.2f} ms ({t} threads)" for t, s in found[name][0].items()))
     torch.set_num_threads(threads_before)
     return found
 
 
-def time_per_thread_count(fn, thread_counts: tuple) -> dict:
-    """{threads: best wall seconds} plus "cpu": the process CPU seconds per run with one thread,
-    which other jobs on a busy machine barely change."""
-    seconds = {}
+def time_per_thread_count(fn, thread_counts: tuple, runs: dict | None = None) -> dict:
+    """{threads: best wall seconds} plus "cpu": the process CPU seconds per run with one thread (the mean),
+    which other jobs on a busy machine barely change. `runs`, when given, receives every run's seconds under
+    the same keys."""
+    seconds, samples = {}, {}
     for threads in thread_counts:
         torch.set_num_threads(threads)
-        seconds[threads] = best_seconds(fn)
+        samples[threads] = timed_samples(fn)
+        seconds[threads] = min(samples[threads])
         if threads == 1:
-            seconds["cpu"] = cpu_seconds(fn)
+            samples["cpu"] = cpu_seconds_per_run(fn)
+            seconds["cpu"] = sum(samples["cpu"]) / len(samples["cpu"])
+    if runs is not None:
+        runs.update(samples)
     return seconds
 
 
-def cpu_seconds(fn, reps: int = 5) -> float:
-    start = time.process_time()
+def cpu_seconds_per_run(fn, reps: int = 5) -> list[float]:
+    times = []
     for _ in range(reps):
+        start = time.process_time()
         fn()
-    return (time.process_time() - start) / reps
+        times.append(time.process_time() - start)
+    return times
 
 
 def measure_peaks(case: Case, pipeline: Pipeline, folder: Path) -> dict:
@@ -313,7 +330,7 @@ def measure_peaks(case: Case, pipeline: Pipeline, folder: Path) -> dict:
     for name, fn in variants(case, folder).items():
         fn()
         found[name] = peak_bytes(fn)
-    found["geometry (bev_geometry, per batch)"] = peak_bytes(geometry_builder(pipeline))
+    found[GEOMETRY] = peak_bytes(geometry_builder(pipeline))
     return found
 
 
@@ -379,6 +396,17 @@ def floor_line(what: str, timed: tuple | None, floor_s: float, most: int, goal: 
             f"CPU time); goal <= {goal:g}x: {verdict}")
 
 
+def record_figures(figures, case: Case, runs: dict, bandwidths: dict) -> None:
+    """Every run of every variant per thread count, and the 1-thread CPU times, for --record. The op's rows carry
+    their floor: its bytes over the copy bandwidth `bandwidths[threads]` measured with as many threads."""
+    floors = {"op stack::bev_pool": floor_bytes(case), "op fwd+bwd": floor_bytes(case) + backward_floor_bytes(case)}
+    for name, by_threads in runs.items():
+        for threads, samples in by_threads.items():
+            label = "CPU time, 1 thread" if threads == "cpu" else f"{threads} thread{'s' if threads > 1 else ''}"
+            floor = floors[name] / bandwidths[threads] if name in floors else None
+            figures.add(f"{case.name}: {name}, {label}", samples, "s", floor=floor)
+
+
 def run(pipeline: Pipeline, args) -> int:
     from stack.config import CONFIG_DIR, load_pipeline
 
@@ -393,6 +421,7 @@ def run(pipeline: Pipeline, args) -> int:
     torch.set_num_threads(1)
     bandwidth_one_thread = copy_bandwidth()
     torch.set_num_threads(thread_counts[-1])
+    bandwidths = {1: bandwidth_one_thread, "cpu": bandwidth_one_thread, thread_counts[-1]: bandwidth}
     print(f"measured copy bandwidth: {bandwidth / 1e9:.1f} GB/s with {thread_counts[-1]} threads, "
           f"{bandwidth_one_thread / 1e9:.1f} GB/s with 1 (512 MiB tensor copy, read + write)", flush=True)
     reports = []
@@ -400,10 +429,12 @@ def run(pipeline: Pipeline, args) -> int:
         for name, preset in cases.items():
             case = build_case(name, preset)
             print(f"measuring {case.describe()}", flush=True)
-            times = measure_times(case, Path(folder), thread_counts, lambda line: print(line, flush=True))
-            geometry = time_per_thread_count(geometry_builder(preset), thread_counts)
+            runs: dict = {}
+            times = measure_times(case, Path(folder), thread_counts, lambda line: print(line, flush=True), runs)
+            geometry = time_per_thread_count(geometry_builder(preset), thread_counts, runs.setdefault(GEOMETRY, {}))
             torch.set_num_threads(thread_counts[-1])
-            times["geometry (bev_geometry, per batch)"] = (geometry, float("nan"))
+            times[GEOMETRY] = (geometry, float("nan"))
+            record_figures(figures_of(args), case, runs, bandwidths)
             print("  peak memory (child process) ...", flush=True)
             peaks = peaks_in_child(name, preset, Path(folder))
             reports.append(format_case(case, times, peaks, bandwidth, bandwidth_one_thread))

@@ -189,13 +189,19 @@ def test_bad_input_exits_2_with_a_clear_message(checkpoint, tmp_path, capsys):
 
 
 def test_bench_drive_reports_the_network_the_dagger_recording_and_the_blind_rollout(checkpoint, capsys):
+    from stack.benchrecord import FigureLog
     from stack.sim import bench
 
     pipeline = micro_pipeline("drive.episode_seconds=2.0")
-    assert bench.run(pipeline, checkpoint_spec("checkpoint", str(checkpoint)), "untrained weights") == 0
+    figures = FigureLog()
+    assert bench.run(pipeline, checkpoint_spec("checkpoint", str(checkpoint)), "untrained weights", figures) == 0
     out = capsys.readouterr().out
     rows = {line.split("|")[1].strip(): line.split("|")[2:-1] for line in out.splitlines() if line.startswith("| ")}
     assert {bench.NETWORK_ROW, bench.DAGGER_ROW, "blind (ego-status rollout)"} <= set(rows)
     labelling = {name: float(cells[6]) for name, cells in rows.items() if name != "policy"}
     assert labelling[bench.DAGGER_ROW] > 0 and labelling[bench.NETWORK_ROW] == 0, "only DAgger's drive labels"
     assert "floor:" in out
+    recorded = {figure.name: figure for figure in figures.figures}  # what --record keeps: a sample per episode
+    assert recorded[f"{bench.NETWORK_ROW}: sim-s per wall-s"].floor > 0
+    assert len(recorded[f"{bench.DAGGER_ROW}: labelling per episode"].samples) == bench.BENCH_EPISODES
+    assert f"{bench.NETWORK_ROW}: labelling per episode" not in recorded

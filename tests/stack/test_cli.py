@@ -99,7 +99,8 @@ def test_unknown_command_is_bad_input():
 
 
 SHARED_OPTIONS = {"-h", "--help", "-c", "--config", "--print-config"}
-COMMAND_OPTIONS = {"config": {"--describe"}, "data": {"--out", "--sample", "--from", "--source", "--version"},
+COMMAND_OPTIONS = {"bench": {"--record", "--history"},  # record a run's figures / compare against the history
+                   "config": {"--describe"}, "data": {"--out", "--sample", "--from", "--source", "--version"},
                    "deploy": {"--target", "--verify", "--calibration", "--allow-below-bar"},
                    # the closed-loop command line the users asked for: --scenarios/--episodes map onto drive.* keys
                    "drive": {"--policy", "--scenarios", "--episodes"}, "export": {"--calibration"}, "eval": {"--split"}, "train": {"--dry-run"}}
@@ -114,3 +115,16 @@ def test_no_per_field_flags():
         flags = {flag for action in sub._actions for flag in action.option_strings}
         extra = flags - SHARED_OPTIONS - COMMAND_OPTIONS.get(name, set())
         assert not extra, f"`stack {name}` grew flags {extra}; make them pipeline keys, or list them here on purpose"
+
+
+def test_bench_takes_key_value_overrides_and_record_paths_after_its_name():
+    parser = build_parser()
+    args, _ = parser.parse_known_args(["bench", "ops", "data.batch_size=2", "--record"])
+    assert (args.name, args.overrides, args.record) == ("ops", ["data.batch_size=2"], "runs/bench-history")
+    args, _ = parser.parse_known_args(["bench", "compare", "a.json", "b.json"])
+    assert (args.name, args.overrides, args.history) == ("compare", ["a.json", "b.json"], None)
+
+
+def test_bench_compare_of_a_missing_record_is_bad_input(tmp_path):
+    assert_bad_input(stack("bench", "compare", str(tmp_path / "old.json"), str(tmp_path / "new.json")),
+                     "old.json' does not exist", "stack bench NAME --record")

@@ -61,3 +61,21 @@ def test_the_backward_floor_counts_the_gradient_read_and_both_gradients_written(
     grad_bytes = g.batch * case.context.shape[2] * g.grid_x * g.grid_y * 4
     assert bench.backward_floor_bytes(case) == (grad_bytes + 4 * 3 * g.num_points
                                                 + 2 * (case.depth.nbytes + case.context.nbytes))
+
+
+def test_the_recorded_figures_keep_every_run_and_the_op_rows_their_floor():
+    """`--record` gets every timed run per thread count; the op's rows carry bytes over the copy bandwidth measured
+    with as many threads (the 1-thread CPU time against the 1-thread copy), other rows no floor."""
+    from stack.benchrecord import FigureLog
+
+    case, log = tiny_case(), FigureLog()
+    runs = {"op stack::bev_pool": {1: [0.004, 0.003], "cpu": [0.0025] * 5, 2: [0.002, 0.0021, 0.0025]},
+            "naive (frustum tensor + index_add)": {1: [0.03], "cpu": [0.025] * 5, 2: [0.02]}}
+    bench.record_figures(log, case, runs, {1: 1e9, "cpu": 1e9, 2: 4e9})
+    figures = {figure.name: figure for figure in log.figures}
+    op = figures["tiny: op stack::bev_pool, 2 threads"]
+    assert op.samples == (0.002, 0.0021, 0.0025) and op.unit == "s" and op.lower_is_better
+    assert op.floor == bench.floor_bytes(case) / 4e9
+    assert figures["tiny: op stack::bev_pool, CPU time, 1 thread"].floor == bench.floor_bytes(case) / 1e9
+    assert figures["tiny: naive (frustum tensor + index_add), 1 thread"].floor is None
+    assert len(figures) == 6
