@@ -29,6 +29,9 @@ class Detections:
     """(n,) float32 in [0, 1], descending."""
     labels: torch.Tensor
     """(n,) int64 index into model.detection_classes."""
+    attributes: torch.Tensor | None = None
+    """(n,) int64 index into `stack.metrics.detection.ATTRIBUTES` (-1: none); None: the network predicts no
+    attributes (no head yet), which the metrics score as the devkit does such a box."""
 
 
 def boxes_from_regression(regression: torch.Tensor, cell_x: torch.Tensor, cell_y: torch.Tensor,
