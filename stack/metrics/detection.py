@@ -286,6 +286,11 @@ class DetectionMetric:
         self.samples.extend(other.samples)
 
 
+SUMMARY_KEYS = ("NDS", "mAP", *(f"m{error}" for error in TP_ERRORS), "predictions", "predictions_with_velocity",
+                "predictions_with_attribute", "gt_boxes", "gt_with_attribute")
+"""The figures `summary` reads (what a report must keep to print it)."""
+
+
 def summary(metrics: dict, prefix: str = "detection/") -> str:
     """NDS and the five mean TP errors in one line for a report, naming the predictions the network does not make
     (their error is the devkit's 1 for such a box, not a measurement)."""
