@@ -447,7 +447,7 @@ class ModelConfig:
     circle_nms_radius_m: Dict[str, float] = field(default_factory=dict)
     """Empty: IoU NMS (nms_iou). Otherwise CenterPoint's circle NMS instead, a radius in metres for every detection
     class: a box suppresses the lower-scoring boxes of its class whose BEV centres lie within it
-    (`stack.models.decoders.circle_nms`). CenterPoint's nuScenes radii: car 2, truck 3.5, pedestrian 0.42, bicycle
+    (`stack.models.decoders.circle_nms`). CenterPoint's nuScenes radii: car 2, truck 3.46, pedestrian 0.42, bicycle
     0.92 (its `min_radius` values are these squared)."""
 
     def problems(self) -> Problems:

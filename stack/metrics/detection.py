@@ -25,8 +25,8 @@ What a detector that predicts no velocity or attribute scores: a NaN velocity (t
 convention for "not predicted") or attribute -1 is what the devkit would be given
 for such a box; it scores AVE 1 and AAE 1 (just under 1 when the most confident
 matches have unlabelled GT, the `cummean` rule above), the worst value after
-clipping: NDS is then capped near 0.9 rather than flattered by a zero velocity that
-happens to fit parked cars. `compute` counts the predictions that carried each, so
+clipping: NDS is then capped at 0.8 (0.9 with one of the two) rather than flattered
+by a zero velocity that happens to fit parked cars. `compute` counts the predictions that carried each, so
 a report can say "no velocity head" instead of quoting the 1 as a measurement.
 Attributes are indices into `ATTRIBUTES` (nuScenes' names); GT boxes carry -1 when
 they have none, as the rendered world's do today, which also scores AAE 1.
