@@ -138,7 +138,7 @@ def _accuracy_section(accuracy: dict | None) -> list:
             verdict += f" (INT8 loses to its prior: bar {head['prior_bar']:.4f})"
         lines.append(f"| {head['head']} | {head['metric']} | {head['fp32']:.4f} | {head['quantized']:.4f} | "
                      f"{head['drop']:+.4f} | {interval} | {head['budget']:g} | {verdict} |")
-    lines.append("")
+    lines += [""] + _information_lines(accuracy)
     if boot:
         lines += [f"Intervals: paired bootstrap over frames ({boot['resamples']} resamples, {level} percentile "
                   f"interval; fp32 and INT8 rescored on the same resampled frames). Rule: {boot['rule']}; score "
@@ -158,6 +158,16 @@ def _accuracy_section(accuracy: dict | None) -> list:
         lines += ["Attempts: " + "; ".join(f"{len(a['excluded'])} fp32 layers -> {'pass' if a['passed'] else 'fail'}"
                                            for a in accuracy["attempts"]), ""]
     return lines
+
+
+def _information_lines(accuracy: dict) -> list:
+    """The detection head beyond mAP, fp32 and INT8, as information (no budget): NDS and its TP errors."""
+    from stack.metrics.detection import summary
+
+    rows = [(name, accuracy.get(key) or {}) for name, key in (("fp32", "fp32_metrics"), ("INT8", "quantized_metrics"))]
+    rows = [f"- {name}: {summary(metrics)}" for name, metrics in rows if "detection/NDS" in metrics]
+    return ["Detection beyond mAP (information, no budget; nuScenes NDS, stack.metrics.detection):", ""] + rows + [""] \
+        if rows else []
 
 
 def _id_range(ids: list) -> str:

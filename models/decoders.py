@@ -3,8 +3,19 @@
 These run after the network (outside the exported graph), so they may use
 data-dependent control flow. Detection decoding is CenterPoint's: sigmoid heatmap,
 3x3 max-pool peak extraction, top-k over classes x cells, box fields from the
-regression map at each peak, score threshold, then per-class BEV NMS
-(torchvision's `batched_nms` on each box's axis-aligned BEV footprint).
+regression map at each peak, score threshold, then per-class BEV NMS: torchvision's
+`batched_nms` on each box's axis-aligned BEV footprint, or, with
+`model.circle_nms_radius_m`, CenterPoint's circle NMS (Yin et al., "Center-based 3D
+Object Detection and Tracking", CVPR 2021), which suppresses by centre distance and
+so does not depend on box sizes that a camera network estimates poorly.
+
+Why the NMS is here and not in the exported graph: the graph ends at the dense head
+maps (`models/outputs.py`, the layout its metadata promises), and every runtime
+(PyTorch for `stack eval`, ONNX Runtime in deploy's gates and `stack drive`) decodes
+them with this module on the host; there is no box post-processing in the graph for
+an NMS to join. `circle_nms` is written in fixed shapes and TensorRT's native ONNX
+operators (tests export it and check both), so it moves into the graph unchanged if
+decoding ever does.
 """
 
 from __future__ import annotations
@@ -29,6 +40,9 @@ class Detections:
     """(n,) float32 in [0, 1], descending."""
     labels: torch.Tensor
     """(n,) int64 index into model.detection_classes."""
+    attributes: torch.Tensor | None = None
+    """(n,) int64 index into `stack.metrics.detection.ATTRIBUTES` (-1: none); None: the network predicts no
+    attributes (no head yet), which the metrics score as the devkit does such a box."""
 
 
 def boxes_from_regression(regression: torch.Tensor, cell_x: torch.Tensor, cell_y: torch.Tensor,
@@ -51,11 +65,47 @@ def bev_footprint_xyxy(boxes: torch.Tensor) -> torch.Tensor:
     return torch.stack([boxes[:, 0] - half_x, boxes[:, 1] - half_y, boxes[:, 0] + half_x, boxes[:, 1] + half_y], -1)
 
 
+def circle_nms(centres: torch.Tensor, scores: torch.Tensor, labels: torch.Tensor, radii: torch.Tensor) -> torch.Tensor:
+    """Keep mask (n,) of CenterPoint's circle NMS over boxes with BEV `centres` (n, 2), `scores` (n,), class
+    `labels` (n,) and a radius in metres per class (`radii` (C,)): greedily in descending score (ties: lower index
+    first), each kept box suppresses the boxes of its class whose centres lie within its class's radius (distance
+    <= radius; CenterPoint's `circle_nms` in det3d/core/utils/circle_nms_jit.py, whose `min_radius` is the radius
+    squared, and which lets any class suppress any class of its task head: here each class is its own).
+
+    Greedy NMS without a loop over boxes: with S[i, j] = "i ranks before j, same class, within the radius",
+    keep[j] = no kept i with S[i, j]. Iterating that map from all-kept settles one more box in score order per
+    round (a box depends only on the boxes ranked before it), so n rounds reach the greedy answer, and so does any
+    round that changes nothing (the map's fixed point is unique). Host runs stop at that round; a traced export
+    unrolls all n (MatMul and comparisons only)."""
+    count = scores.shape[0]
+    index = torch.arange(count, device=scores.device)
+    ahead = (scores[:, None] > scores[None, :]) | ((scores[:, None] == scores[None, :]) & (index[:, None] < index[None, :]))
+    near = ((centres[:, None, :] - centres[None, :, :]) ** 2).sum(-1) <= (radii[labels] ** 2)[None, :]
+    suppresses = (ahead & near & (labels[:, None] == labels[None, :])).to(centres.dtype)
+    keep = torch.ones(count, dtype=torch.bool, device=scores.device)
+    tracing = torch.jit.is_tracing() or torch.onnx.is_in_onnx_export()
+    for _ in range(count):
+        settled = (keep.to(centres.dtype)[None, :] @ suppresses)[0] == 0
+        if not tracing and torch.equal(settled, keep):
+            break
+        keep = settled
+    return keep
+
+
+def _suppress(boxes: torch.Tensor, score: torch.Tensor, label: torch.Tensor, model) -> torch.Tensor:
+    """Indices of the boxes NMS keeps, in descending score: circle NMS with the model's radii, else IoU NMS."""
+    from torchvision.ops import batched_nms
+
+    if not model.circle_nms_radius_m:
+        return batched_nms(bev_footprint_xyxy(boxes), score, label, model.nms_iou)
+    radii = boxes.new_tensor([model.circle_nms_radius_m[name] for name in model.detection_classes])
+    order = torch.argsort(score, descending=True, stable=True)
+    return order[circle_nms(boxes[order, :2], score[order], label[order], radii)]
+
+
 @torch.no_grad()
 def decode_detections(outputs: dict[str, torch.Tensor], pipeline: Pipeline) -> list[Detections]:
     """Boxes, scores and labels per sample (at most model.max_boxes, scores descending)."""
-    from torchvision.ops import batched_nms
-
     model = pipeline.model
     heat = torch.sigmoid(outputs["heatmap"].float())
     batch, classes, grid_x, grid_y = heat.shape
@@ -70,7 +120,7 @@ def decode_detections(outputs: dict[str, torch.Tensor], pipeline: Pipeline) -> l
         label, cell = index // (grid_x * grid_y), index % (grid_x * grid_y)
         boxes = boxes_from_regression(regression[sample][:, cell].T, (cell // grid_y).float(),
                                       (cell % grid_y).float(), pipeline)
-        kept = batched_nms(bev_footprint_xyxy(boxes), score, label, model.nms_iou)[: model.max_boxes]
+        kept = _suppress(boxes, score, label, model)[: model.max_boxes]
         results.append(Detections(boxes[kept], score[kept], label[kept]))
     return results
 

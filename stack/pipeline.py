@@ -373,6 +373,9 @@ SEGMENTATION_CLASSES = [
 ]
 
 
+CIRCLE_NMS_MAX_M = 20.0
+"""Largest circle-NMS radius: beyond a bus's length a radius would merge distinct road users."""
+
 MODEL_BOUNDS = (
     ("neck_channels", 4096, "channels (ResNet-50's widest stage has 2048); e.g. 64"),
     ("bev_channels", 4096, "channels (BEV encoders use 64-512); e.g. 64"),
@@ -441,6 +444,11 @@ class ModelConfig:
     """Detections scoring below this are dropped by the box decoder."""
     nms_iou: float = 0.2
     """Bird's-eye-view IoU above which the decoder suppresses the lower-scoring box of a class."""
+    circle_nms_radius_m: Dict[str, float] = field(default_factory=dict)
+    """Empty: IoU NMS (nms_iou). Otherwise CenterPoint's circle NMS instead, a radius in metres for every detection
+    class: a box suppresses the lower-scoring boxes of its class whose BEV centres lie within it
+    (`stack.models.decoders.circle_nms`). CenterPoint's nuScenes radii: car 2, truck 3.46, pedestrian 0.42, bicycle
+    0.92 (its `min_radius` values are these squared)."""
 
     def problems(self) -> Problems:
         found: Problems = []
@@ -473,6 +481,7 @@ class ModelConfig:
             found.append(("bev_channels", f"got {self.bev_channels}; must be a multiple of 4 (planning attention heads)"))
         _in_range(found, "score_threshold", self.score_threshold, 0.0, 1.0)
         _in_range(found, "nms_iou", self.nms_iou, 0.0, 1.0)
+        self._check_circle_nms(found)
         if not self.backbone:
             found.append(("backbone", "got an empty name; give a timm model name such as resnet18"))
         if not self.detection_classes:
@@ -480,6 +489,19 @@ class ModelConfig:
         if not self.segmentation_classes:
             found.append(("segmentation_classes", "got an empty list; name at least one class"))
         return found
+
+    def _check_circle_nms(self, found: Problems) -> None:
+        """Circle NMS needs one finite radius, 0 to CIRCLE_NMS_MAX_M, for each detection class and no other name."""
+        radii = dict(self.circle_nms_radius_m)
+        if not radii:
+            return
+        missing, unknown = sorted(set(self.detection_classes) - set(radii)), sorted(set(radii) - set(self.detection_classes))
+        bad = {name: value for name, value in radii.items() if not 0.0 <= value <= CIRCLE_NMS_MAX_M}
+        if missing or unknown or bad:
+            found.append(("circle_nms_radius_m", f"got {radii}; give a radius in metres (0 to {CIRCLE_NMS_MAX_M:g}) "
+                          f"for each of {list(self.detection_classes)}"
+                          + (f"; missing {missing}" if missing else "") + (f"; unknown {unknown}" if unknown else "")
+                          + ", or {} for IoU NMS"))
 
 
 # -------------------------------------------------------------------------- train

@@ -118,6 +118,8 @@ class AccuracyReport:
     sensitivity: list = field(default_factory=list)
     """(layer, score) pairs, most sensitive first; empty when the first attempt passed."""
     quantized_path: Path | None = None
+    quantized_metrics: dict = field(default_factory=dict)
+    """The final attempt's metrics (the report prints the ungated ones beside fp32's)."""
 
     @property
     def final(self) -> Attempt:
@@ -128,7 +130,8 @@ class AccuracyReport:
         return bool(self.attempts) and self.final.passed
 
     def to_dict(self) -> dict:
-        return {"passed": self.passed, "fp32_metrics": self.fp32_metrics, "excluded": self.final.excluded,
+        return {"passed": self.passed, "fp32_metrics": self.fp32_metrics, "quantized_metrics": self.quantized_metrics,
+                "excluded": self.final.excluded,
                 "heads": [dict(asdict(h), passed=h.passed, conclusive=h.conclusive, loses_prior=h.loses_prior)
                           for h in self.final.heads],
                 "bootstrap": {"level": BOOTSTRAP_LEVEL, "resamples": BOOTSTRAP_RESAMPLES, "paired": True,
@@ -295,7 +298,7 @@ def accuracy_gate(fp32_path: Path, quantize_with: Quantizer, evaluate: Evaluator
         path = quantize_with(excluded)
         scored["last"] = as_scores(evaluate(session_runner(path, simulate_int8)))
         report.attempts.append(Attempt(excluded, compare(fp32_metrics, scored["last"], budgets, resamples=0)))
-        report.quantized_path = path
+        report.quantized_path, report.quantized_metrics = path, scored["last"].metrics
         log(_describe(report.final))
 
     attempt([])

@@ -12,6 +12,9 @@ does (`stack.models.decoders.decode_all`) and scored with the same suite
 | depth | AbsRel (`DepthMetric`) | lower |
 | planning | L2 at 3 s, UniAD convention (`PlanningMetric`) | lower |
 
+Beside them, as information with no budget, the report prints the detection head's NDS and its five TP errors
+for fp32 and INT8 (`stack.metrics.detection.summary`).
+
 Planning is also held to its prior, as `stack eval` holds it: the planner is a residual on
 the ego-status rollout, so INT8 must not turn a planner that beats `stack.metrics.bars`' planning bar x the
 rollout's L2 (on the same frames) into one that does not.
@@ -101,8 +104,13 @@ def _stack(per_sample: list[dict]) -> dict:
 
 
 def _summarise(values: dict, pipeline) -> dict:
+    """The gated figures, and the detection figures the report prints as information (NDS and its TP errors:
+    `stack.metrics.detection.summary`)."""
+    from stack.metrics.detection import SUMMARY_KEYS
+
     seconds = min(3.0, pipeline.model.planning_steps * 0.5)
-    return {"detection_map": values["detection/mAP"], "segmentation_miou": values["segmentation/mIoU"],
+    return {**{f"detection/{key}": values[f"detection/{key}"] for key in SUMMARY_KEYS},
+            "detection_map": values["detection/mAP"], "segmentation_miou": values["segmentation/mIoU"],
             "depth_abs_rel": values["depth/AbsRel"],
             planning_key(pipeline): values.get(f"planning/L2_at_{seconds:g}s", math.nan),
             f"{planning_key(pipeline)}_ego_rollout": values.get(f"planning/baseline_ego_rollout/L2_at_{seconds:g}s",

@@ -6,7 +6,8 @@ CHECKPOINT is the `model.pt` that `stack train` writes (or a Lightning `.ckpt`);
 network is rebuilt from the pipeline it carries, and the data comes from the -c files and
 overrides given (or, with none, from that pipeline with the overrides): a pipeline of another
 network (model or rig) is refused up front, as export and deploy refuse it. Exit code 0 when every head clears its
-bar, 1 when one does not. Writes eval/metrics.json and eval/heads.png beside it
+bar, 1 when one does not. Below the table, the detection head's nuScenes NDS and its five TP errors, as information
+(no bar; `stack.metrics.detection.summary` says which the network does not predict). Writes eval/metrics.json and eval/heads.png beside it
 (eval-train/ for `--split train`: the same table on frames the network trained on, so a
 gap between the two splits shows memorisation rather than learning).
 """
@@ -29,6 +30,7 @@ def run(args: argparse.Namespace) -> int:
 
     from stack.commands.export import take_checkpoint
     from stack.metrics.bars import verdicts
+    from stack.metrics.detection import summary
     from stack.train.evaluate import evaluate_checkpoint
 
     checkpoint = take_checkpoint(args)
@@ -42,6 +44,7 @@ def run(args: argparse.Namespace) -> int:
     for row in rows:
         print(f"| {row.head} | {row.metric} | {row.value:.3f} | {row.baseline:.3f} | {row.bar} | "
               f"{'pass' if row.passed else 'FAIL'} |")
+    print(f"detection (information, no bar): {summary(metrics)}")
     for row in rows:
         if row.note:
             print(f"{row.head}: {row.value / row.baseline if row.baseline else float('nan'):.2f}x the baseline; "

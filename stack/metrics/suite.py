@@ -18,7 +18,7 @@ from stack.metrics.segmentation import SegmentationMetric
 from stack.pipeline import Pipeline
 
 PREDICTION_KEYS = ("detections", "depth", "segmentation", "plan", "plan_modes")
-"""Keys `update` reads: per-sample detections (objects with boxes/scores/labels), depth (B, N, H, W) m,
+"""Keys `update` reads: per-sample detections (objects with boxes/scores/labels, optionally attributes), depth (B, N, H, W) m,
 segmentation (B, N, H, W) class index, plan (B, T, 2), plan_modes (B, K, T, 2)."""
 
 
@@ -38,6 +38,7 @@ class TaskMetrics:
         missing = [key for key in PREDICTION_KEYS if key not in predictions]
         if missing:
             raise KeyError(f"predictions lack {missing}; expected keys {PREDICTION_KEYS} (decode_all gives them)")
+        # Shards label no box attributes yet, so every GT attribute is "none" (mAAE 1, stack.metrics.detection).
         self.detection.update_detections(predictions["detections"], batch.boxes, batch.box_labels)
         self.segmentation.update(predictions["segmentation"], batch.semantic)
         self.depth.update(predictions["depth"], batch.depth)

@@ -55,6 +55,31 @@ def test_clean_network_passes_without_exclusions(tmp_path):
                            simulate_int8=True)
     assert report.passed and len(report.attempts) == 1 and report.final.excluded == []
     assert not report.sensitivity
+    # the final attempt's metrics travel with the report, for the figures it prints without a budget
+    recorded = report.to_dict()["quantized_metrics"]
+    assert set(recorded) == {"seg_rel_error", "speed_mae"} and recorded["seg_rel_error"] == report.final.heads[0].quantized
+
+
+def test_report_prints_nds_of_fp32_and_int8_as_information():
+    """NDS and the TP errors are no gate: the report lists them for both models, and says which the network
+    does not predict, rather than quoting the devkit's 1 as a measurement."""
+    from stack.deploy.report import _accuracy_section
+
+    def figures(nds):
+        return {"detection/NDS": nds, "detection/mAP": 0.2, "detection/mATE": 0.7, "detection/mASE": 0.26,
+                "detection/mAOE": 0.48, "detection/mAVE": 1.3, "detection/mAAE": 1.0, "detection/predictions": 90.0,
+                "detection/predictions_with_velocity": 90.0, "detection/predictions_with_attribute": 0.0,
+                "detection/gt_boxes": 80.0, "detection/gt_with_attribute": 0.0}
+
+    head = {"head": "detection", "metric": "detection_map", "fp32": 0.2, "quantized": 0.19, "drop": 0.01,
+            "budget": 0.02, "passed": True, "conclusive": True, "low": float("nan"), "high": float("nan"), "frames": 60}
+    accuracy = {"heads": [head], "excluded": [], "attempts": [{}], "fp32_metrics": figures(0.312),
+                "quantized_metrics": figures(0.305)}
+    text = "\n".join(_accuracy_section(accuracy))
+    assert "- fp32: NDS 0.312 (mAP 0.200; mATE 0.700" in text and "- INT8: NDS 0.305" in text
+    assert text.count("no attribute head") == 2 and "no velocity head" not in text
+    del accuracy["quantized_metrics"]  # a bundle gated before the figures were recorded
+    assert "INT8: NDS" not in "\n".join(_accuracy_section(accuracy))
 
 
 def test_outlier_layer_fails_int8_then_is_kept_fp32(tmp_path):

@@ -122,6 +122,9 @@ def test_deploy_ci_cpu_measures_and_an_untrained_network_is_not_for_deployment(t
         DeployedNetwork.open(bundle)
     assert DeployedNetwork.open(bundle, allow_below_bar=True).output_names
     assert [h["head"] for h in gate["accuracy"]["heads"]] == ["detection", "segmentation", "depth", "planning"]
+    assert {"detection/NDS", "detection/mAAE"} <= set(gate["accuracy"]["fp32_metrics"]) & \
+        set(gate["accuracy"]["quantized_metrics"])  # information beside the gated mAP, in the report too
+    assert "- INT8: NDS " in (bundle / "report.md").read_text()
     ids = gate["accuracy"]["samples"]  # calibrated on training frames, ranked on others, scored on validation
     assert len(ids["calibration"]) == 4 and len(ids["sensitivity"]) == 1 and len(ids["accuracy"]) == 2, ids
     assert all(i.startswith("train/") for i in ids["calibration"] + ids["sensitivity"])

@@ -1,13 +1,15 @@
 """Decoders invert the target encoders: boxes, depth, classes and plans come back unchanged."""
 
 import math
+import warnings
 
+import numpy as np
 import pytest
 import torch
 
 from stack.batch import IGNORE_INDEX
 from stack.config import load_pipeline
-from stack.models.decoders import decode_depth, decode_detections, decode_plan, decode_segmentation
+from stack.models.decoders import circle_nms, decode_depth, decode_detections, decode_plan, decode_segmentation
 from stack.models.targets import encode_depth, encode_detections, gaussian_radius
 from stack.ops.bev_pool import depth_bin_centres, grid_cells
 
@@ -78,6 +80,108 @@ def test_decoder_suppresses_duplicates_and_respects_threshold(tiny):
     assert len(decode_detections(outputs, tiny)[0].boxes) == 1
     outputs["heatmap"][:] = -10.0
     assert len(decode_detections(outputs, tiny)[0].boxes) == 0
+
+
+def centerpoint_circle_nms(centres, scores, labels, radii):
+    """CenterPoint's `circle_nms` (det3d/core/utils/circle_nms_jit.py) transcribed, per class: the oracle. Its
+    threshold is a squared distance, hence radius ** 2."""
+    keep = np.zeros(len(scores), bool)
+    for label in np.unique(labels):
+        members = np.flatnonzero(labels == label)
+        order = members[np.argsort(-scores[members], kind="stable")]
+        suppressed = np.zeros(len(scores), bool)
+        for rank, i in enumerate(order):
+            if suppressed[i]:
+                continue
+            keep[i] = True
+            for j in order[rank + 1:]:
+                if not suppressed[j] and ((centres[i] - centres[j]) ** 2).sum() <= radii[label] ** 2:
+                    suppressed[j] = True
+    return keep
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_circle_nms_is_centerpoints_greedy_suppression(seed):
+    """Crowded boxes of three classes make long suppression chains, where suppressing by every higher-scoring
+    box (not only the kept ones) would differ from the greedy answer."""
+    rng = np.random.default_rng(seed)
+    centres, scores, labels = rng.uniform(0, 8, (80, 2)), rng.random(80), rng.integers(0, 3, 80)
+    radii = np.array([2.0, 1.0, 0.42])
+    keep = circle_nms(torch.from_numpy(centres), torch.from_numpy(scores), torch.from_numpy(labels),
+                      torch.from_numpy(radii))
+    expected = centerpoint_circle_nms(centres, scores, labels, radii)
+    assert keep.tolist() == expected.tolist()
+    assert 0 < expected.sum() < 80
+
+
+def test_circle_nms_keeps_what_a_suppressed_box_would_have_suppressed():
+    """A (0.9) suppresses B (0.8, 1.5 m away); B is gone, so C (0.7, 1.5 m beyond B, 3 m from A) stays."""
+    centres = torch.tensor([[0.0, 0.0], [1.5, 0.0], [3.0, 0.0], [0.1, 0.0]])
+    scores, labels = torch.tensor([0.9, 0.8, 0.7, 0.95]), torch.tensor([0, 0, 0, 1])
+    keep = circle_nms(centres, scores, labels, torch.tensor([2.0, 2.0]))
+    assert keep.tolist() == [True, False, True, True]  # the other class's box suppresses nothing of class 0
+
+
+def test_circle_nms_exports_to_onnx_with_tensorrt_native_ops(tmp_path):
+    """Fixed shapes, no loop over boxes: the legacy exporter unrolls it into operators TensorRT imports natively,
+    and ONNX Runtime keeps what PyTorch keeps."""
+    import onnx
+    import onnxruntime
+
+    from stack.deploy.trt_ops import tensorrt_problems
+
+    class CircleNms(torch.nn.Module):
+        def forward(self, centres, scores, labels):
+            return circle_nms(centres, scores, labels, torch.tensor([2.0, 0.5]))
+
+    warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
+    rng = np.random.default_rng(0)
+
+    def boxes(n=24):
+        return (torch.from_numpy(rng.uniform(0, 5, (n, 2)).astype(np.float32)),
+                torch.from_numpy(rng.random(n).astype(np.float32)), torch.from_numpy(rng.integers(0, 2, n)))
+
+    path = tmp_path / "circle_nms.onnx"
+    torch.onnx.export(CircleNms(), boxes(), str(path), input_names=["centres", "scores", "labels"],
+                      output_names=["keep"], opset_version=17, dynamo=False)
+    assert tensorrt_problems(onnx.load(str(path))) == []
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    for _ in range(3):
+        centres, scores, labels = boxes()
+        got = session.run(["keep"], {"centres": centres.numpy(), "scores": scores.numpy(), "labels": labels.numpy()})
+        assert got[0].tolist() == circle_nms(centres, scores, labels, torch.tensor([2.0, 0.5])).tolist()
+
+
+def test_circle_nms_removes_side_by_side_duplicates_that_iou_nms_keeps(tiny):
+    """Two peaks of one car 1.5 m apart sideways overlap too little for IoU NMS (BEV IoU ~0.12 < nms_iou 0.2);
+    circle NMS with the car's 2 m radius keeps one; the same pair of pedestrians (0.42 m) stays two."""
+    import dataclasses
+
+    boxes = torch.tensor([[[10.0, 10.0, 0.8, 4.5, 1.9, 1.6, 0.0, 0.0, 0.0]]])
+
+    def decoded(label, radii):
+        outputs, targets = encoded_outputs(boxes, torch.tensor([[label]]), tiny)
+        centre = int(targets.cell_index[0, 0])
+        heat, regression = outputs["heatmap"].flatten(2), outputs["box_regression"].flatten(2)
+        heat[0, label, centre + 2] = 2.0  # a weaker peak two cells along y
+        regression[0, :, centre + 2] = regression[0, :, centre]
+        regression[0, 1, centre + 2] -= 0.5  # its centre 1.5 cells (1.5 m) from the first
+        model = dataclasses.replace(tiny.model, circle_nms_radius_m=radii)
+        return decode_detections(outputs, dataclasses.replace(tiny, model=model))[0]
+
+    radii = {"car": 2.0, "truck": 3.5, "pedestrian": 0.42, "cyclist": 0.92}
+    assert len(decoded(0, {}).boxes) == 2
+    kept = decoded(0, radii)
+    assert len(kept.boxes) == 1 and kept.boxes[0, 1] == pytest.approx(10.0, abs=1e-4) and kept.scores[0] > 0.99
+    assert len(decoded(2, radii).boxes) == 2
+
+
+def test_circle_nms_radii_must_name_every_class():
+    from stack.errors import StackError
+
+    with pytest.raises(StackError, match=r"circle_nms_radius_m.*missing \['cyclist', 'truck'\]; unknown \['bus'\]"):
+        load_pipeline(["configs/pipeline.yaml"], ["model.circle_nms_radius_m={car: 2, pedestrian: 0.4, bus: 3}"])
+    assert load_pipeline(["configs/pipeline.yaml"]).model.circle_nms_radius_m == {}  # off: IoU NMS as before
 
 
 def test_depth_decoder_returns_bin_centres_for_confident_bins(tiny):

@@ -195,6 +195,7 @@ def test_eval_on_other_data_warns_naming_both_datasets_and_what_differs(two_data
     # the eval landed in the run that trained the model
     run = client.get_run(run_id)
     assert "eval/planning/L2_at_3s" in run.data.metrics and run.data.tags["stack.eval.verdict"] in ("PASS", "FAIL")
+    assert {"eval/detection/NDS", "eval/detection/mAAE", "eval/detection/mAP"} <= set(run.data.metrics)
     assert run.data.tags["stack.eval.data_hash"] != dataset_fingerprint(seen)["hash"]
     assert {a.path for a in client.list_artifacts(run_id, "eval")} == {"eval/metrics.json", "eval/heads.png"}
 

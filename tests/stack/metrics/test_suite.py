@@ -27,8 +27,11 @@ def test_untrained_model_is_scored_on_every_task_with_baselines():
                 "planning/L2_avg_3s", "planning/collision_at_3s", "planning/minADE",
                 "segmentation/baseline_majority/mIoU", "depth/baseline_mean_depth/AbsRel",
                 "planning/baseline_cv/L2_at_3s", "planning/baseline_ego_rollout/L2_at_3s",
-                "detection/baseline_empty/mAP"):
+                "detection/baseline_empty/mAP", "detection/NDS", "detection/mAAE", "detection/mAVE"):
         assert key in result and not math.isnan(result[key]), key
+    # the network regresses velocity but has no attribute head, and the world labels no attributes: mAAE is 1
+    assert result["detection/mAAE"] == 1.0 and result["detection/predictions_with_attribute"] == 0
+    assert result["detection/predictions_with_velocity"] == result["detection/predictions"] > 0
     assert result["detection/samples"] == 4 and result["depth/images"] == 4 * len(pipeline.data.rig.cameras)
     # an untrained planner's residuals start at zero: it plans exactly the ego-status rollout
     assert result["planning/L2_at_3s"] == pytest.approx(result["planning/baseline_ego_rollout/L2_at_3s"], abs=1e-4)
