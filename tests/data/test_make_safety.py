@@ -181,6 +181,20 @@ def test_a_kill_at_every_in_place_swap_point_leaves_a_usable_dataset(previous, t
     assert (root / "README").read_text() == "mine" and sorted(p.name for p in tmp_path.iterdir()) == ["data"]
 
 
+def test_a_dataset_swapped_in_place_under_other_names_is_the_same_data(previous, tmp_path, monkeypatch):
+    """The same dataset rendered again and swapped in place takes `.1` names (the previous one holds the plain ones);
+    its fingerprint, which checkpoints record, is the previous one's: a model is not warned it saw other data."""
+    from stack.config import load_pipeline
+    from stack.data.make import make_dataset
+    from stack.lineage import dataset_fingerprint
+
+    root = copy_of(previous, tmp_path / "data")
+    monkeypatch.chdir(root / "train")  # working inside data.root: the swap renames in place
+    make_dataset(load_pipeline(overrides=[*SMALL, f"data.root={root}", "data.world.scenes=3"]), log=lambda *_: None)
+    assert sorted(p.name for p in (root / "train").glob("*.tar"))[0] == "frames-000000.1.tar"
+    assert dataset_fingerprint(root)["hash"] == dataset_fingerprint(previous[0])["hash"]
+
+
 def fill_disk(monkeypatch, root: Path, step: str) -> str:
     """Make the disk fill up (ENOSPC, or EFBIG as `ulimit -f` gives) at `step` of the swap; returns the path the
     error names ("" when the OS names none, as for fsync)."""
