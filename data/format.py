@@ -186,8 +186,14 @@ def frame_members(frame: dict, cameras: list, meta: dict, jpeg_quality: int) -> 
 def write_manifest(root: Path, manifest: dict) -> dict:
     """Write `manifest.json` (with the schema version) and return what was written."""
     manifest = {"schema": SCHEMA_VERSION, **manifest}
-    (Path(root) / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    (Path(root) / MANIFEST).write_text(manifest_text(manifest))
     return manifest
+
+
+def manifest_text(manifest: dict) -> str:
+    """manifest.json's text: one layout for every writer, so equal manifests are equal bytes (the swap compares
+    manifests by sha256)."""
+    return json.dumps(manifest, indent=2, sort_keys=True) + "\n"
 
 
 MANIFEST_FIELDS = {"schema": int, "cameras": list, "image_size": list, "semantic_classes": list,

@@ -16,12 +16,23 @@ previous one or the new one, never a mix and never none:
 
 A kill between any two steps leaves a loadable dataset at `data.root`, and the next run finishes what the
 plan says (or says why it cannot). Where the exchange cannot be made (`data.root` a mount point, a read-only
-parent folder, a file system or C library without RENAME_EXCHANGE), the swap falls back to renames in place:
-the old manifest goes first (a dataset without a manifest is refused by the loaders, never read half old,
-half new), then the shards the old manifest listed, then the new shards and the new manifest; its plan
-(`.staging/swap.json`, the old files to delete) is written first, so the next run finishes an interrupted
-swap. Only files a manifest lists are ever deleted or replaced: a user's own `frames-foo.tar` beside the
-shards survives, and a user file in the way of a new shard stops the run before anything changes.
+parent folder, a file system without hard links or RENAME_EXCHANGE, or this process working inside `data.root`)
+the swap renames in place, ordered so that `data.root/manifest.json` names a complete dataset at every instant:
+
+1. the staged files are fsync'd and a plan (`.staging/swap.json`) is written: the previous dataset's files, and
+   the names the new ones take in `data.root`: their own (`train/frames-000000.tar`), or where the previous
+   dataset (or anything else) holds one of those, the first free `train/frames-000000.1.tar`, `.2`, ... for all;
+2. the new shards and sidecars are renamed into `data.root` under those names (the previous ones untouched);
+3. the new manifest, naming them, replaces `manifest.json` in one rename: the switch;
+4. the previous dataset's files are deleted, then the staging folder.
+
+Only files a manifest lists are ever deleted or replaced: a user's own `frames-foo.tar` beside the shards
+survives, and a user file in the way of a new shard stops the run before anything changes.
+
+A full disk, a quota or a file-size limit anywhere in the swap stops it with one line (`stack.durable.disk_full`)
+naming the file that needed the room and what `data.root` holds: the previous dataset while the switch has not
+happened (with the new one kept where a plan says the next run finishes the swap, and removed, its space given
+back, where no plan refers to it yet), the new one after it.
 
 A data folder may come from someone else, `.staging/` included, so nothing in it is trusted: a swap plan
 carries a sha256 over its own content and over the staging manifest it belongs to (an edited, torn or
@@ -33,6 +44,7 @@ change). Anything else stops the run with exit 2 and nothing deleted.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -40,8 +52,8 @@ import shutil
 from pathlib import Path
 from typing import Callable
 
-from stack.data.format import MANIFEST, SIDECARS, dataset_files, manifest_files
-from stack.durable import exchange, fsync_dir, fsync_tree, write_durably
+from stack.data.format import MANIFEST, SIDECARS, dataset_files, manifest_files, manifest_text
+from stack.durable import FULL, disk_full, exchange, fsync_dir, fsync_tree, write_durably
 from stack.errors import StackError
 from stack.failpoints import fail_point
 from stack.locks import exchanged as exchanged_locks, hold_folder, release_folder
@@ -69,6 +81,13 @@ def prepare(root: Path, log: Callable[[str], None]) -> Path:
     lock(root)
     staging = staging_folder(root)
     _check_staging_folder(staging)
+    with disk_full(root, lambda: _after_full_disk(root)):
+        _finish_interrupted(root, staging, log)
+    return staging
+
+
+def _finish_interrupted(root: Path, staging: Path, log) -> None:
+    """Finish the swap a killed run left (it planned it), or remove its unfinished staging folder; said either way."""
     if _recover_exchange(root, log):
         log(f"{staging}: a previous `stack data make` was killed before swapping its finished dataset in; "
             "completing that swap first")
@@ -81,7 +100,6 @@ def prepare(root: Path, log: Callable[[str], None]) -> Path:
         log(f"{staging}: removing the unfinished output of an interrupted `stack data make` "
             "(the dataset in data.root was not touched by it)")
         shutil.rmtree(staging)
-    return staging
 
 
 def _check_staging_folder(staging: Path) -> None:
@@ -104,25 +122,39 @@ def check_free(root: Path, paths: list[str]) -> None:
 
 
 def commit(root: Path, log: Callable[[str], None]) -> dict:
-    """Swap the complete dataset in the staging folder into `root`; returns its manifest."""
-    staging = staging_folder(root)
+    """Swap the complete dataset in the staging folder into `root`; returns its manifest. No room on the way is
+    one line saying what `root` holds now (`_after_full_disk`)."""
+    with disk_full(root, lambda: _after_full_disk(root)):
+        return _commit(root, log)
+
+
+def _commit(root: Path, log) -> dict:
+    """The exchange where it can be made, else the in-place swap; one a killed run planned is finished in place."""
+    root, staging = Path(root), staging_folder(root)
     manifest_bytes = (staging / MANIFEST).read_bytes()
-    manifest = json.loads(manifest_bytes)
-    new = manifest_files(manifest)
-    plan = staging / PLAN
-    if plan.is_file():
-        old = read_plan(plan, manifest_bytes)
-    else:
+    manifest = _parse_staged(staging, manifest_bytes)
+    if not (staging / PLAN).is_file():
+        new = manifest_files(manifest)
         check_free(root, new)
-        old = [p for p in dataset_files(root) if p not in new]
-    check_paths(root, old + new, "data.root's manifest or the swap plan")
-    check_paths(staging, new, "the staging manifest")
-    if not plan.is_file():
+        check_paths(root, dataset_files(root) + new, "data.root's manifest or the staging manifest")
+        check_paths(staging, new, "the staging manifest")
         fail_point("data-swap")
         if _swap_by_exchange(root, staging, manifest_bytes, log):
             return manifest
-        _write_record(plan, {"delete": old, "manifest_sha256": _sha256(manifest_bytes)})
-    _swap(root, staging, old, new)
+        _plan_in_place(root, staging, new, manifest_bytes)
+    _swap_in_place(root, staging, manifest, manifest_bytes)
+    return manifest
+
+
+def _parse_staged(staging: Path, manifest_bytes: bytes) -> dict:
+    """The staging manifest as a dict; a torn or foreign one stops the run before anything changes."""
+    try:
+        manifest = json.loads(manifest_bytes)
+    except ValueError as exc:
+        manifest = exc
+    if not isinstance(manifest, dict):
+        raise StackError(f"{str(staging / MANIFEST)!r} is not a manifest `stack data make` wrote ({manifest}); "
+                         f"nothing was changed. Remove {str(staging)!r} and run again")
     return manifest
 
 
@@ -145,13 +177,15 @@ def _swap_by_exchange(root: Path, staging: Path, manifest_bytes: bytes, log) -> 
     cwd = Path(os.path.realpath(os.getcwd()))
     if cwd == root or root in cwd.parents:
         return False
-    _link_user_files(root, staging, set(dataset_files(root)) | {MANIFEST})
-    fsync_tree(staging)
-    _write_record(plan, {"manifest_sha256": _sha256(manifest_bytes)})
     try:
-        os.rename(staging, aside)  # EXDEV: data.root is a mount point; EACCES: its parent is read-only
-    except OSError:
-        plan.unlink()
+        _link_user_files(root, staging, set(dataset_files(root)) | {MANIFEST})  # EPERM: no hard links here
+        fsync_tree(staging)
+        _write_record(plan, {"manifest_sha256": _sha256(manifest_bytes)})  # EACCES, EROFS: a read-only parent
+        os.rename(staging, aside)  # EXDEV: data.root is a mount point
+    except OSError as exc:
+        plan.unlink(missing_ok=True)
+        if exc.errno in FULL or exc.errno == errno.EIO:  # no room, or a lost write: the in-place swap cannot help
+            raise
         return False
     fsync_dir(root)
     fsync_dir(aside.parent)
@@ -256,23 +290,116 @@ def _retire(old: Path, root: Path, log) -> None:
             "dataset's and differ from the file at the same place in data.root; move what you need, then remove it")
 
 
-def _swap(root: Path, staging: Path, old: list[str], new: list[str]) -> None:
-    """The renames and deletions of a checked plan: old manifest, old shards, new shards, new manifest."""
-    (Path(root) / MANIFEST).unlink(missing_ok=True)
-    for path in old:
-        (Path(root) / path).unlink(missing_ok=True)
-    for index, path in enumerate(new):
+def _plan_in_place(root: Path, staging: Path, new: list[str], manifest_bytes: bytes) -> None:
+    """Step 1 of the in-place swap: the staged files durable, then the plan that lets the next run finish it."""
+    old = dataset_files(root)
+    fsync_tree(staging)
+    _write_record(staging / PLAN, {"delete": old, "manifest_sha256": _sha256(manifest_bytes),
+                                   "suffix": _free_suffix(root, new, old)})
+    fail_point("data-swap-planned")
+
+
+def _free_suffix(root: Path, new: list[str], old: list[str]) -> int:
+    """The first n (0: the staged names themselves) for which no new file's name in `root` is taken, by the
+    previous dataset's manifest or by any file: until the switch, the previous dataset must stay whole."""
+    taken = set(old)
+    for suffix in range(100):
+        names = [_renamed(path, suffix) for path in new]
+        if not any(name in taken or os.path.lexists(root / name) for name in names):
+            return suffix
+    raise StackError(f"data.root={str(root)!r} holds a file under every name the new dataset's files could take "
+                     f"({new[0]}, and the same with .1 to .99 before the extension); nothing was changed. Remove the "
+                     "files no manifest lists, and run again")
+
+
+def _renamed(path: str, suffix: int) -> str:
+    """`train/frames-000000.tar` as the in-place swap names it in data.root: `train/frames-000000.1.tar` for 1."""
+    relative = Path(path)
+    return path if not suffix else str(relative.with_name(f"{relative.stem}.{suffix}{relative.suffix}"))
+
+
+def _swap_in_place(root: Path, staging: Path, manifest: dict, manifest_bytes: bytes) -> None:
+    """Steps 2-4 of the in-place swap, as the plan says; a step a killed run already made is not made again."""
+    old, targets, final = _in_place_plan(root, staging, manifest, manifest_bytes)
+    if _manifest_sha(root) != _sha256(final):
+        _move_in(root, staging, manifest_files(manifest), targets)
+        _switch(root, staging, final)
+    fail_point("data-swap-switched")
+    keep = set(targets)
+    for index, path in enumerate(old):
+        if index == len(old) // 2:
+            fail_point("data-swap-delete")
+        if path not in keep:
+            (root / path).unlink(missing_ok=True)
+    shutil.rmtree(staging)
+    fsync_dir(root)
+
+
+def _in_place_plan(root: Path, staging: Path, manifest: dict, manifest_bytes: bytes) -> tuple[list, list, bytes]:
+    """The checked plan of an in-place swap: the previous dataset's files, the names the staged files take in
+    `root`, and the manifest that names them there (the staged one, its paths renamed)."""
+    record = read_plan(staging / PLAN, manifest_bytes)
+    new = manifest_files(manifest)
+    targets = [_renamed(path, record["suffix"]) for path in new]
+    check_paths(root, record["delete"] + targets, "data.root's manifest or the swap plan")
+    check_paths(staging, new, "the staging manifest")
+    if not record["suffix"] or not new:
+        return record["delete"], targets, manifest_bytes
+    renamed = {split: [{**entry, "path": _renamed(entry["path"], record["suffix"])}
+                       if isinstance(entry["path"], str) else entry for entry in entries]
+               for split, entries in manifest["splits"].items()}  # manifest_files read every entry's path
+    return record["delete"], targets, manifest_text({**manifest, "splits": renamed}).encode()
+
+
+def _move_in(root: Path, staging: Path, new: list[str], targets: list[str]) -> None:
+    """Step 2: rename each staged file into `root` under its planned name; the previous dataset is untouched."""
+    for index, (path, target) in enumerate(zip(new, targets)):
         if index == len(new) // 2:
             fail_point("data-swap-files")
-        source, target = staging / path, Path(root) / path
-        if source.exists():  # absent: moved before an interrupted swap
-            target.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(source, target)
-    for folder in sorted({(Path(root) / path).parent for path in new}):
-        fsync_dir(folder)  # the shards' renames, durable before the manifest names them
-    os.replace(staging / MANIFEST, Path(root) / MANIFEST)
-    fsync_dir(Path(root))
-    shutil.rmtree(staging)
+        source, target = staging / path, root / target
+        if not os.path.lexists(source):
+            continue  # moved before the run that planned this swap was killed
+        if os.path.lexists(target):
+            raise StackError(f"{str(target)!r} appeared where the new dataset's {path} goes while it was being "
+                             f"swapped in; nothing was deleted and data.root still holds the previous dataset. Move "
+                             "that file away and run again: the run finishes this swap first")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.rename(source, target)
+    for folder in sorted({(root / target).parent for target in targets}):
+        fsync_dir(folder)  # the renames durable before a manifest names them
+
+
+def _switch(root: Path, staging: Path, final: bytes) -> None:
+    """Step 3: the manifest naming the new files replaces data.root's in one rename."""
+    temporary = staging / f".{MANIFEST}.final"
+    write_durably(temporary, final)
+    os.replace(temporary, root / MANIFEST)
+    fsync_dir(root)
+
+
+def _after_full_disk(root: Path) -> str:
+    """What `root` holds after no room stopped a swap, as the next run will find it. A staging folder no plan
+    refers to (the next run would remove it) is removed now, to give its space back."""
+    root, staging, aside = Path(root), staging_folder(root), swap_folder(root)
+    said = f"Nothing was lost: data.root={str(root)!r} holds"
+    if _exchange_plan(root).is_file():
+        if _manifest_sha(root) == _read_record(_exchange_plan(root), {"manifest_sha256"})["manifest_sha256"]:
+            return f"{said} the new dataset, with your files; the next run removes what is left of the previous one " \
+                   f"in {str(aside)!r}"
+        return f"{said} the previous dataset, unchanged; the new one waits complete in {str(aside)!r} and the next " \
+               "run swaps it in first"
+    if (staging / PLAN).is_file():
+        manifest_bytes = (staging / MANIFEST).read_bytes()
+        final = _in_place_plan(root, staging, _parse_staged(staging, manifest_bytes), manifest_bytes)[2]
+        if _manifest_sha(root) == _sha256(final):
+            return f"{said} the new dataset, with your files; the next run deletes the previous dataset's shards"
+        return f"{said} the previous dataset, unchanged; the new one waits complete, in {str(staging)!r} and (under " \
+               "names the previous one does not use) in data.root, and the next run swaps it in first"
+    if staging.exists():
+        shutil.rmtree(staging)
+        return f"{said} the previous dataset as it was; the new one, in {str(staging)!r}, was removed to give its " \
+               "space back"
+    return f"{said} the new dataset, with your files"
 
 
 def _digest(body: dict) -> str:
@@ -289,10 +416,15 @@ def _manifest_sha(folder: Path) -> str | None:
 
 
 def _write_record(path: Path, body: dict) -> None:
-    """A plan with its own sha256, written durably (file, then folder) before the step it plans."""
-    temp = path.with_name(f".{path.name}.partial")
-    write_durably(temp, (json.dumps({**body, "sha256": _digest(body)}) + "\n").encode())
-    os.replace(temp, path)
+    """A plan with its own sha256, written durably (file, then folder) before the step it plans; on a failed
+    write (no room) no part of it is left."""
+    temp = path.with_name(f".{path.name.lstrip('.')}.partial")
+    try:
+        write_durably(temp, (json.dumps({**body, "sha256": _digest(body)}) + "\n").encode())
+        os.replace(temp, path)
+    except OSError:
+        temp.unlink(missing_ok=True)
+        raise
     fsync_dir(path.parent)
 
 
@@ -310,15 +442,17 @@ def _read_record(path: Path, keys: set) -> dict:
     return body
 
 
-def read_plan(plan: Path, manifest_bytes: bytes) -> list[str]:
-    """The files an interrupted swap still has to delete, if `plan` is one `stack data make` wrote for this staging
-    manifest; a StackError (nothing changed) for anything else."""
-    record = _read_record(plan, {"delete", "manifest_sha256"})
+def read_plan(plan: Path, manifest_bytes: bytes) -> dict:
+    """An in-place swap's plan (the previous dataset's files to `delete`, the `suffix` of the new files' names),
+    if `plan` is one `stack data make` wrote for this staging manifest; a StackError (nothing changed) otherwise."""
+    record = _read_record(plan, {"delete", "manifest_sha256", "suffix"})
     if record["manifest_sha256"] != hashlib.sha256(manifest_bytes).hexdigest():
         _refuse_plan(plan, "it was written for another staging manifest")
     if not isinstance(record["delete"], list):
         _refuse_plan(plan, f"its delete entry is a {type(record['delete']).__name__}, not a list of files")
-    return record["delete"]
+    if type(record["suffix"]) is not int or not 0 <= record["suffix"] < 100:
+        _refuse_plan(plan, f"its suffix is {record['suffix']!r:.40}, not a number from 0 to 99")
+    return record
 
 
 def _refuse_plan(plan: Path, why: str):

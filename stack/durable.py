@@ -23,6 +23,7 @@ import os
 import shutil
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Callable
 
 from stack.errors import StackError
 
@@ -87,7 +88,12 @@ def write_atomic(path: Path, data: bytes | None = None, writer=None) -> Path:
 
 
 def write_durably(path: Path, data: bytes) -> None:
-    with open(path, "wb") as handle:
+    """Write `data` to a new file at `path` and fsync it. What was at `path` is unlinked first, never written
+    through: a second link of someone's file there (a staging folder holds links of the user's files) keeps its
+    content."""
+    Path(path).unlink(missing_ok=True)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    with open(descriptor, "wb") as handle:
         handle.write(data)
         handle.flush()
         os.fsync(handle.fileno())
@@ -98,10 +104,11 @@ class DiskFull(StackError):
 
 
 @contextmanager
-def disk_full(folder: Path, kept: str, remove: Path | None = None):
+def disk_full(folder: Path, kept: str | Callable[[], str], remove: Path | None = None):
     """Turn ENOSPC/EDQUOT/EFBIG raised inside the block into `DiskFull` naming `folder` (and the file when the
-    OS names it), the free space left there and `kept` (what is intact); `remove` (the partial output) is
-    deleted first, so the space it took is given back."""
+    OS names it: a link's or a rename's target, which is what needed the room), the free space left there and
+    `kept` (what is intact; a callable when that depends on how far the block got, called after `remove`);
+    `remove` (the partial output) is deleted first, so the space it took is given back."""
     try:
         yield
     except OSError as exc:
@@ -109,9 +116,11 @@ def disk_full(folder: Path, kept: str, remove: Path | None = None):
             raise
         if remove is not None:
             shutil.rmtree(remove, ignore_errors=True)
-        where = f" ({exc.filename})" if exc.filename else ""
+        file = exc.filename2 or exc.filename
+        where = f" ({file})" if file else ""
         raise DiskFull(f"no room to write under {str(folder)!r}{where}: {FULL[exc.errno]}, {_free(folder)}. "
-                       f"{kept}. Free some space (or raise the limit) and run again") from None
+                       f"{kept() if callable(kept) else kept}. Free some space (or raise the limit) and run again") \
+            from None
 
 
 def _free(folder: Path) -> str:

@@ -36,6 +36,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -83,18 +84,34 @@ def dataset_fingerprint(root: str | Path) -> dict | None:
         return None
     if not all(isinstance(entries, list) and all(_shard_entry(e) for e in entries) for entries in splits.values()):
         return None  # not a manifest `stack data make` writes: the loader says what is wrong with it
-    whole = hashlib.sha256(json.dumps(manifest, sort_keys=True).encode())
+    whole = hashlib.sha256(json.dumps(_as_rendered(manifest), sort_keys=True).encode())
     summary = {}
     for split in sorted(splits):
         digest = hashlib.sha256()
         for entry in splits[split]:
-            digest.update(entry["path"].encode() + b"\0" + _sums_bytes(root, entry["path"]) + b"\0")
+            digest.update(_rendered_name(entry["path"]).encode() + b"\0" + _sums_bytes(root, entry["path"]) + b"\0")
         summary[split] = {"shards": len(splits[split]), "samples": sum(e["samples"] for e in splits[split]),
                           "hash": digest.hexdigest()[:16]}
         whole.update(f"{split}:{summary[split]['hash']}".encode())
     return {"root": str(root.resolve()), "hash": whole.hexdigest(), "seed": manifest.get("seed"),
             "layout": manifest.get("layout", "frames"), "cameras": list(manifest.get("cameras", [])),
             "image_size": list(manifest.get("image_size", [])), "splits": summary}
+
+
+def _as_rendered(manifest: dict) -> dict:
+    """`manifest` with each shard under the name it was rendered as. Where the previous dataset held that name, the
+    in-place swap (`stack.data.staging`) stores `train/frames-000000.tar` as `train/frames-000000.1.tar`: the
+    data is the same whichever way it was swapped in, and so is its fingerprint."""
+    return {**manifest, "splits": {split: [{**entry, "path": _rendered_name(entry["path"])} for entry in entries]
+                                   for split, entries in manifest["splits"].items()}}
+
+
+def _rendered_name(path: str) -> str:
+    return _SWAP_SUFFIX.sub("", path)
+
+
+_SWAP_SUFFIX = re.compile(r"\.[1-9][0-9]?(?=\.tar$)")
+"""The `.1` ... `.99` an in-place swap puts before `.tar` (`stack.data.staging._renamed`)."""
 
 
 def _shard_entry(entry) -> bool:

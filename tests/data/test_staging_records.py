@@ -22,11 +22,13 @@ def dataset(root: Path, shard: str = SHARD, content: bytes = b"old shard") -> No
     (root / "manifest.json").write_text(json.dumps({"splits": {"train": [{"path": shard}]}}))
 
 
-def interrupted_swap(root: Path, delete, *, sign: bool = True) -> Path:
-    """`.staging/` as a killed swap would leave it (new dataset complete, plan written), with `delete` planted."""
+def interrupted_swap(root: Path, delete, *, sign: bool = True, suffix=0) -> Path:
+    """`.staging/` as a killed in-place swap would leave it (new dataset complete, plan written: the files to
+    delete, the suffix of the new files' names in data.root), with `delete` and `suffix` planted."""
     stage = root / ".staging"
     dataset(stage, "train/frames-000001.tar", b"new shard")
-    body = {"delete": delete, "manifest_sha256": hashlib.sha256((stage / "manifest.json").read_bytes()).hexdigest()}
+    body = {"delete": delete, "manifest_sha256": hashlib.sha256((stage / "manifest.json").read_bytes()).hexdigest(),
+            "suffix": suffix}
     if sign:  # anyone can compute a sha256: the path checks, not the digest, are what stop a crafted plan
         body["sha256"] = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
     (stage / "swap.json").write_text(json.dumps(body if sign else {"delete": delete}))
@@ -68,11 +70,13 @@ def test_a_planted_swap_plan_deletes_nothing_and_is_refused(victims, planted):
     assert stage.is_dir()
 
 
-@pytest.mark.parametrize("plan", ["unsigned", "edited", "foreign manifest", "garbage"])
+@pytest.mark.parametrize("plan", ["unsigned", "edited", "foreign manifest", "garbage", "suffix a path",
+                                  "suffix negative"])
 def test_a_swap_plan_the_project_did_not_write_is_refused(tmp_path, plan):
     root = tmp_path / "data"
     dataset(root)
-    stage = interrupted_swap(root, [SHARD], sign=plan != "unsigned")
+    suffix = {"suffix a path": "/../../victim", "suffix negative": -1}.get(plan, 0)
+    stage = interrupted_swap(root, [SHARD], sign=plan != "unsigned", suffix=suffix)
     record = json.loads((stage / "swap.json").read_text())
     if plan == "edited":
         record["delete"].append("train/frames-000000.idx")

@@ -40,3 +40,14 @@ def test_exchange_swaps_two_folders_in_one_step(tmp_path):
         pytest.skip("this file system or C library has no RENAME_EXCHANGE (the callers fall back to renames)")
     assert [p.name for p in (tmp_path / "a").iterdir()] == ["from-b"]
     assert [p.name for p in (tmp_path / "b").iterdir()] == ["from-a"]
+
+
+def test_write_durably_makes_a_new_file_and_never_writes_through_a_second_link(tmp_path):
+    """A staging folder holds second links of the user's files: a file written where one of them sits replaces the
+    link and leaves the user's file as it was."""
+    from stack.durable import write_durably
+
+    (tmp_path / "yours").write_text("mine")
+    os.link(tmp_path / "yours", tmp_path / "link")
+    write_durably(tmp_path / "link", b"ours")
+    assert (tmp_path / "yours").read_text() == "mine" and (tmp_path / "link").read_bytes() == b"ours"
