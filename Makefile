@@ -55,7 +55,7 @@ test: install slurm valgrind
 
 # The CPU kernels (stack._C) and one renderer frame under valgrind's callgrind, one thread, instructions and
 # simulated cache misses per stage against benchmarks/instructions/<level>.json (stack/instructions/):
-# +3% instructions in a stage or a kernel function fails, naming the function that grew. ~40 s.
+# +3% instructions in a stage or a kernel function fails, naming the function that grew. 35-57 s.
 perf: install valgrind
 	$(BIN)/stack bench instructions --check
 

@@ -3,13 +3,13 @@
 The rule (README, "Instruction-count regression check"):
 
 - a stage's total instructions more than `THRESHOLD` (3%) above the baseline fail, and so do its simulated
-  cache misses more than `MISS_THRESHOLD` (20%) above (where an allocation lands moves them: up to 7% between
+  cache misses more than `MISS_THRESHOLD` (20%) above (where an allocation lands moves them: up to 11% between
   two working folders, BENCHMARKS; a layout that stops fitting the cache multiplies them); the message names
   the function whose own instructions grew most. So does any function of the project's
   own kernels (stack._C) that held at least `JUDGED_SHARE` (1%) of its stage and now executes 3% more (a
   kernel that slows down inside a stage dominated by other code still fails). Library functions (torch, numpy,
   CPython, libc) are judged through their stage's total: the allocator's share moves by up to 2.5% with the
-  heap's state (another working folder, another environment), the totals by 0.2% at most (BENCHMARKS);
+  heap's state (another working folder, another environment), the totals by 0.3% at most (BENCHMARKS);
 - counts under `MIN_JUDGED` events are shown, not judged (a few hundred misses move by more than 3% when an
   allocation lands elsewhere);
 - a level with no baseline file fails the check: the counts are written beside it for a person to review and
