@@ -91,8 +91,8 @@ def make_baseline(profile: Profile, host: dict, commit: str, versions: dict) -> 
             "recorded_on": host, "commit": commit, "software": versions, "stages": stages}
 
 
-def baseline_path(level: str, folder: Path = BASELINE_DIR) -> Path:
-    return folder / f"{level}.json"
+def baseline_path(level: str, folder: Path | None = None) -> Path:
+    return (BASELINE_DIR if folder is None else folder) / f"{level}.json"
 
 
 def read_baseline(path: Path) -> dict | None:

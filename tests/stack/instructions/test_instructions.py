@@ -138,6 +138,39 @@ def test_check_and_update_baseline_belong_to_the_instructions_bench(capsys):
     assert "give one" in capsys.readouterr().err
 
 
+@pytest.fixture
+def measured(monkeypatch, tmp_path):
+    """`stack bench instructions` on a hand-made profile, with baselines in tmp_path/baselines."""
+    from stack.instructions import bench
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(bl, "BASELINE_DIR", tmp_path / "baselines")
+    monkeypatch.setattr(bl, "software", lambda: dict(VERSIONS))
+    current = {"profile": profile()}
+    monkeypatch.setattr(bench, "run_workloads", lambda: current["profile"])
+    return current
+
+
+def test_the_command_records_a_baseline_passes_on_it_and_fails_on_growth(measured, tmp_path, capsys):
+    assert main(["bench", "instructions", "--update-baseline"]) == 0
+    assert (tmp_path / "baselines" / "avx2.json").is_file()
+    assert main(["bench", "instructions", "--check"]) == 0
+    assert "pass: no stage's instructions" in capsys.readouterr().out
+    measured["profile"] = profile(kernel=2_400_000)
+    assert main(["bench", "instructions", "--check"]) == 1
+    out = capsys.readouterr().out
+    assert "REGRESSION" in out and "grew most: stack::forward_tiles_float" in out
+    assert main(["bench", "instructions"]) == 0  # without --check: the same report, exit 0
+
+
+def test_a_level_without_a_baseline_fails_the_check_and_leaves_its_counts_to_commit(measured, tmp_path, capsys):
+    measured["profile"].level["level"] = "avx512"
+    assert main(["bench", "instructions", "--check"]) == 1
+    out = capsys.readouterr().out
+    assert "no baseline for level avx512" in out and "measured, not judged" in out
+    assert bl.read_baseline(tmp_path / "runs" / "instructions" / "avx512.json")["level"] == "avx512"
+
+
 @pytest.mark.slow
 def test_a_kernel_doing_twice_the_work_fails_the_check_naming_it():
     """The bev_pool kernels on a context twice as wide (the same code, twice the channels per point) against the
