@@ -34,7 +34,8 @@ def run(pipeline, args) -> int:
     print_table(profile, base)
     if base is None:
         return _no_baseline(profile, path, args)
-    return _verdict(bl.judge(profile, base, bl.software()), path, bool(getattr(args, "check", False)))
+    verdict = bl.judge(profile, base, bl.software(), totals_judged=bl.same_cpu(hardware(), base))
+    return _verdict(verdict, path, bool(getattr(args, "check", False)))
 
 
 def _no_baseline(profile: Profile, path, args) -> int:
