@@ -13,7 +13,7 @@ INSTALL_INPUTS := pyproject.toml setup.py Makefile $(shell find csrc -type f 2>/
 TORCH_PINS := $(shell grep -oE '"torch(vision)?==[^"]+"' pyproject.toml | tr -d '"')
 TINY := -c configs/pipeline.yaml -c configs/presets/tiny.yaml
 
-.PHONY: install demo test test-portable recipe gate clean slurm
+.PHONY: install demo test test-portable recipe gate clean slurm perf valgrind
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -43,13 +43,21 @@ demo: install
 		if [ $$rc -eq 1 ]; then echo "stack drive: the network is below the closed-loop bar (drive.md above)"; \
 		elif [ $$rc -ne 0 ]; then exit $$rc; fi
 
-# pytest, the world, rendering, metrics and closed-loop tests again as other CPUs compute, then the
-# tiny recipe end to end on the model it trains: a head below its `stack eval` bar or a failed deploy
+# pytest, the instruction-count check, the world, rendering, metrics and closed-loop tests again as other
+# CPUs compute, then the tiny recipe end to end on the model it trains: a head below its `stack eval` bar,
+# a kernel or renderer stage that executes more instructions than its baseline allows, or a failed deploy
 # gate fails `make test` (so CI).
-test: install slurm
+test: install slurm valgrind
 	$(BIN)/python -m pytest
+	$(MAKE) --no-print-directory perf
 	$(MAKE) --no-print-directory test-portable PORTABLE_CPUS=avx2
 	$(MAKE) --no-print-directory recipe
+
+# The CPU kernels (stack._C) and one renderer frame under valgrind's callgrind, one thread, instructions and
+# simulated cache misses per stage against benchmarks/instructions/<level>.json (stack/instructions/):
+# +3% instructions in a stage or a kernel function fails, naming the function that grew. 35-57 s.
+perf: install valgrind
+	$(BIN)/stack bench instructions --check
 
 # The tests whose results depend on the SIMD kernels numpy and PyTorch pick (world generation,
 # rendering, datasets, metrics, the closed loop), run as an AVX2-only CPU and as an SSE4.2 one would
@@ -101,6 +109,12 @@ gate: $(RECIPE_MODEL)
 slurm:
 	@if ! command -v slurmctld >/dev/null || ! command -v munged >/dev/null; then \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge; \
+	fi
+
+# valgrind with its client-request headers (Debian's `valgrind` package), for `make perf`; installed once.
+valgrind:
+	@if ! command -v valgrind >/dev/null || [ ! -f /usr/include/valgrind/callgrind.h ]; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq valgrind; \
 	fi
 
 clean:

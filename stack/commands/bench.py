@@ -28,13 +28,16 @@ BENCHMARKS: dict[str, str] = {
     "latency": "stack.deploy.bench:latency",
     "drive": "stack.deploy.bench:drive",
     "checkpoint": "stack.train.checkpoint_bench:run",
+    "instructions": "stack.instructions.bench:run",
 }
 """Benchmark name -> "module:function". Add an entry when the benchmark works."""
 COMPARE = "compare"
+INSTRUCTIONS = "instructions"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.usage = ("stack bench NAME [-c FILE ...] [key=value ...] [--record [PATH]]  |  "
+                    "stack bench instructions [--check | --update-baseline]  |  "
                     "stack bench compare BASELINE.json CANDIDATE.json  |  stack bench compare [RECORD.json] --history [DIR]")
     parser.add_argument("name", choices=sorted(BENCHMARKS) + [COMPARE],
                         help="which benchmark to run, or `compare` to set records side by side")
@@ -44,11 +47,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--history", nargs="?", const=str(DEFAULT_HISTORY), metavar="DIR",
                         help=f"compare: judge a record (default: the newest in DIR) against the records before it in "
                              f"DIR (default {DEFAULT_HISTORY}), name the commits where figures changed, plot trends")
+    parser.add_argument("--check", action="store_true",
+                        help="instructions: exit 1 when a count grew past its baseline's limit or this ISA level has "
+                             "no baseline (make perf)")
+    parser.add_argument("--update-baseline", action="store_true",
+                        help="instructions: write the counts as this ISA level's baseline in benchmarks/instructions/")
 
 
 def run(args: argparse.Namespace) -> int:
     from stack.errors import StackError
 
+    if (args.check or args.update_baseline) and args.name != INSTRUCTIONS:
+        raise StackError(f"--check and --update-baseline belong to `stack bench {INSTRUCTIONS}` (instruction counts "
+                         f"against a stored baseline); `stack bench {args.name}` measures times: compare its "
+                         f"--record with `stack bench compare`")
+    if args.check and args.update_baseline:
+        raise StackError("--check judges against the stored baseline and --update-baseline replaces it: give one")
     if args.name == COMPARE:
         return _compare(args)
     if args.history is not None:

@@ -99,7 +99,8 @@ def test_unknown_command_is_bad_input():
 
 
 SHARED_OPTIONS = {"-h", "--help", "-c", "--config", "--print-config"}
-COMMAND_OPTIONS = {"bench": {"--record", "--history"},  # record a run's figures / compare against the history
+COMMAND_OPTIONS = {"bench": {"--record", "--history",  # record a run's figures / compare against the history
+                             "--check", "--update-baseline"},  # instruction counts against the stored baseline
                    "config": {"--describe"}, "data": {"--out", "--sample", "--from", "--source", "--version"},
                    "deploy": {"--target", "--verify", "--calibration", "--allow-below-bar"},
                    # the closed-loop command line the users asked for: --scenarios/--episodes map onto drive.* keys
