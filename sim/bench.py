@@ -52,7 +52,7 @@ def record_figures(figures, results: dict, floor_rate: float) -> None:
 def run(pipeline, network, weights: str, figures=None) -> int:
     """Time the camera policy `network` (a PolicySpec; `weights` says which) beside the blind rollout, and print
     the table for BENCHMARKS.md; the figures go into `figures` (a `stack.benchrecord.FigureLog`) when given."""
-    from stack.sim.drive import cpu_name
+    from stack.benchrecord.machine import cpu_model
     from stack.sim.policies import PolicySpec
     from stack.sim.scenarios import episode_specs
 
@@ -61,7 +61,7 @@ def run(pipeline, network, weights: str, figures=None) -> int:
     print(f"stack bench drive: {len(episodes)} episodes x {cfg.episode_seconds:g} s, sim {cfg.sim_hz:g} Hz, "
           f"replanning {cfg.replan_hz:g} Hz, {len(pipeline.data.rig.cameras)} cameras at "
           f"{pipeline.data.rig.image_width}x{pipeline.data.rig.image_height}; one process, one thread; "
-          f"{cpu_name()}; network: {weights}")
+          f"{cpu_model()}; network: {weights}")
     results = {NETWORK_ROW: _drive(pipeline, network, episodes),
                DAGGER_ROW: _drive(pipeline, network, episodes, record=True),
                "blind (ego-status rollout)": _drive(pipeline, PolicySpec("ego_rollout", "ego_rollout"), episodes)}

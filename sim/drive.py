@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import platform
 import re
 import time
 from dataclasses import replace
@@ -19,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from stack.benchrecord.machine import cpu_model
 from stack.sim.policies import PolicySpec, build_policy
 
 _PIPELINE = None
@@ -175,19 +175,9 @@ def resolve_latencies(pipeline, policies: list[PolicySpec], sample_episode, log=
         seconds = measure_latency(build_policy(spec, pipeline), observation)
         runtime = spec.policy_class.runtime or spec.kind
         resolved.append(replace(spec, latency_s=seconds,
-                                latency_how=f"measured on this host ({cpu_name()}, {runtime}, 1 thread): {seconds * 1000:.1f} ms"))
+                                latency_how=f"measured on this host ({cpu_model()}, {runtime}, 1 thread): {seconds * 1000:.1f} ms"))
         log(f"{spec.name}: latency {seconds * 1000:.1f} ms ({resolved[-1].latency_how})")
     return resolved
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def worst_episodes(rows: list[dict], per_policy: int) -> list[dict]:
@@ -224,7 +214,7 @@ def drive(pipeline, policies: list[PolicySpec], log=print, sources: dict | None 
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     clips = _write_clips(pipeline, policies, rows, out, log) if cfg.clips else {}
-    meta = {"pipeline": pipeline.name, "sources": sources or {}, "cpu": cpu_name(), "host_cores": os.cpu_count(),
+    meta = {"pipeline": pipeline.name, "sources": sources or {}, "cpu": cpu_model(), "host_cores": os.cpu_count(),
             "episodes": len(episodes), "seeds": list(cfg.seeds), "scenarios": list(cfg.scenarios),
             "episode_seconds": cfg.episode_seconds, "sim_hz": cfg.sim_hz, "replan_hz": cfg.replan_hz,
             "latency": {p.name: {"ms": p.latency_s * 1000.0, "how": p.latency_how} for p in policies},

@@ -26,6 +26,11 @@ def fingerprint() -> dict:
     return {"hardware": hardware(), "software": software()}
 
 
+def cpu_model() -> str:
+    """The CPU's model name, as reports name the machine a figure was measured on."""
+    return _cpuinfo()[0]
+
+
 def hardware() -> dict:
     model, flags = _cpuinfo()
     return {"cpu": model, "isa": [flag for flag in ISA_FEATURES if flag in flags], "cores": _usable_cores(),
