@@ -15,7 +15,19 @@ TINY := -c configs/pipeline.yaml -c configs/presets/tiny.yaml
 
 .PHONY: install demo test test-portable recipe gate clean slurm perf valgrind
 
+# A full disk fails pip or a test far into the run with a bare OSError: say so before starting.
+# $(1) folder, $(2) GiB it needs, $(3) what for. Exit 2: the machine, not the code, is short.
+define require_free_gib
+	@avail=$$(df -Pk "$(1)" | awk 'NR==2 {print int($$4 / 1048576)}'); \
+	if [ "$$avail" -lt $(2) ]; then \
+		echo "make: $(3) needs about $(2) GiB free on the filesystem of $(1); found $$avail GiB." \
+			"Free space there (old clones and their .venv, runs/, /tmp/pytest-of-$$(id -un)) and run make again." >&2; \
+		exit 2; fi
+endef
+
 $(BIN)/python:
+	$(call require_free_gib,.,10,the Python environment (torch and its CUDA libraries: 7.3 GiB installed))
+	$(call require_free_gib,$${TMPDIR:-/tmp},3,pip's unpacked wheels)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip "setuptools>=77" wheel
 
@@ -48,6 +60,8 @@ demo: install
 # a kernel or renderer stage that executes more instructions than its baseline allows, or a failed deploy
 # gate fails `make test` (so CI).
 test: install slurm valgrind
+	$(call require_free_gib,.,2,the recipe's shards and checkpoints and bundles under runs/)
+	$(call require_free_gib,$${TMPDIR:-/tmp},3,pytest's temporary folders and torch's compile cache)
 	$(BIN)/python -m pytest
 	$(MAKE) --no-print-directory perf
 	$(MAKE) --no-print-directory test-portable PORTABLE_CPUS=avx2
