@@ -58,7 +58,8 @@ def run_task(task: tuple) -> dict:
     recorder = None
     if beta is not None:
         policy = MixturePolicy(policy, beta)
-        recorder = LabelledFrames(pipeline.data.rig, pipeline.model.planning_steps)
+        recorder = LabelledFrames(pipeline.data.rig, pipeline.model.planning_steps,
+                                  cameras_only=pipeline.data.world.expert_sees == "cameras")
     start = time.perf_counter()
     run = run_episode(world, policy, pipeline.drive, pipeline.data.rig, record_clip=clip_path is not None,
                       clip_rig=_front_rig(pipeline.data.rig), observer=recorder)

@@ -66,17 +66,38 @@ class EpisodeRandom:
         return self.generator, restarted
 
 
+def camera_sight(frame: dict) -> frozenset:
+    """Track ids of the road users a rendered frame shows: at least one visible pixel in some camera, the rule
+    by which a box becomes a detection label (`stack.data.samples.label_fields`)."""
+    return frozenset(int(track) for track in frame["box_ids"][frame["visibility"] > 0, 1])
+
+
+def expert_sight(world, pipeline):
+    """The `sees` argument of `InteractiveWorld.expert_plan` under `data.world.expert_sees`: None (everyone),
+    or whom the cameras have shown so far (`LabelledFrames` records it before the driver plans)."""
+    if pipeline is None or pipeline.data.world.expert_sees == "everyone":
+        return None
+    sight = getattr(world, "camera_sight", None)
+    if sight is None:
+        raise RuntimeError("data.world.expert_sees=cameras needs the frame of this instant rendered first: "
+                           "drive with a LabelledFrames observer (stack.sim.recording.record_episode)")
+    return sight
+
+
 class NoisyExpertPolicy(Policy):
-    """The expert's plan, perturbed for a second or two at random moments; the noise is seeded by the episode."""
+    """The expert's plan, perturbed for a second or two at random moments; the noise is seeded by the episode.
+    Under `data.world.expert_sees=cameras` the expert it perturbs reacts only to what the cameras show."""
 
     perturbation = Perturbation()
 
     def __init__(self, spec: PolicySpec, steps: int, pipeline=None):
         super().__init__(spec, steps, pipeline)
+        self.pipeline = pipeline
         self._random, self._until, self._shape = EpisodeRandom(), -1.0, (0.0, 1.0)
 
     def plan(self, observation: Observation) -> np.ndarray:
-        expert = np.asarray(observation.world.expert_plan(self.steps, WAYPOINT_STEP_S), np.float64)
+        sees = expert_sight(observation.world, self.pipeline)
+        expert = np.asarray(observation.world.expert_plan(self.steps, WAYPOINT_STEP_S, sees), np.float64)
         rng, restarted = self._random.get(observation)
         if restarted or observation.time_s >= self._until:
             self._until, self._shape = -1.0, (0.0, 1.0)
@@ -115,19 +136,25 @@ class LabelledFrames:
     """The episode observer that renders every replanning instant with its labels (`run_episode`'s hook).
 
     The planning target is the expert's plan from the state the driver reached; the ego status is the one
-    the driver's policy is given (speed, acceleration, the steering's yaw rate)."""
+    the driver's policy is given (speed, acceleration, the steering's yaw rate). With `cameras_only`, that
+    expert reacts only to the road users the cameras have shown in this episode so far (`camera_sight` of
+    every frame rendered; once seen, remembered, as a driver remembers the pedestrian who stepped behind a
+    parked car), kept on the world as `camera_sight` for a driver that plans after it (`run_episode` calls
+    observers first)."""
 
-    def __init__(self, rig, steps: int, device="cpu"):
-        self.rig, self.steps, self.device = rig, steps, device
+    def __init__(self, rig, steps: int, device="cpu", cameras_only: bool = False):
+        self.rig, self.steps, self.device, self.cameras_only = rig, steps, device, cameras_only
         self.frames: list = []
 
     def __call__(self, world, ego_status: np.ndarray) -> None:
         frame = dict(world.render_labelled(self.rig, self.device))
+        world.camera_sight = (world.camera_sight or frozenset()) | camera_sight(frame)
+        sees = world.camera_sight if self.cameras_only else None
         frame["boxes"] = np.concatenate([frame["boxes"], frame["visibility"][:, None]], axis=1)
         frame["ego"] = np.asarray(ego_status, np.float32)
         frame["command"] = np.array([world.command()], np.int64)
         frame["past"] = past_positions(world)
-        frame["future"] = np.asarray(world.expert_plan(self.steps, WAYPOINT_STEP_S), np.float32)
+        frame["future"] = np.asarray(world.expert_plan(self.steps, WAYPOINT_STEP_S, sees), np.float32)
         frame["time_s"] = world.time_s
         self.frames.append(frame)
 
@@ -170,6 +197,7 @@ def record_episode(spec: EpisodeSpec, driver: Policy, pipeline, device="cpu"):
 
     drive = dataclasses.replace(pipeline.drive, episode_seconds=spec.duration_s)
     world = build_world(spec, pipeline.data.world, 1.0 / drive.sim_hz)
-    frames = LabelledFrames(pipeline.data.rig, pipeline.model.planning_steps, device)
+    frames = LabelledFrames(pipeline.data.rig, pipeline.model.planning_steps, device,
+                            cameras_only=pipeline.data.world.expert_sees == "cameras")
     run = run_episode(world, driver, drive, pipeline.data.rig, observer=frames)
     return frames.frames, run

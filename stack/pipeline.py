@@ -182,10 +182,17 @@ class WorldConfig:
     the evaluation ones) driven by the expert with injected noise; every replanning instant is written to the
     train split with the expert's plan from there as its planning target (recovery data, stack.sim.recording).
     0: the recorded scenes only. Needs the frames layout."""
+    expert_sees: str = "everyone"
+    """Whom the expert that drives and labels those episodes (and labels DAgger's states) reacts to: `everyone`
+    (privileged: every road user, hidden or not) or `cameras` (only road users that have had a visible pixel in
+    some camera in the episode so far, the rule the detector's labels follow): a teacher that brakes for a pedestrian no
+    camera shows asks the student for what it cannot learn (LEAD, Nguyen et al. 2025). The baseline
+    `expert` policy of `stack drive` stays privileged."""
 
     def problems(self) -> Problems:
         found: Problems = []
         _in_range(found, "drive_episodes", self.drive_episodes, 0, 100_000)
+        _choice(found, "expert_sees", self.expert_sees, ("everyone", "cameras"))
         _bounded(found, self, (
             ("scenes", 100_000, "scenes (a million rendered frames and more); e.g. 40"),
             ("frames_per_scene", 10_000, "frames per scene (over an hour at 2 Hz; scenes last seconds); e.g. 40"),

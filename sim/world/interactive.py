@@ -94,6 +94,8 @@ class InteractiveWorld:
         self.step_index = 0
         self.start_s = ego_s
         self._fired: dict = {}
+        self.camera_sight: frozenset | None = None
+        """Track ids the cameras have shown in this episode (set by `stack.sim.recording.LabelledFrames`)."""
         for agent in [self.ego] + self.agents:
             xy, heading = agent.route.at(agent.s)
             agent.history.append((float(xy[0]), float(xy[1]), heading, agent.speed, 0.0))
@@ -193,8 +195,10 @@ class InteractiveWorld:
 
     # -- the privileged expert ----------------------------------------------------------------------
 
-    def expert_plan(self, steps: int = 6, step_s: float = 0.5) -> np.ndarray:
-        """(steps, 2) rear-axle waypoints in the current ego frame: IDM along the route, seeing every road user.
+    def expert_plan(self, steps: int = 6, step_s: float = 0.5, sees=None) -> np.ndarray:
+        """(steps, 2) rear-axle waypoints in the current ego frame: IDM along the route, seeing every road user
+        (or, with `sees`, only the road users whose track ids it holds: the hygienic teacher of
+        `stack.sim.recording`, which reacts to nobody the cameras do not show).
 
         The recorded ego's own rule (IDM car following with its parameters, the curve speed limit and the
         junction rule), rolled out over the horizon. Unlike the traffic rule, which finds its leader on the
@@ -206,7 +210,7 @@ class InteractiveWorld:
         and its stop line held for the horizon (priority is decided now, as the recorded ego decides it).
         """
         substeps = max(int(round(step_s / self.dt)), 1)
-        states = self._rollout(self.ego.s, self.ego.speed, steps * substeps, steps * substeps * self.dt)
+        states = self._rollout(self.ego.s, self.ego.speed, steps * substeps, steps * substeps * self.dt, sees)
         s_list = [arc for arc, _ in states[substeps - 1::substeps][:steps]]
         x, y, yaw, _, _ = self.ego_state()
         c, s = math.cos(yaw), math.sin(yaw)
@@ -218,13 +222,15 @@ class InteractiveWorld:
             out[k] = (c * dx + s * dy, -s * dx + c * dy)
         return out
 
-    def _rollout(self, s: float, speed: float, count: int, horizon: float) -> list:
-        """(arc length of the expert's box centre, speed) after each of `count` steps, predicting `horizon` s."""
+    def _rollout(self, s: float, speed: float, count: int, horizon: float, sees=None) -> list:
+        """(arc length of the expert's box centre, speed) after each of `count` steps, predicting `horizon` s;
+        `sees` (track ids or None for everyone) are the road users it reacts to."""
+        agents = self.agents if sees is None else [a for a in self.agents if a.track_id in sees]
         shadow = replace(self.ego, history=[], controlled=False)
         shadow.s = s
-        stop = _junction_gap(shadow, [a for a in self.agents if a.kind != "pedestrian"])
+        stop = _junction_gap(shadow, [a for a in agents if a.kind != "pedestrian"])
         stop_s = s + stop if math.isfinite(stop) else math.inf
-        others = self._ahead_of_ego()
+        others = self._ahead_of_ego(agents)
         future = self._predicted_positions(others, horizon)
         near = self._near_route(future, s, s + speed * horizon + 50.0)
         out = []
@@ -253,12 +259,12 @@ class InteractiveWorld:
         distance = np.sqrt(((flat[:, None, :] - segment[None, :, :]) ** 2).sum(-1)).min(axis=1)
         return (distance < 2.0).reshape(future.shape[:2])
 
-    def _ahead_of_ego(self) -> list:
-        """Road users that can get in the expert's way: all but those behind it going its way (its followers)."""
+    def _ahead_of_ego(self, agents: list) -> list:
+        """Those of `agents` that can get in the expert's way: all but those behind it going its way (its followers)."""
         x, y, yaw = self.ego.history[-1][:3]
         forward = np.array([math.cos(yaw), math.sin(yaw)])
         keep = []
-        for agent in self.agents:
+        for agent in agents:
             behind = float(np.dot(np.array(agent.history[-1][:2]) - (x, y), forward)) < 0.0
             if not (behind and math.cos(agent.history[-1][2] - yaw) > 0.5):
                 keep.append(agent)

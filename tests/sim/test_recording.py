@@ -76,6 +76,45 @@ def test_the_noisy_expert_leaves_the_path_and_its_labels_lead_back(pipeline):
     assert all(np.array_equal(a["future"], b["future"]) for a, b in zip(first, again)), "noise replays per episode"
 
 
+def test_a_hygienic_expert_reacts_only_to_road_users_the_cameras_have_shown(pipeline):
+    """LEAD's expert hygiene: under data.world.expert_sees=cameras the teacher does not brake for the jaywalker
+    while the parked car hides them (the privileged teacher does, 0.5-1 s before a camera shows them), and once
+    a camera has shown them both teachers plan alike, also while they are hidden again (remembered)."""
+    from stack.sim.episode import run_episode
+    from stack.sim.recording import LabelledFrames
+
+    hidden_gaps, after = [], []
+    for spec in training_specs(["jaywalker"], 4, 6.0)[2:]:  # both have the parked car that hides the pedestrian
+        world = build_world(spec, pipeline.data.world, 1.0 / pipeline.drive.sim_hz)
+        labeller = LabelledFrames(pipeline.data.rig, pipeline.model.planning_steps, cameras_only=True)
+
+        def observe(w, status):
+            labeller(w, status)
+            privileged = float(np.hypot(*w.expert_plan(pipeline.model.planning_steps, 0.5)[-1]))
+            hygienic = float(np.hypot(*labeller.frames[-1]["future"][-1]))
+            (after if 1 in w.camera_sight else hidden_gaps).append(hygienic - privileged)
+            seen = set(labeller.frames[-1]["box_ids"][labeller.frames[-1]["visibility"] > 0, 1].tolist())
+            assert seen <= w.camera_sight
+
+        run_episode(world, build_policy(PolicySpec("expert", "expert"), pipeline), pipeline.drive,
+                    pipeline.data.rig, observer=observe)
+    assert max(hidden_gaps) > 10.0, "the privileged teacher brakes for the hidden pedestrian; the hygienic one does not"
+    assert min(hidden_gaps) > -1e-6, "seeing fewer road users never brakes harder here"
+    assert after and max(abs(gap) for gap in after) < 1e-6, "once seen, the same plan"
+    with pytest.raises(Exception, match="expert_sees"):
+        micro_pipeline("data.world.expert_sees=lidar")
+
+
+def test_the_noisy_expert_follows_the_hygienic_teacher_when_asked(pipeline):
+    """The driver of the recorded episodes uses the same sight as the labels (its states are the teacher's)."""
+    spec = training_specs(["jaywalker"], 4, 6.0)[3]
+    cameras = micro_pipeline("data.world.expert_sees=cameras")
+    privileged, _ = record_episode(spec, noisy_expert(pipeline), pipeline)
+    hygienic, _ = record_episode(spec, noisy_expert(cameras), cameras)
+    speed = [float(f["ego"][0]) for f in privileged], [float(f["ego"][0]) for f in hygienic]
+    assert max(b - a for a, b in zip(*speed)) > 0.5, "hygienic: no early braking for the hidden pedestrian"
+
+
 class Straight(Policy):
     """Keeps its speed straight ahead (a stand-in student)."""
 
