@@ -212,13 +212,22 @@ def apply_geometry(row: dict, params: AugmentParams) -> None:
 
 
 def apply_params(row: dict, params: AugmentParams) -> dict:
-    """Apply `params` to one Batch row (in place) and return it: the torch backend's augmentation."""
+    """Apply `params` to one Batch row (in place) and return it: the torch backend's augmentation.
+
+    A row with the previous key frame (`previous_images`, model.temporal_frames) gets one augmentation for
+    both frames, as BEVDet4D requires: their pixels are resized, cropped and jittered together (as more
+    cameras), and the BEV rotation turns both ego frames alike (the network conjugates the ego motion by it)."""
+    cameras = row["images"].shape[0]
+    if "previous_images" in row:
+        row["images"] = torch.cat([row["images"], row.pop("previous_images")])
     if params.resizes:
         apply_resize_crop(row, params)
     if params.angle:
         rotate_bev(row, params.angle)
     if params.colour is not None:
         apply_colour(row, params.colour)
+    if row["images"].shape[0] > cameras:
+        row["images"], row["previous_images"] = row["images"][:cameras], row["images"][cameras:]
     return row
 
 

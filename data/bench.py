@@ -94,8 +94,7 @@ def _augment_rows_in_python(pipeline: Pipeline):
     from stack.data.samples import collate
 
     def per_row(batch, rng):
-        rows = [{name: getattr(batch, name)[i] for name in batch.__dataclass_fields__}
-                for i in range(batch.images.shape[0])]
+        rows = [{name: tensor[i] for name, tensor in batch.tensors().items()} for i in range(batch.images.shape[0])]
         return collate([augment_row(row, pipeline.data.augment, rng) for row in rows])
     return per_row
 

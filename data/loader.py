@@ -225,13 +225,36 @@ class FrameSamples(IterableDataset):
         images = np.stack([decode_jpeg(sample[f"{c}.jpg"], shard, key, f"{c}.jpg") for c in cameras])
         return [to_fields(images, arrays, self.maps, self.pipeline)]
 
+    def add_previous(self, row: dict, key: str, shard: str, index: int) -> None:
+        """The previous key frame's images (the row's own at a sequence start) and the ego pose then, in the
+        row's ego frame (`stack.data.sequences`); augmentation later treats both frames alike."""
+        from stack.data.sequences import previous_location, previous_pose
+
+        cameras = self.manifest["cameras"]
+        where = previous_location(self.shards, self.reader, shard, index, key)
+        if where is None:
+            row["previous_images"], pose = row["images"], np.zeros(3, np.float32)
+        else:
+            before = self.reader.read(*where)
+            if self.sums is not None:
+                self.sums.check_sample(before, where[0])
+            check_members(before, cameras, where[0])
+            check_jpeg_sizes(before, cameras, self.manifest["image_size"], where[0])
+            images = np.stack([decode_jpeg(before[f"{c}.jpg"], where[0], before["__key__"], f"{c}.jpg") for c in cameras])
+            row["previous_images"] = torch.from_numpy(images).permute(0, 3, 1, 2)
+            pose = previous_pose(row["past_trajectory"].numpy())
+        row["previous_pose"] = torch.from_numpy(pose)
+
     def _rows(self, samples: list, rng: np.random.Generator):
         """Decoded (and augmented) rows of [(shard, index)]; with skip_bad_samples a bad sample is replaced by the
         last good one (the first good one when the worker starts with bad ones)."""
         skip, last_good, owed = self.pipeline.data.skip_bad_samples, None, 0
         for shard, index in samples:
             try:
-                rows = self.decode(self.reader.read(shard, index), shard)
+                sample = self.reader.read(shard, index)
+                rows = self.decode(sample, shard)
+                if self.pipeline.model.temporal_frames:
+                    self.add_previous(rows[0], sample["__key__"], shard, index)
             except BadSample as exc:
                 if not skip:
                     raise

@@ -210,7 +210,7 @@ def collate(rows: list) -> Batch:
     numpy stacks: torch.stack of large CPU tensors runs through the intra-op
     thread pool, which on a busy machine was 15-40x slower than one memcpy per row.
     """
-    return Batch(**stack_fields(rows, [f.name for f in fields(Batch)]))
+    return Batch(**stack_fields(rows, [f.name for f in fields(Batch) if f.name in rows[0]]))
 
 
 def stack_fields(rows: list, names) -> dict:

@@ -38,6 +38,10 @@ class ExportableNetwork:
 
 def export_network(pipeline: Pipeline, state_dict: dict, calibration: Calibration | None = None) -> ExportableNetwork:
     """The trained network with `calibration` (default: the nominal `data.rig`) baked in, example inputs, metadata."""
+    if pipeline.model.temporal_frames:
+        raise StackError("this network fuses the previous key frame (model.temporal_frames=1); exporting it needs its "
+                         "BEV memory as a graph input and output, which export does not build yet: drive or evaluate "
+                         "the checkpoint (`stack drive`, `stack eval`), or train with model.temporal_frames=0 to deploy")
     net = _loaded(pipeline, state_dict)
     calibration = calibration or Calibration.from_rig(pipeline.data.rig)
     calibration.check_fits(pipeline.data.rig)

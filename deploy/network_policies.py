@@ -44,13 +44,32 @@ class CheckpointPolicy(NetworkPolicy):
 
         _, self.net = load_network(spec.source, needs_planner=True)
         self.geometry = rig_geometry(self.net, pipeline.data.rig)
+        if self.net.temporal_frames and pipeline.drive.replan_hz != 2.0:
+            raise StackError(f"{spec.source} fuses the key frame 0.5 s earlier (model.temporal_frames=1), so it must "
+                             f"replan at 2 Hz; got drive.replan_hz={pipeline.drive.replan_hz}: set drive.replan_hz=2")
+        self._memory, self._pose, self._episode = None, None, None
+
+    def plan(self, observation) -> np.ndarray:
+        """A temporal network carries its BEV memory from one replanning instant to the next (0.5 s apart) within an
+        episode, and the ego's motion in between from odometry (the past trajectory, as training reads it)."""
+        if self.net.temporal_frames:
+            from stack.data.sequences import previous_pose
+            from stack.sim.recording import past_positions
+
+            episode = tuple(observation.world.seed_words)
+            if episode != self._episode or observation.time_s == 0.0:
+                self._memory, self._episode = None, episode
+            self._pose = previous_pose(past_positions(observation.world))
+        return super().plan(observation)
 
     def infer(self, images: np.ndarray, ego_status: np.ndarray, command: np.ndarray) -> tuple:
         import torch
 
+        pose = None if self._memory is None else torch.from_numpy(self._pose)[None]
         with torch.inference_mode():
             out = self.net(torch.from_numpy(images), torch.from_numpy(ego_status), torch.from_numpy(command),
-                           self.geometry)
+                           self.geometry, None, self._memory, pose)
+        self._memory = out.get("bev_memory")
         return out["plan_trajectories"].float().numpy(), out["plan_scores"].float().numpy()
 
 

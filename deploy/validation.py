@@ -18,7 +18,7 @@ Too few training frames to calibrate, or no validation frame, is an error.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -76,7 +76,7 @@ def split_size(pipeline: Pipeline, split: str) -> int:
 def split_batch(batch: Batch) -> list[Batch]:
     """One Batch per sample (graphs are exported at batch 1)."""
     size = batch.images.shape[0]
-    return [Batch(**{f.name: getattr(batch, f.name)[i:i + 1] for f in fields(batch)}) for i in range(size)]
+    return [Batch(**{name: tensor[i:i + 1] for name, tensor in batch.tensors().items()}) for i in range(size)]
 
 
 def spread(total: int, count: int) -> list[int]:

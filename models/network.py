@@ -5,6 +5,8 @@ Data flow (per frame, N cameras):
     images ─► timm backbone + FPN ─┬─► segmentation head (stride segmentation_stride)
                                    └─► depth/context head (stride feature_stride)
     softmax(depth) x context ─► bev_pool (lift-splat, stack.ops) ─► BEV encoder
+        (model.temporal_frames = 1: the previous key frame's BEV, warped by the ego motion, is
+         concatenated before the encoder: stack.models.temporal, BEVDet4D)
     BEV ─┬─► CenterPoint heatmap + box regression
          └─► planning head (ego query attends BEV tokens) ─► K trajectories + scores
              (planned in the body frame, turned by the batch's BEV-augmentation yaw, if any)
@@ -28,6 +30,7 @@ from stack.errors import StackError
 from stack.models.backbone import ImageEncoder
 from stack.models.bev_heads import BevEncoder, DetectionHead, PlanningHead
 from stack.models.path_speed_head import PathSpeedPlanningHead
+from stack.models.temporal import warp_previous_bev
 from stack.models.image_heads import DepthContextHead, SegmentationHead
 from stack.ops.bev_pool import BevPoolGeometry, bev_geometry, bev_pool, grid_cells
 from stack.pipeline import LossWeights, Pipeline
@@ -70,7 +73,8 @@ class BevNet(nn.Module):
         self.depth_head = DepthContextHead(channels, model.depth.bins)
         self.segmentation_head = SegmentationHead(channels, len(model.segmentation_classes))
         self.view_transform = ViewTransform()
-        self.bev_encoder = BevEncoder(channels, model.bev_channels)
+        self.temporal_frames = model.temporal_frames
+        self.bev_encoder = BevEncoder(channels * (1 + self.temporal_frames), model.bev_channels)
         self.detection_head = DetectionHead(model.bev_channels, len(model.detection_classes))
         if model.planning_accelerations:
             bev = model.bev
@@ -84,10 +88,15 @@ class BevNet(nn.Module):
                                               model.planning_width)
 
     def forward(self, images: torch.Tensor, ego_status: torch.Tensor, command: torch.Tensor,
-                geometry: BevPoolGeometry | None = None,
-                bev_rotation: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+                geometry: BevPoolGeometry | None = None, bev_rotation: torch.Tensor | None = None,
+                previous_bev: torch.Tensor | None = None,
+                previous_pose: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         """`bev_rotation` (B,) radians is the BEV augmentation's yaw (`Batch.bev_rotation`); None means 0 and is
-        what export passes, so the exported graph keeps its inputs and, at 0, its outputs."""
+        what export passes, so the exported graph keeps its inputs and, at 0, its outputs.
+
+        With model.temporal_frames = 1, `previous_bev` (B, C, X, Y) is the `bev_memory` output of the key frame
+        0.5 s earlier and `previous_pose` (B, 3) the ego pose then (`Batch.previous_pose`); None at a sequence
+        start, where the frame is fused with itself (BEVDet4D). `bev_memory` is this frame's, for the next."""
         batch, cameras = images.shape[:2]
         fine, lift = self.image_encoder(images.flatten(0, 1))
         depth_logits, context = self.depth_head(lift)
@@ -95,18 +104,43 @@ class BevNet(nn.Module):
         depth_logits = depth_logits.unflatten(0, (batch, cameras))
         context = context.unflatten(0, (batch, cameras))
         bev = self.view_transform(depth_logits.softmax(dim=2), context, geometry)
+        memory = bev
+        if self.temporal_frames:
+            bev = torch.cat([bev, self._aligned_previous(bev, previous_bev, previous_pose, bev_rotation)], dim=1)
         bev = self.bev_encoder(bev)
         heatmap, box_regression = self.detection_head(bev)
         outputs = {
             "depth_logits": depth_logits, "seg_logits": seg_logits.unflatten(0, (batch, cameras)),
             "heatmap": heatmap, "box_regression": box_regression,
         }
+        if self.temporal_frames:
+            outputs["bev_memory"] = memory
         if isinstance(self.planning_head, PathSpeedPlanningHead):
             outputs.update(self.planning_head(bev, heatmap, ego_status, command, bev_rotation))
         else:
             trajectories, scores = self.planning_head(bev, ego_status, command, bev_rotation)
             outputs.update(plan_trajectories=trajectories, plan_scores=scores)
         return outputs
+
+    def _aligned_previous(self, bev: torch.Tensor, previous_bev: torch.Tensor | None,
+                          previous_pose: torch.Tensor | None, bev_rotation: torch.Tensor | None) -> torch.Tensor:
+        """The previous frame's BEV on this frame's cells; this frame's own where there is none."""
+        if previous_bev is None:
+            return bev
+        if previous_pose is None:
+            raise StackError("BevNet.forward got previous_bev without previous_pose: pass the ego pose of the previous "
+                             "key frame in the current ego frame (Batch.previous_pose)")
+        ranges = self.pipeline.model.bev
+        return warp_previous_bev(previous_bev, previous_pose, bev_rotation, tuple(ranges.x_range), tuple(ranges.y_range))
+
+    def memory(self, images: torch.Tensor, geometry: BevPoolGeometry | None) -> torch.Tensor:
+        """The view transform's BEV of one frame without the heads: the previous key frame's `bev_memory`, computed
+        in training without a gradient (BEVDet4D)."""
+        batch, cameras = images.shape[:2]
+        _, lift = self.image_encoder(images.flatten(0, 1))
+        depth_logits, context = self.depth_head(lift)
+        return self.view_transform(depth_logits.unflatten(0, (batch, cameras)).softmax(dim=2),
+                                   context.unflatten(0, (batch, cameras)), geometry)
 
     def geometry(self, intrinsics: torch.Tensor, cam_to_ego: torch.Tensor) -> BevPoolGeometry:
         """Pooling tables for this batch's cameras (B, N, 3, 3) and (B, N, 4, 4)."""
@@ -131,7 +165,15 @@ class BevNet(nn.Module):
     def forward_batch(self, batch: Batch) -> dict[str, torch.Tensor]:
         """`forward` on a Batch, with its geometry computed from the batch's cameras."""
         geometry = None if self.view_transform.fixed is not None else self.geometry(batch.intrinsics, batch.cam_to_ego)
-        return self(batch.images, batch.ego_status, batch.command, geometry, batch.bev_rotation)
+        previous = None
+        if self.temporal_frames:
+            if batch.previous_images is None:
+                raise StackError("this network fuses the previous key frame (model.temporal_frames=1) but the batch "
+                                 "carries none: load it with the torch loader of a pipeline with model.temporal_frames=1")
+            with torch.no_grad():
+                previous = self.memory(batch.previous_images, geometry)
+        return self(batch.images, batch.ego_status, batch.command, geometry, batch.bev_rotation, previous,
+                    batch.previous_pose)
 
     def loss(self, outputs: dict[str, torch.Tensor], batch: Batch) -> dict[str, torch.Tensor]:
         """Per-term losses, per-task sums, and `total` weighted by `model.loss_weights`."""

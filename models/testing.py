@@ -89,6 +89,12 @@ def random_batch(pipeline: Pipeline, batch_size: int = 2, seed: int = 0) -> Batc
     valid[-1, -1] = batch_size == 1  # one sample whose scene ends before the last waypoint
     n = len(rig.cameras)
     as_float = dict(dtype=torch.float32)
+    temporal = {}
+    if model.temporal_frames:  # the frame 0.5 s earlier: the same scene a few pixels back, and the pose then
+        from stack.data.sequences import previous_pose
+
+        temporal = {"previous_images": torch.as_tensor(np.clip(np.roll(images, 2, axis=-1), 0, 255).astype(np.uint8)),
+                    "previous_pose": torch.as_tensor(np.stack([previous_pose(p) for p in past]))}
     return Batch(
         images=torch.as_tensor(np.clip(images, 0, 255).astype(np.uint8)),
         intrinsics=torch.as_tensor(ks, **as_float).expand(batch_size, n, 3, 3).contiguous(),
@@ -97,5 +103,5 @@ def random_batch(pipeline: Pipeline, batch_size: int = 2, seed: int = 0) -> Batc
         boxes=torch.as_tensor(boxes), box_labels=torch.as_tensor(labels),
         ego_status=torch.as_tensor(status), command=torch.as_tensor(command),
         past_trajectory=torch.as_tensor(past), future_trajectory=torch.as_tensor(future),
-        future_valid=torch.as_tensor(valid), bev_rotation=torch.zeros(batch_size, dtype=torch.float32),
+        future_valid=torch.as_tensor(valid), bev_rotation=torch.zeros(batch_size, dtype=torch.float32), **temporal,
     )

@@ -74,6 +74,12 @@ class Batch:
     """float32 (B,) radians: the yaw by which BEV augmentation rotated this frame's scene, boxes, cameras and
     trajectories about the ego (`stack.data.augment.rotate_bev`); 0 without augmentation, at evaluation and in
     export. None (a Batch built by hand) means zeros."""
+    previous_images: "torch.Tensor | None" = None
+    """uint8 (B, N, 3, H, W): the key frame 0.5 s earlier in the same sequence, augmented as `images` (the same
+    frame at a sequence start); only for a network with model.temporal_frames = 1 (`stack.data.sequences`)."""
+    previous_pose: "torch.Tensor | None" = None
+    """float32 (B, 3): x, y (m), yaw (rad) of the ego at the previous key frame in the current ego body frame
+    (before BEV rotation); zeros at a sequence start. With `previous_images`."""
 
     def __post_init__(self):
         if self.bev_rotation is None:
@@ -81,9 +87,13 @@ class Batch:
 
             self.bev_rotation = torch.zeros(self.images.shape[0], dtype=torch.float32, device=self.images.device)
 
+    def tensors(self) -> dict:
+        """{field name: tensor} of every field this batch carries (the previous frame's only for a temporal network)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+
     def to(self, device, non_blocking: bool = False) -> "Batch":
         """The same batch with every tensor on `device`."""
-        return Batch(**{f.name: getattr(self, f.name).to(device, non_blocking=non_blocking) for f in fields(self)})
+        return Batch(**{name: tensor.to(device, non_blocking=non_blocking) for name, tensor in self.tensors().items()})
 
     def expected_shapes(self, pipeline: "Pipeline") -> dict[str, tuple]:
         """Shape and dtype name of every field for this pipeline, with B taken from `images`."""
@@ -98,6 +108,8 @@ class Batch:
             "command": ((b,), "int64"), "past_trajectory": ((b, PAST_STEPS, 2), "float32"),
             "future_trajectory": ((b, t, 2), "float32"), "future_valid": ((b, t), "bool"),
             "bev_rotation": ((b,), "float32"),
+            **({"previous_images": ((b, n, 3, h, w), "uint8"), "previous_pose": ((b, 3), "float32")}
+               if pipeline.model.temporal_frames else {}),
         }
 
     def mismatches(self, pipeline: "Pipeline") -> list[str]:

@@ -439,6 +439,11 @@ class ModelConfig:
     planning_collision_weight: float = 1.0
     """w in the path-speed planner's score log p(expert) + w log p(no collision): above 1, a candidate the
     scorer doubts is given up for a slower one sooner."""
+    temporal_frames: int = 0
+    """Previous key frames fused into the BEV (BEVDet4D, Huang & Huang 2022): 0, one frame (today's network), or
+    1: the key frame 0.5 s earlier is lifted by the same network (no gradient, as BEVDet4D trains it), warped into
+    the current ego frame by the ego motion and concatenated before the BEV encoder, so the heads see how things
+    moved. The torch loader reads it from the shards (`stack.data.sequences`); the closed loop carries it as state."""
     path_points: int = 16
     """Points of the path-speed planner's path (one every path_spacing_m, from the ego)."""
     path_spacing_m: float = 2.5
@@ -476,6 +481,7 @@ class ModelConfig:
             if self.planning_modes != 1:
                 found.append(("planning_modes", f"got {self.planning_modes} with planning_accelerations set; the "
                                                 f"path-speed planner plans one path: set planning_modes: 1"))
+        _in_range(found, "temporal_frames", self.temporal_frames, 0, 1)
         if self.planning_width < 0 or self.planning_width % 4:
             found.append(("planning_width", f"got {self.planning_width}; use 0 (bev_channels) or a positive multiple "
                                             f"of 4 (the planner's attention heads)"))
@@ -1064,6 +1070,23 @@ class DriveConfig:
 # ----------------------------------------------------------------------- pipeline
 
 
+def temporal_problems(pipeline: "Pipeline") -> Problems:
+    """What a network fusing the previous key frame (model.temporal_frames) needs from the data and the loop."""
+    if not pipeline.model.temporal_frames:
+        return []
+    found: Problems = []
+    data, why = pipeline.data, "model.temporal_frames=1 fuses the key frame 0.5 s earlier"
+    if data.backend != "torch":
+        found.append(("data.backend", f"got {data.backend}; {why}, which the torch loader reads: set data.backend=torch"))
+    if data.layout != "frames":
+        found.append(("data.layout", f"got {data.layout}; {why}, read from frame shards: set data.layout=frames"))
+    if data.world.frame_rate_hz != 2.0:
+        found.append(("data.world.frame_rate_hz", f"got {data.world.frame_rate_hz}; {why}: key frames at 2 Hz"))
+    if pipeline.drive.replan_hz != 2.0:
+        found.append(("drive.replan_hz", f"got {pipeline.drive.replan_hz}; {why}: replan at 2 Hz in closed loop"))
+    return found
+
+
 @dataclass
 class Pipeline:
     """The whole run: data → model → train → export → deploy targets."""
@@ -1092,6 +1115,7 @@ class Pipeline:
         if self.schema_version != SCHEMA_VERSION:
             found.append(("schema_version",
                           f"got {self.schema_version}; this stack reads schema {SCHEMA_VERSION}"))
+        found += temporal_problems(self)
         for name in self.targets:  # each names a bundle folder under export.out_dir
             message = safe_values.identifier(name)
             found += [(f"targets.{name}", message)] if message else []

@@ -15,7 +15,7 @@ from stack.rig import scale_intrinsics
 
 def _row(pipeline):
     batch = next(iter(build_loader(pipeline, "val", 0, 1, augment=False)))
-    return {name: getattr(batch, name)[0].clone() for name in batch.__dataclass_fields__}
+    return {name: tensor[0].clone() for name, tensor in batch.tensors().items()}
 
 
 def _project(row, camera, point):

@@ -61,7 +61,7 @@ def _through_graph(row: dict, params, config: AugmentConfig) -> dict:
 
 def _row(pipeline):
     batch = next(iter(build_loader(pipeline, "val", 0, 1, augment=False)))
-    return {name: getattr(batch, name)[0].clone() for name in batch.__dataclass_fields__}
+    return {name: tensor[0].clone() for name, tensor in batch.tensors().items()}
 
 
 @pytest.mark.parametrize("jitter", ["0.3", "0"])  # without jitter DALI prunes its parameter sources

@@ -27,11 +27,10 @@ def tiny():
 
 def _rotated(batch: Batch, angle: float) -> Batch:
     """`batch` with every row rotated by `angle` through the augmentation's own `rotate_bev`."""
-    rows = [{name: getattr(batch, name)[i].clone() for name in batch.__dataclass_fields__}
-            for i in range(batch.images.shape[0])]
+    rows = [{name: tensor[i].clone() for name, tensor in batch.tensors().items()} for i in range(batch.images.shape[0])]
     for row in rows:
         rotate_bev(row, angle)
-    return Batch(**{name: torch.stack([row[name] for row in rows]) for name in batch.__dataclass_fields__})
+    return Batch(**{name: torch.stack([row[name] for row in rows]) for name in rows[0]})
 
 
 def _head_that_plans(head, batch: Batch) -> None:
@@ -113,8 +112,7 @@ def test_planning_loss_of_a_perfect_body_frame_plan_does_not_change_under_rotati
 def test_a_batch_built_by_hand_without_the_angle_is_unrotated(tiny):
     pipeline, _ = tiny
     batch = random_batch(pipeline, batch_size=3, seed=7)
-    names = [name for name in batch.__dataclass_fields__ if name != "bev_rotation"]
-    by_hand = Batch(**{name: getattr(batch, name) for name in names})
+    by_hand = Batch(**{name: tensor for name, tensor in batch.tensors().items() if name != "bev_rotation"})
     assert by_hand.bev_rotation.dtype == torch.float32 and by_hand.bev_rotation.tolist() == [0.0, 0.0, 0.0]
     assert by_hand.mismatches(pipeline) == [] and by_hand.to("cpu").bev_rotation.shape == (3,)
     by_hand.bev_rotation = torch.zeros(3, dtype=torch.float64)  # a loader that forgot the dtype is caught

@@ -205,3 +205,31 @@ def test_bench_drive_reports_the_network_the_dagger_recording_and_the_blind_roll
     assert recorded[f"{bench.NETWORK_ROW}: sim-s per wall-s"].floor > 0
     assert len(recorded[f"{bench.DAGGER_ROW}: labelling per episode"].samples) == bench.BENCH_EPISODES
     assert f"{bench.NETWORK_ROW}: labelling per episode" not in recorded
+
+
+def test_a_temporal_checkpoint_carries_its_bev_memory_through_each_episode(tmp_path):
+    """model.temporal_frames=1 in closed loop: the first replan of an episode has no memory (the frame is fused with
+    itself), every later one gets the previous replan's BEV and the ego motion since, and a new episode starts over."""
+    from stack.checkpoint.model_file import save_model_checkpoint
+    from stack.deploy.network_policies import checkpoint_spec
+    from stack.models import build_model
+
+    temporal = micro_pipeline("model.temporal_frames=1")
+    torch.manual_seed(0)
+    path = save_model_checkpoint(tmp_path / "model.pt", temporal, build_model(temporal).state_dict())
+    policy = build_policy(checkpoint_spec("temporal", str(path), latency_s=0.05, latency_how="stated"), temporal)
+    calls, forward = [], policy.net.forward
+
+    def spy(*args):
+        calls.append((args[5] is not None, None if args[6] is None else args[6].clone()))
+        return forward(*args)
+
+    policy.net.forward = spy
+    for spec in (episode("route", seconds=1.5), episode("lead_brake", seconds=1.5)):
+        world = build_world(spec, temporal.data.world, 1.0 / temporal.drive.sim_hz)
+        start = len(calls)
+        run = run_episode(world, policy, temporal.drive, temporal.data.rig)
+        carried = [has for has, _ in calls[start:]]
+        assert run.replans == len(carried) >= 3 and carried == [False] + [True] * (len(carried) - 1)
+        moved = [float(pose[0, 0]) for has, pose in calls[start + 1:]]
+        assert all(-8.0 < x < -1.0 for x in moved), f"the ego was 0.5 s of driving behind: {moved}"

@@ -1,0 +1,65 @@
+"""The previous key frame of a sample, and the ego motion since it: what a temporal network (BEVDet4D) fuses.
+
+Every frame sample's key ends in its frame index within its sequence (`s{scene}f{frame}` for recorded
+scenes, `d{episode}f{frame}` for closed-loop episodes, `i{iteration}e{episode}f{frame}` for DAgger's), and
+the writers store a sequence's frames one after another, so the previous key frame of the sample at
+(shard, index) is the sample before it: in the same shard, or the last of the shard before it in the
+split. `previous_location` finds it and checks its key; a sequence's first frame has none, and then
+the network is given the frame itself with zero motion, as BEVDet4D does at a sequence start.
+
+Key frames are 0.5 s apart (2 Hz: recorded scenes and the replanning instants of the closed loop alike;
+`stack.pipeline.temporal_problems` refuses other rates), which is the spacing of the stored past
+trajectory, so the previous ego pose comes from the sample's own labels (`previous_pose`) and no
+schema change is needed.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+
+_FRAME = re.compile(r"^(?P<sequence>.+f)(?P<frame>\d{4})$")
+
+
+def previous_key(key: str) -> str | None:
+    """The key of the frame before `key` in its sequence; None for a first frame or a key without a frame index."""
+    match = _FRAME.match(key)
+    if not match or int(match["frame"]) == 0:
+        return None
+    return f"{match['sequence']}{int(match['frame']) - 1:04d}"
+
+
+def previous_location(shards: list, reader, shard: str, index: int, key: str) -> tuple | None:
+    """(shard, index) of the previous key frame of sample `key` at (shard, index) in the split's `shards`
+    [(path, samples)], read through `reader` (a SampleReader's index); None where the sequence starts here."""
+    wanted = previous_key(key)
+    if wanted is None:
+        return None
+    if index > 0:
+        candidate = (shard, index - 1)
+    else:
+        paths = [path for path, _ in shards]
+        position = paths.index(shard) if shard in paths else 0
+        if position == 0:
+            return None
+        before = paths[position - 1]
+        candidate = (before, len(reader.index(before)) - 1)
+    found_key = reader.index(candidate[0])[candidate[1]][0]
+    return candidate if found_key == wanted else None
+
+
+def previous_pose(past: np.ndarray) -> np.ndarray:
+    """float32 (3,) x, y, yaw of the ego 0.5 s ago in the current ego frame, from the past trajectory (P, 2)
+    whose last row is that position.
+
+    The heading comes from the chord: along an arc of constant curvature (the bicycle model between two
+    key frames), the chord from the earlier point to the current one points along the mean of the two
+    headings, and the current heading is 0 in the ego frame, so the earlier heading is twice the chord's
+    angle. A car that has not moved (under 5 cm) has not turned."""
+    x, y = float(past[-1, 0]), float(past[-1, 1])
+    if math.hypot(x, y) < 0.05:
+        return np.array([x, y, 0.0], np.float32)
+    chord = math.atan2(-y, -x)
+    return np.array([x, y, 2.0 * chord], np.float32)
