@@ -79,7 +79,7 @@ perf: install valgrind
 # whatever CPU CI has that day. A CPU with nothing above a level skips it: the plain run was that run.
 # `make test` runs the avx2 level only (the slowest CPU CI gets: there it adds nothing to the budget).
 # The folders are those that exist (the simulator's tests may move).
-PORTABLE_TESTS := $(wildcard tests/data tests/sim tests/stack/metrics tests/deploy/closedloop)
+PORTABLE_TESTS := $(wildcard tests/data tests/sim tests/stack/metrics)
 PORTABLE_CPUS ?= avx2 x86-64-v2
 test-portable: install
 	@for cpu in $(PORTABLE_CPUS); do \

@@ -228,7 +228,8 @@ class FrameSamples(IterableDataset):
     def add_previous(self, row: dict, key: str, shard: str, index: int) -> None:
         """The previous key frame's images (the row's own at a sequence start) and the ego pose then, in the
         row's ego frame (`stack.data.sequences`); augmentation later treats both frames alike."""
-        from stack.data.sequences import previous_location, previous_pose
+        from stack.data.sequences import previous_location
+        from stack.kinematics import previous_pose
 
         cameras = self.manifest["cameras"]
         where = previous_location(self.shards, self.reader, shard, index, key)

@@ -15,10 +15,7 @@ schema change is needed.
 
 from __future__ import annotations
 
-import math
 import re
-
-import numpy as np
 
 _FRAME = re.compile(r"^(?P<sequence>.+f)(?P<frame>\d{4})$")
 
@@ -48,18 +45,3 @@ def previous_location(shards: list, reader, shard: str, index: int, key: str) ->
         candidate = (before, len(reader.index(before)) - 1)
     found_key = reader.index(candidate[0])[candidate[1]][0]
     return candidate if found_key == wanted else None
-
-
-def previous_pose(past: np.ndarray) -> np.ndarray:
-    """float32 (3,) x, y, yaw of the ego 0.5 s ago in the current ego frame, from the past trajectory (P, 2)
-    whose last row is that position.
-
-    The heading comes from the chord: along an arc of constant curvature (the bicycle model between two
-    key frames), the chord from the earlier point to the current one points along the mean of the two
-    headings, and the current heading is 0 in the ego frame, so the earlier heading is twice the chord's
-    angle. A car that has not moved (under 5 cm) has not turned."""
-    x, y = float(past[-1, 0]), float(past[-1, 1])
-    if math.hypot(x, y) < 0.05:
-        return np.array([x, y, 0.0], np.float32)
-    chord = math.atan2(-y, -x)
-    return np.array([x, y, 2.0 * chord], np.float32)

@@ -53,7 +53,7 @@ class CheckpointPolicy(NetworkPolicy):
         """A temporal network carries its BEV memory from one replanning instant to the next (0.5 s apart) within an
         episode, and the ego's motion in between from odometry (the past trajectory, as training reads it)."""
         if self.net.temporal_frames:
-            from stack.data.sequences import previous_pose
+            from stack.kinematics import previous_pose
             from stack.sim.recording import past_positions
 
             episode = tuple(observation.world.seed_words)

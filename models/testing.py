@@ -91,7 +91,7 @@ def random_batch(pipeline: Pipeline, batch_size: int = 2, seed: int = 0) -> Batc
     as_float = dict(dtype=torch.float32)
     temporal = {}
     if model.temporal_frames:  # the frame 0.5 s earlier: the same scene a few pixels back, and the pose then
-        from stack.data.sequences import previous_pose
+        from stack.kinematics import previous_pose
 
         temporal = {"previous_images": torch.as_tensor(np.clip(np.roll(images, 2, axis=-1), 0, 255).astype(np.uint8)),
                     "previous_pose": torch.as_tensor(np.stack([previous_pose(p) for p in past]))}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 WAYPOINT_STEP_S = 0.5
@@ -99,3 +100,19 @@ def _segments(points: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, 
     the waypoint is not valid)."""
     segments = points - torch.cat([points.new_zeros(points.shape[0], 1, 2), points[:, :-1]], dim=1)
     return segments, segments.norm(dim=-1) * valid.float()
+
+
+def previous_pose(past: np.ndarray) -> np.ndarray:
+    """float32 (3,) x, y, yaw of the ego one waypoint step (0.5 s) ago in the current ego frame, from the past
+    trajectory (P, 2) whose last row is that position: the previous key frame's pose that a temporal network
+    (stack.models.temporal) warps its BEV memory by, in training (the loader) and in the closed loop alike.
+
+    The heading comes from the chord: along an arc of constant curvature (the bicycle model between two
+    key frames), the chord from the earlier point to the current one points along the mean of the two
+    headings, and the current heading is 0 in the ego frame, so the earlier heading is twice the chord's
+    angle. A car that has not moved (under 5 cm) has not turned."""
+    x, y = float(past[-1, 0]), float(past[-1, 1])
+    if math.hypot(x, y) < 0.05:
+        return np.array([x, y, 0.0], np.float32)
+    chord = math.atan2(-y, -x)
+    return np.array([x, y, 2.0 * chord], np.float32)

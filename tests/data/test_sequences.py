@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from stack.data import build_loader
-from stack.data.sequences import previous_key, previous_pose
+from stack.data.sequences import previous_key
+from stack.kinematics import previous_pose
 from stack.data.shard_index import scan
 
 
