@@ -35,11 +35,16 @@ EXPORT_FILES = ("model.onnx", "pipeline.yaml", CALIBRATION_FILE)
 
 def check_export_folder(folder: Path) -> None:
     """export.out_dir must be new, empty, or stack's own: a previous export (a model.onnx carrying its pipeline
-    hash) or deploy bundles. Any other file there is the user's, and export would mix its files among them
+    hash) or deploy bundles beside it, never a bundle itself. Any other file there is the user's, and export would mix its files among them
     or overwrite one of the same name, so it is refused before anything is written."""
     from stack.errors import StackError
 
     entries = sorted(folder.iterdir()) if folder.is_dir() else []
+    if is_deploy_folder(folder):
+        raise StackError(f"export.out_dir {folder} is a deploy bundle (`stack deploy` wrote it): export would replace its "
+                         f"{', '.join(EXPORT_FILES)}, and the bundle would then fail `stack deploy --verify`. Export "
+                         f"into the folder that holds the bundles (export.out_dir={folder.parent}) or a new one "
+                         f"(nothing was written).")
     if not entries or _holds_an_export(folder):
         return  # a previous export is replaced file by file, as each export does
     foreign = [entry.name for entry in entries if not is_deploy_folder(entry)]

@@ -67,6 +67,11 @@ def test_export_folder_must_be_new_empty_or_stacks_own(fixture_onnx, tmp_path):
     (bundles / "ci-cpu" / "gate.json").write_text("{}")
     (bundles / ".orin.staging-12345").mkdir()  # left by a killed deploy
     check_export_folder(bundles)
+    (bundles / "ci-cpu" / "model.onnx").write_bytes(previous.joinpath("model.onnx").read_bytes())
+    for bundle in (bundles / "ci-cpu", bundles / ".orin.staging-12345"):  # a bundle's model.onnx carries a hash too
+        with pytest.raises(StackError, match=r"is a deploy bundle .*--verify.*export.out_dir=.*bundles"):
+            check_export_folder(bundle)
+    assert (bundles / "ci-cpu" / "gate.json").read_text() == "{}"
 
     (bundles / "notes.txt").write_text("mine")
     with pytest.raises(StackError, match=r"export.out_dir .*bundles is not empty and holds no previous export .*"

@@ -137,6 +137,25 @@ def test_listing_never_creates_tables_in_a_file_that_is_not_an_mlflow_store(tmp_
     assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["app.db"]
 
 
+def test_listing_never_migrates_a_store_of_another_mlflow_version(tmp_path, capsys):
+    """A store an older MLflow wrote (an earlier schema revision) would be migrated by opening it with this MLflow's
+    client; `stack runs` says so and how to upgrade it, and leaves it byte for byte as it was."""
+    import sqlite3
+    from contextlib import closing
+
+    from mlflow.tracking import MlflowClient
+
+    path = tmp_path / "mlruns.db"
+    MlflowClient(f"sqlite:///{path}").create_experiment("tiny", (tmp_path / "mlartifacts").as_uri())
+    with closing(sqlite3.connect(path)) as db:
+        db.execute("UPDATE alembic_version SET version_num = '0a8213491aaa'")  # MLflow 1.x's first revision
+        db.commit()
+    before = path.read_bytes()
+    code, _, err = runs(capsys, f"train.tracking_uri={path}")
+    assert code == 2 and "another MLflow version (schema 0a8213491aaa" in err and "mlflow db upgrade" in err, err
+    assert path.read_bytes() == before
+
+
 def test_control_characters_in_names_and_tags_are_escaped_not_printed(tmp_path, capsys):
     """Run names, tags and params come from the store: an escape sequence printed raw can clear the screen or
     retitle the terminal."""

@@ -428,21 +428,25 @@ def _user_database(path: Path) -> bytes:
     return user_database(path)
 
 
-@pytest.mark.parametrize("where", ["elsewhere", "beside the checkpoint"])
+@pytest.mark.parametrize("where", ["elsewhere", "two folders above", "beside the checkpoint", "the folder above"])
 def test_a_checkpoint_naming_a_database_that_is_not_an_mlflow_store_leaves_it_as_it_is(tmp_path, where):
     """A crafted model.pt's run record names a SQLite file of the user's: eval and deploy add no table to it
-    (elsewhere: not even opened, the user did not name it; beside the checkpoint: not an MLflow store)."""
+    (elsewhere: not even opened, the user did not name it; in the checkpoint's folder or the one above, where
+    `stack train` puts its store: opened read-only, and refused as not an MLflow store)."""
     from stack.lineage import attach_to_run
 
-    (tmp_path / "ckpt").mkdir()
-    database = tmp_path / ("other" if where == "elsewhere" else "ckpt") / "app.db"
+    checkpoint_folder = tmp_path / "runs" / "train"
+    checkpoint_folder.mkdir(parents=True)
+    database = {"elsewhere": tmp_path / "other", "two folders above": tmp_path, "beside the checkpoint":
+                checkpoint_folder, "the folder above": checkpoint_folder.parent}[where] / "app.db"
     database.parent.mkdir(exist_ok=True)
     before = _user_database(database)
     lines = []
     record = {"uri": f"sqlite:///{database}", "run_id": "0123456789abcdef", "experiment": "tiny"}
-    assert not attach_to_run(record, {"eval/x": 1.0}, [], {}, log=lines.append, checkpoint_folder=tmp_path / "ckpt")
+    assert not attach_to_run(record, {"eval/x": 1.0}, [], {}, log=lines.append, checkpoint_folder=checkpoint_folder)
     assert database.read_bytes() == before
-    says = "only used beside the checkpoint or when you name it" if where == "elsewhere" else "is not an MLflow store"
+    allowed = where in ("beside the checkpoint", "the folder above")
+    says = "is not an MLflow store" if allowed else "only used beside the checkpoint or when you name it"
     assert len(lines) == 1 and says in lines[0] and "results are on disk only" in lines[0], lines
 
 
