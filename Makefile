@@ -94,7 +94,7 @@ test-portable: install
 RECIPE_DATA := runs/tiny/data/manifest.json
 RECIPE_MODEL := runs/tiny/train/model.pt
 TINY_CONFIGS := configs/pipeline.yaml configs/presets/tiny.yaml
-DATA_SOURCES := $(TINY_CONFIGS) $(wildcard stack/*.py) $(shell find sim data -name '*.py' 2>/dev/null)
+DATA_SOURCES := $(TINY_CONFIGS) $(wildcard stack/*.py stack/pipeline/*.py) $(shell find sim data -name '*.py' 2>/dev/null)
 TRAIN_SOURCES := $(DATA_SOURCES) $(shell find models train stack/ops stack/metrics csrc -type f \
 	\( -name '*.py' -o -name '*.cpp' -o -name '*.cu' -o -name '*.h' \) 2>/dev/null)
 

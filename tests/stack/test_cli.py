@@ -106,7 +106,7 @@ COMMAND_OPTIONS = {"bench": {"--record", "--history",  # record a run's figures 
                    # the closed-loop command line the users asked for: --scenarios/--episodes map onto drive.* keys
                    "drive": {"--policy", "--scenarios", "--episodes"}, "export": {"--calibration"}, "eval": {"--split"}, "train": {"--dry-run"}}
 """Options each command may add beyond the shared ones. Config keys are never flags:
-add a key to the schema instead (see stack/pipeline.py)."""
+add a key to the schema instead (see stack/pipeline/)."""
 
 
 def test_no_per_field_flags():

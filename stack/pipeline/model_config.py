@@ -1,0 +1,227 @@
+"""`model`: the multi-task network (backbone, BEV grid, depth bins, heads, planner, losses)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+from stack.pipeline.checks import Problems, bounded, choice, in_range, increasing, positive
+
+
+MAX_BEV_CELLS = 2048
+"""Most BEV cells along x or y (range / cell_size): 2048^2 cells x 64 channels is 1 GB per sample in fp32."""
+
+
+@dataclass
+class BevGridConfig:
+    """The bird's-eye-view grid around the ego vehicle (ego frame, metres)."""
+
+    x_range: List[float] = field(default_factory=lambda: [-51.2, 51.2])
+    """[min, max] along ego x (forward)."""
+    y_range: List[float] = field(default_factory=lambda: [-51.2, 51.2])
+    """[min, max] along ego y (left)."""
+    z_range: List[float] = field(default_factory=lambda: [-2.0, 4.0])
+    """[min, max] height; points outside are dropped, the rest collapse into one cell."""
+    cell_size: float = 0.8
+    """Cell edge length, metres (102.4 m / 0.8 m = 128 cells)."""
+
+    def problems(self) -> Problems:
+        found: Problems = []
+        for name in ("x_range", "y_range", "z_range"):
+            increasing(found, name, getattr(self, name), 2)
+        positive(found, "cell_size", self.cell_size)
+        if self.cell_size > 0 and not found:
+            for name in ("x_range", "y_range"):
+                low, high = getattr(self, name)
+                cells = (high - low) / self.cell_size
+                if cells > MAX_BEV_CELLS:
+                    found.append((name, f"got {[low, high]} at cell_size {self.cell_size:g}: {cells:.0f} cells; at "
+                                        f"most {MAX_BEV_CELLS} (range / cell_size; 2048 x 2048 cells are 1 GB of BEV "
+                                        f"features per sample); use a larger cell_size or a shorter range"))
+        return found
+
+
+@dataclass
+class DepthBinsConfig:
+    """Discrete depth bins of the lift step (BEVDepth-style classification)."""
+
+    min_m: float = 1.0
+    """Depth of the first bin's lower edge, metres."""
+    max_m: float = 49.0
+    """Depth of the last bin's upper edge, metres."""
+    bins: int = 48
+    """Number of uniform bins between min_m and max_m."""
+
+    def problems(self) -> Problems:
+        found: Problems = []
+        positive(found, "min_m", self.min_m)
+        if self.max_m <= self.min_m:
+            found.append(("max_m", f"got {self.max_m}; must be greater than min_m ({self.min_m})"))
+        in_range(found, "bins", self.bins, 2, 512)
+        return found
+
+
+@dataclass
+class LossWeights:
+    """Weight of each task's loss in the total."""
+
+    detection: float = 1.0
+    """CenterPoint heatmap focal loss + box regression L1."""
+    depth: float = 1.0
+    """Depth-bin cross entropy against the rendered metric depth."""
+    segmentation: float = 1.0
+    """Per-pixel semantic cross entropy."""
+    planning: float = 1.0
+    """Winner-takes-all L2 + mode classification + collision term."""
+
+    def problems(self) -> Problems:
+        found: Problems = []
+        for name in ("detection", "depth", "segmentation", "planning"):
+            value = getattr(self, name)
+            if value < 0:
+                found.append((name, f"got {value}; loss weights must be >= 0"))
+        return found
+
+
+DETECTION_CLASSES = ["car", "truck", "pedestrian", "cyclist"]
+SEGMENTATION_CLASSES = [
+    "road", "lane_marking", "sidewalk", "building", "vegetation",
+    "sky", "car", "truck", "pedestrian", "cyclist",
+]
+
+
+CIRCLE_NMS_MAX_M = 20.0
+"""Largest circle-NMS radius: beyond a bus's length a radius would merge distinct road users."""
+
+MODEL_BOUNDS = (
+    ("neck_channels", 4096, "channels (ResNet-50's widest stage has 2048); e.g. 64"),
+    ("bev_channels", 4096, "channels (BEV encoders use 64-512); e.g. 64"),
+    ("planning_width", 4096, "channels (0: bev_channels); e.g. 0"),
+    ("max_boxes", 10_000, "boxes per sample (a junction holds tens of road users); e.g. 64"),
+    ("planning_modes", 256, "candidate trajectories (planners propose 6-256); e.g. 6"),
+    ("planning_steps", 100, "waypoints (50 s at 0.5 s steps; planners look 3-8 s ahead); e.g. 6"),
+    ("planning_layers", 64, "attention layers; e.g. 2"),
+    ("planning_accelerations", 256, "accelerations (the path-speed planner scores each one); e.g. 15"),
+    ("path_points", 1024, "path points; e.g. 16"),
+    ("detection_classes", 256, "classes; e.g. the 4 of the rendered world"),
+    ("segmentation_classes", 255, "classes (semantic ids are stored as uint8, 255 marks no label)"),
+)
+"""Upper bounds of ModelConfig's sizes: (field, bound, why)."""
+
+
+@dataclass
+class ModelConfig:
+    """The multi-task network: image backbone, depth/seg heads, lift-splat, BEV heads, planner."""
+
+    backbone: str = "resnet18"
+    """timm model name, built with `features_only=True` and no download."""
+    backbone_checkpoint: Optional[str] = None
+    """Local path to backbone weights (no model hub is reachable); null trains from scratch."""
+    neck_channels: int = 64
+    """FPN output width, also the context width lifted into BEV."""
+    feature_stride: int = 16
+    """Stride of the image features that are lifted (image size / stride = feature size)."""
+    bev_channels: int = 64
+    """Width of the BEV encoder."""
+    bev: BevGridConfig = field(default_factory=BevGridConfig)
+    """The BEV grid."""
+    depth: DepthBinsConfig = field(default_factory=DepthBinsConfig)
+    """Depth bins of the lift step."""
+    detection_classes: List[str] = field(default_factory=lambda: list(DETECTION_CLASSES))
+    """3D detection classes, in heatmap channel order."""
+    segmentation_classes: List[str] = field(default_factory=lambda: list(SEGMENTATION_CLASSES))
+    """Semantic classes, in logit order."""
+    max_boxes: int = 64
+    """Boxes kept per sample after decoding (and padded to in batches)."""
+    planning_modes: int = 6
+    """Candidate trajectories (K) the planner proposes."""
+    planning_steps: int = 6
+    """Future waypoints (T) per trajectory, at 0.5 s steps (6 = 3 s)."""
+    planning_width: int = 0
+    """Width of the planning head's queries and attention; the BEV tokens are projected to it. 0: bev_channels
+    (no projection)."""
+    planning_layers: int = 2
+    """Cross-attention layers of the planning head."""
+    planning_accelerations: List[float] = field(default_factory=list)
+    """Empty: the planner regresses `planning_modes` trajectories as residuals on the ego rollout. Otherwise the
+    path-speed planner (`stack.models.path_speed_head`): one path, and one candidate per constant acceleration
+    (m/s^2) along it, scored for imitation and collision; the plan then has len(planning_accelerations) candidates."""
+    planning_collision_weight: float = 1.0
+    """w in the path-speed planner's score log p(expert) + w log p(no collision): above 1, a candidate the
+    scorer doubts is given up for a slower one sooner."""
+    temporal_frames: int = 0
+    """Previous key frames fused into the BEV (BEVDet4D, Huang & Huang 2022): 0, one frame (today's network), or
+    1: the key frame 0.5 s earlier is lifted by the same network (no gradient, as BEVDet4D trains it), warped into
+    the current ego frame by the ego motion and concatenated before the BEV encoder, so the heads see how things
+    moved. The torch loader reads it from the shards (`stack.data.sequences`); the closed loop carries it as state."""
+    path_points: int = 16
+    """Points of the path-speed planner's path (one every path_spacing_m, from the ego)."""
+    path_spacing_m: float = 2.5
+    """Metres between the path-speed planner's path points."""
+    loss_weights: LossWeights = field(default_factory=LossWeights)
+    """Per-task loss weights."""
+    segmentation_stride: int = 8
+    """Stride of the segmentation logits (image size / stride); at most feature_stride."""
+    score_threshold: float = 0.1
+    """Detections scoring below this are dropped by the box decoder."""
+    nms_iou: float = 0.2
+    """Bird's-eye-view IoU above which the decoder suppresses the lower-scoring box of a class."""
+    circle_nms_radius_m: Dict[str, float] = field(default_factory=dict)
+    """Empty: IoU NMS (nms_iou). Otherwise CenterPoint's circle NMS instead, a radius in metres for every detection
+    class: a box suppresses the lower-scoring boxes of its class whose BEV centres lie within it
+    (`stack.models.decoders.circle_nms`). CenterPoint's nuScenes radii: car 2, truck 3.46, pedestrian 0.42, bicycle
+    0.92 (its `min_radius` values are these squared)."""
+
+    def problems(self) -> Problems:
+        found: Problems = []
+        for name in ("neck_channels", "bev_channels", "max_boxes", "planning_modes", "planning_steps",
+                     "planning_layers"):
+            positive(found, name, getattr(self, name))
+        bounded(found, self, MODEL_BOUNDS)
+        if self.planning_accelerations:
+            positive(found, "path_points", self.path_points)
+            if not self.path_spacing_m > 0:
+                found.append(("path_spacing_m", f"got {self.path_spacing_m}; must be a positive number of metres"))
+            bad = [a for a in self.planning_accelerations if not -12.0 <= a <= 6.0]
+            if bad or len(set(self.planning_accelerations)) != len(self.planning_accelerations):
+                found.append(("planning_accelerations", f"got {list(self.planning_accelerations)}; give distinct "
+                                                        f"accelerations in m/s^2 within [-12, 6] (a car's range)"))
+            if not self.planning_collision_weight >= 0:
+                found.append(("planning_collision_weight", f"got {self.planning_collision_weight}; must be >= 0"))
+            if self.planning_modes != 1:
+                found.append(("planning_modes", f"got {self.planning_modes} with planning_accelerations set; the "
+                                                f"path-speed planner plans one path: set planning_modes: 1"))
+        in_range(found, "temporal_frames", self.temporal_frames, 0, 1)
+        if self.planning_width < 0 or self.planning_width % 4:
+            found.append(("planning_width", f"got {self.planning_width}; use 0 (bev_channels) or a positive multiple "
+                                            f"of 4 (the planner's attention heads)"))
+        choice(found, "feature_stride", self.feature_stride, (4, 8, 16, 32))
+        choice(found, "segmentation_stride", self.segmentation_stride, (4, 8, 16, 32))
+        if self.segmentation_stride > self.feature_stride:
+            found.append(("segmentation_stride", f"got {self.segmentation_stride}; must be <= feature_stride "
+                                                 f"({self.feature_stride})"))
+        if self.bev_channels % 4:
+            found.append(("bev_channels", f"got {self.bev_channels}; must be a multiple of 4 (planning attention heads)"))
+        in_range(found, "score_threshold", self.score_threshold, 0.0, 1.0)
+        in_range(found, "nms_iou", self.nms_iou, 0.0, 1.0)
+        self._check_circle_nms(found)
+        if not self.backbone:
+            found.append(("backbone", "got an empty name; give a timm model name such as resnet18"))
+        if not self.detection_classes:
+            found.append(("detection_classes", "got an empty list; name at least one class"))
+        if not self.segmentation_classes:
+            found.append(("segmentation_classes", "got an empty list; name at least one class"))
+        return found
+
+    def _check_circle_nms(self, found: Problems) -> None:
+        """Circle NMS needs one finite radius, 0 to CIRCLE_NMS_MAX_M, for each detection class and no other name."""
+        radii = dict(self.circle_nms_radius_m)
+        if not radii:
+            return
+        missing, unknown = sorted(set(self.detection_classes) - set(radii)), sorted(set(radii) - set(self.detection_classes))
+        bad = {name: value for name, value in radii.items() if not 0.0 <= value <= CIRCLE_NMS_MAX_M}
+        if missing or unknown or bad:
+            found.append(("circle_nms_radius_m", f"got {radii}; give a radius in metres (0 to {CIRCLE_NMS_MAX_M:g}) "
+                          f"for each of {list(self.detection_classes)}"
+                          + (f"; missing {missing}" if missing else "") + (f"; unknown {unknown}" if unknown else "")
+                          + ", or {} for IoU NMS"))
