@@ -99,6 +99,14 @@ class Calibration:
         return cls(rig.image_width, rig.image_height, tuple(c.name for c in rig.cameras), ks, poses,
                    name="nominal data.rig")
 
+    def as_rig(self):
+        """This vehicle's cameras as a rig the simulator renders (`stack.rig.CalibratedRig`): the closed-loop gate
+        drives a per-vehicle bundle through the cameras it was built for."""
+        from stack.rig import CalibratedRig
+
+        return CalibratedRig.from_matrices(self.image_width, self.image_height, self.cameras, self.intrinsics,
+                                           self.cam_to_ego)
+
     @classmethod
     def from_batch(cls, batch, index: int, cameras, name: str = "") -> "Calibration":
         """The calibration sample `index` of a `stack.batch.Batch` was recorded with (after any resize/crop)."""

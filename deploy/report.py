@@ -113,8 +113,6 @@ def _quality_section(result: dict) -> list:
 def _closed_loop_section(closed_loop: dict | None) -> list:
     if not closed_loop:
         return []
-    if "skipped" in closed_loop:
-        return ["## Closed loop", "", f"Not driven: {closed_loop['skipped']}.", ""]
     from stack.deploy.gates.closed_loop import markdown as closed_loop_markdown
 
     return closed_loop_markdown(closed_loop)

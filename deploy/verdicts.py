@@ -82,7 +82,7 @@ def _accuracy_passed(accuracy: dict | None) -> bool | None:
 
 def _closed_loop_passed(closed_loop: dict | None) -> bool | None:
     """INT8's driving-score drop and collision rise against fp32 within the budget (None: the gate did not run)."""
-    if not closed_loop or "skipped" in closed_loop or closed_loop.get("int8") is None:
+    if not closed_loop or "skipped" in closed_loop or closed_loop.get("int8") is None:  # "skipped": older bundles
         return None
     drop = closed_loop["fp32"]["driving_score"] - closed_loop["int8"]["driving_score"]
     rise = closed_loop["int8"]["collisions_per_episode"] - closed_loop["fp32"]["collisions_per_episode"]

@@ -6,12 +6,14 @@ transform, export):
 - ego frame: x forward, y left, z up; origin on the ground below the rear axle;
 - camera frame (OpenCV): x right, y down, z along the optical axis;
 - depth is z-depth along the optical axis, not ray length;
-- intrinsics are pinhole with square pixels and the principal point at the centre.
+- a rig's nominal intrinsics are pinhole with square pixels and the principal point at the centre; one
+  vehicle's measured cameras (`MeasuredCamera`, a `CalibratedRig`) may have any pinhole K and any mount.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -36,10 +38,41 @@ def camera_to_ego(camera: Camera) -> np.ndarray:
     return transform
 
 
-def rig_matrices(rig: RigConfig) -> tuple[np.ndarray, np.ndarray]:
+@dataclass(frozen=True)
+class MeasuredCamera:
+    """One vehicle's camera as calibrated (a `stack deploy --calibration` file): its own K and mount, where a
+    `Camera` of `data.rig` is the nominal design. The simulator renders either, so a per-vehicle bundle can be
+    driven through the cameras it was built for."""
+
+    name: str
+    intrinsics: tuple
+    """3x3 K in pixels, row-major nested tuples."""
+    cam_to_ego: tuple
+    """4x4 camera frame -> ego frame, row-major nested tuples."""
+
+
+@dataclass(frozen=True)
+class CalibratedRig:
+    """A rig of `MeasuredCamera`s: what `rig_matrices` and the renderer read of a `RigConfig` (image size, cameras
+    in order), with measured matrices in place of nominal mounts."""
+
+    image_width: int
+    image_height: int
+    cameras: tuple
+
+    @classmethod
+    def from_matrices(cls, width: int, height: int, names, ks: np.ndarray, poses: np.ndarray) -> "CalibratedRig":
+        as_tuple = lambda m: tuple(tuple(float(v) for v in row) for row in np.asarray(m))  # noqa: E731
+        return cls(int(width), int(height), tuple(MeasuredCamera(str(n), as_tuple(k), as_tuple(p))
+                                                  for n, k, p in zip(names, ks, poses)))
+
+
+def rig_matrices(rig: "RigConfig | CalibratedRig") -> tuple[np.ndarray, np.ndarray]:
     """(K of shape (N, 3, 3), camera_to_ego of shape (N, 4, 4)) for the rig's N cameras, float64."""
-    ks = np.stack([intrinsics(c, rig.image_width, rig.image_height) for c in rig.cameras])
-    poses = np.stack([camera_to_ego(c) for c in rig.cameras])
+    ks = np.stack([np.array(c.intrinsics, np.float64) if isinstance(c, MeasuredCamera)
+                   else intrinsics(c, rig.image_width, rig.image_height) for c in rig.cameras])
+    poses = np.stack([np.array(c.cam_to_ego, np.float64) if isinstance(c, MeasuredCamera)
+                      else camera_to_ego(c) for c in rig.cameras])
     return ks, poses
 
 

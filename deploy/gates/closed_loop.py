@@ -18,6 +18,11 @@ decide the driving bar again.
 Both run on ONNX Runtime on the deploying host, whatever the target: the gate judges the QDQ model's
 quantization, not a TensorRT engine's own kernels (which cannot run here).
 
+A bundle built for one vehicle (`stack deploy --calibration FILE`) is driven through that vehicle's cameras:
+the simulator renders the calibration baked into the bundle (`stack.rig.CalibratedRig`: each camera's own K
+and mount) instead of the nominal `data.rig`, so a calibration that ruins the network's view is caught here
+as it would be on the road.
+
 Both drive at the target's latency budget (network_share x the camera period): the worst latency the
 FPS gate lets through, and one latency for both, so the comparison isolates what quantization did to
 the network rather than its speed.
@@ -25,6 +30,7 @@ the network rather than its speed.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -71,9 +77,12 @@ def closed_loop_gate(pipeline, int8_path: Path | None, fp32_path: Path, budget, 
 
     bundle_cameras = DeployedNetwork.from_model(fp32_path).calibration
     differences = bundle_cameras.compare(Calibration.from_rig(pipeline.data.rig))
-    if differences:
-        return {"skipped": "the bundle is built for another camera calibration than the world's rig (data.rig), "
-                           "which is what the simulator renders: " + "; ".join(differences[:2])}
+    cameras = {"calibration": bundle_cameras.name or "unnamed", "hash": bundle_cameras.hash,
+               "rendered": "the nominal data.rig" if not differences else "the bundle's own calibration"}
+    if differences:  # a per-vehicle bundle: the world renders that vehicle's cameras, which the bundle pools for
+        log(f"closed-loop gate: the simulator renders the bundle's calibration {cameras['calibration']!r} "
+            f"({'; '.join(differences[:2])} from data.rig)")
+        pipeline = replace(pipeline, data=replace(pipeline.data, rig=bundle_cameras.as_rig()))
     cfg = pipeline.drive
     episodes = episode_specs(list(cfg.scenarios), budget.episodes, list(cfg.seeds), cfg.episode_seconds)
     how = f"the target's latency budget ({latency_ms:.1f} ms), for {'both models' if int8_path else 'the model'}"
@@ -83,7 +92,8 @@ def closed_loop_gate(pipeline, int8_path: Path | None, fp32_path: Path, budget, 
     title = "closed-loop gate (INT8 vs fp32, beside the blind policies)" if int8_path else \
         "closed-loop gate (fp32 beside the blind policies)"
     rows = evaluate(pipeline, specs, episodes, log, title=title)
-    drove = {"episodes": len(episodes), "latency_ms": latency_ms, "latency_how": how, "scenarios": list(cfg.scenarios),
+    drove = {"episodes": len(episodes), "latency_ms": latency_ms, "latency_how": how, "cameras": cameras,
+             "scenarios": list(cfg.scenarios),
              "seeds": list(cfg.seeds), "episode_seconds": cfg.episode_seconds, "replan_hz": cfg.replan_hz}
     return gate_record(rows, budget, bool(int8_path), drove)
 
@@ -124,6 +134,14 @@ def _int8_against_fp32(rows: list[dict], budget, episodes: int) -> dict:
             "int8": int8, "driving_score_drop": drop, "collision_rise": rise, "int8_worse": _paired(rows)[:10]}
 
 
+def _cameras_line(cameras: dict | None) -> list[str]:
+    """What the simulator rendered: the nominal rig, or the per-vehicle calibration the bundle was built for."""
+    if not cameras:
+        return []
+    return [f"Cameras: the simulator rendered {cameras['rendered']} (calibration {cameras['calibration']!r}, hash "
+            f"{cameras['hash'][:12]}).", ""]
+
+
 def markdown(result: dict) -> list[str]:
     """The report.md section of the closed-loop gate."""
     int8 = result.get("int8") is not None
@@ -132,7 +150,7 @@ def markdown(result: dict) -> list[str]:
              "", f"{result['episodes']} held-out episodes ({', '.join(result['scenarios'])}; seeds "
              f"{result['seeds']}; {result['episode_seconds']:g} s each, replanning at {result['replan_hz']:g} Hz), "
              f"latency {result['latency_how']}. INT8 against fp32: **{verdict}**; fp32 against the blind policies: "
-             f"see Quality.", "",
+             f"see Quality.", "", *_cameras_line(result.get("cameras")),
              "The models drive on ONNX Runtime on this host: the gate judges the INT8 model's quantization; a "
              "TensorRT engine built from it rounds in its own kernels (and FP16 fallbacks), which this does not drive.", "",
              "| policy | driving score | PDMS | route completion | at-fault collisions / episode |", "|---|---|---|---|---|"]

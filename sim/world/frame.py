@@ -157,7 +157,8 @@ def render_frame(scene: Scene, step_index: int, rig: RigConfig, ground: TorchGro
     for index in range(len(rig.cameras)):
         world_from_cam = pose @ cam_to_ego[index]
         origin, camera_dirs = camera_rays(ks[index], world_from_cam, width, height, device)
-        tan_half = (width / 2 / ks[index][0, 0], height / 2 / ks[index][1, 1])
+        k = ks[index]  # the frustum's widest half on each axis (a measured camera's principal point may be off-centre)
+        tan_half = (max(k[0, 2], width - k[0, 2]) / k[0, 0], max(k[1, 2], height - k[1, 2]) / k[1, 1])
         world_from_cam_t = torch.tensor(world_from_cam, dtype=torch.float32, device=device)
         cameras.append(render.Camera(ks[index], world_from_cam_t, render.visible_rows(prims, world_from_cam_t, tan_half)))
         origins.append(origin), dirs.append(camera_dirs)

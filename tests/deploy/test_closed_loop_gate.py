@@ -13,12 +13,12 @@ from stack.pipeline import ClosedLoopBudget
 from tests.sim.test_drive import micro_pipeline
 
 
-def export(pipeline, state_dict, path):
+def export(pipeline, state_dict, path, calibration=None):
     from stack.deploy.calibration import Calibration
     from stack.deploy.export import export_onnx
     from stack.deploy.exportable import export_network
 
-    network = export_network(pipeline, state_dict, Calibration.from_rig(pipeline.data.rig))
+    network = export_network(pipeline, state_dict, calibration or Calibration.from_rig(pipeline.data.rig))
     export_onnx(network.net, network.example, network.output_names, path, pipeline.export.opset, network.metadata)
     return path
 
@@ -36,6 +36,28 @@ def models(tmp_path_factory):
     bias[:, 1] = 0.4  # metres to the left per 0.5 s step, accumulated by the head's cumsum
     damaged["planning_head.waypoints.bias"] = bias.view(-1)
     return pipeline, export(pipeline, state, folder / "model.onnx"), export(pipeline, damaged, folder / "damaged.onnx")
+
+
+def one_vehicle(pipeline):
+    """The nominal rig as one car's cameras are really mounted: 25 cm further forward, 8 cm higher, pitched 3
+    degrees down (about each camera's x axis), focal lengths 4% longer, principal points 3 px off-centre."""
+    import math
+
+    import numpy as np
+
+    from stack.deploy.calibration import Calibration
+
+    nominal = Calibration.from_rig(pipeline.data.rig)
+    angle = math.radians(3.0)
+    pitch = np.array([[1, 0, 0], [0, math.cos(angle), -math.sin(angle)], [0, math.sin(angle), math.cos(angle)]])
+    poses = nominal.cam_to_ego.copy()
+    poses[:, :3, :3] = poses[:, :3, :3] @ pitch
+    poses[:, :3, 3] += [0.25, 0.0, 0.08]
+    ks = nominal.intrinsics.copy()
+    ks[:, 0, 0] *= 1.04
+    ks[:, 1, 1] *= 1.04
+    ks[:, :2, 2] += 3.0
+    return Calibration(nominal.image_width, nominal.image_height, nominal.cameras, ks, poses, name="car 17")
 
 
 def test_an_int8_model_that_drives_like_fp32_passes(models):
@@ -73,3 +95,55 @@ def test_a_failed_closed_loop_gate_fails_int8_targets_and_ships_fp32_on_best_tar
     timing = type("T", (), {"median_ms": 1.0})
     shipped = _choose_shipped(Target(precision="best"), damaged, fp32, result, {damaged.name: timing, fp32.name: timing})
     assert shipped["file"] == fp32.name and "drives worse" in shipped["why"]
+
+
+def test_a_per_vehicle_bundle_is_driven_through_its_own_cameras_and_judged(models, tmp_path):
+    """`stack deploy --calibration`: the bundle pools for one car's cameras, so the simulator renders those (the
+    bundle's runtime refuses frames of any other calibration, so driving at all shows it); the drive is judged by
+    the quality bar like any other, and a per-vehicle bundle that drives badly fails it."""
+    from stack.deploy.gates.closed_loop import closed_loop_gate, markdown
+    from stack.deploy.gates.quality import driving_quality
+    from stack.models import build_model
+
+    pipeline, _, _ = models
+    car = one_vehicle(pipeline)
+    torch.manual_seed(0)
+    state = build_model(pipeline).state_dict()
+    bias = torch.zeros_like(state["planning_head.waypoints.bias"]).view(-1, 2)
+    bias[:, 1] = 0.4  # the planner that drifts left: it drives worse than the blind policies
+    drifting = export(pipeline, dict(state, **{"planning_head.waypoints.bias": bias.view(-1)}),
+                      tmp_path / "car17.onnx", car)
+    lines = []
+    result = closed_loop_gate(pipeline, None, drifting, ClosedLoopBudget(episodes=4), latency_ms=50.0, log=lines.append)
+    assert result["cameras"] == {"calibration": "car 17", "hash": car.hash, "rendered": "the bundle's own calibration"}
+    assert any("renders the bundle's calibration 'car 17'" in line for line in lines), lines
+    assert result["fp32"]["episodes"] == 4 and "skipped" not in result
+    assert "rendered the bundle's own calibration (calibration 'car 17'" in "\n".join(markdown(result))
+    verdict = driving_quality(result)
+    assert "not_judged" not in verdict and verdict["passed"] is False, verdict
+
+
+def test_the_simulator_renders_a_measured_camera_where_it_is_mounted():
+    """A CalibratedRig is rendered from its matrices: a 'front' camera calibrated with the front-left camera's K and
+    mount sees what the nominal front-left camera sees (the same labels), and the nominal rig's matrices survive the trip."""
+    import numpy as np
+
+    from stack.deploy.calibration import Calibration
+    from stack.rig import CalibratedRig, rig_matrices
+    from stack.sim.scenarios import EpisodeSpec, build_world
+
+    pipeline = micro_pipeline()
+    rig = pipeline.data.rig
+    ks, poses = rig_matrices(rig)
+    for got, want in zip(rig_matrices(Calibration.from_rig(rig).as_rig()), (ks, poses)):
+        assert np.allclose(got, want, atol=1e-12)
+    left = [c.name for c in rig.cameras].index("front_left")
+    measured = CalibratedRig.from_matrices(rig.image_width, rig.image_height, ["front"], ks[left:left + 1],
+                                           poses[left:left + 1])
+    world = build_world(EpisodeSpec("route", 0, 0, 1.0), pipeline.data.world, 1.0 / pipeline.drive.sim_hz)
+    nominal, seen = world.render_labelled(rig), world.render_labelled(measured)
+    assert np.array_equal(seen["semantic"][0], nominal["semantic"][left])
+    assert np.allclose(seen["depth"][0], nominal["depth"][left], atol=1e-3)
+    assert not np.array_equal(nominal["semantic"][0], nominal["semantic"][left])
+    pixels = np.abs(seen["images"][0].astype(int) - nominal["images"][left].astype(int))
+    assert pixels.mean() < 4.0, "the same view up to the sensor noise, which is drawn per camera index"
