@@ -20,6 +20,26 @@ import re
 _FRAME = re.compile(r"^(?P<sequence>.+f)(?P<frame>\d{4})$")
 
 
+def sequence_of(key: str) -> str:
+    """The sequence (recorded scene or closed-loop episode) a sample key belongs to: the key without its frame
+    index; a key that names no frame is a sequence of its own. Frames of one sequence are correlated, so
+    statistics over held-out frames resample whole sequences (`stack.deploy.gates.accuracy`)."""
+    match = _FRAME.match(key)
+    return match["sequence"][:-1] if match else key
+
+
+def split_sequences(pipeline, split: str) -> list[str] | None:
+    """The sequence of every sample of `split` in its unshuffled order (the order `read_split` counts in), from the
+    shards' tar headers; None for clip shards, whose samples are not key frames."""
+    from stack.data.loader import read_manifest, split_shards
+    from stack.data.shard_index import scan
+
+    if pipeline.data.layout != "frames":
+        return None
+    root = pipeline.data.root
+    return [sequence_of(key) for shard, _ in split_shards(read_manifest(root), root, split) for key, _ in scan(shard)]
+
+
 def previous_key(key: str) -> str | None:
     """The key of the frame before `key` in its sequence; None for a first frame or a key without a frame index."""
     match = _FRAME.match(key)

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -328,7 +327,7 @@ def dataset_calibration(path: str, sample: int | None = None) -> Calibration:
             raise CalibrationMismatch(
                 f"{path} holds more than one camera calibration: sample {record.key} in {record.shard} differs from "
                 f"{first_key}:\n  " + "\n  ".join(differences) + "\nA bundle is built for one calibration: pick one "
-                f"with --sample I, and deploy on data recorded with it (one data root per vehicle).")
+                "with --sample I, and deploy on data recorded with it (one data root per vehicle).")
     if first is None:
         wanted = f"sample {sample}" if sample is not None else "a sample"
         raise StackError(f"{path} holds {count} samples with stored cameras (intrinsics.npy, cam_to_ego.npy); "

@@ -133,7 +133,7 @@ def deploy_checkpoint(pipeline, state_dict: dict, checkpoint: str, target_name: 
         network.net, network.example, network.output_names, network.metadata,
         calibration=[f for b in calibration for f in batch_feeds(b)],
         accuracy_feeds=[f for b in accuracy for f in batch_feeds(b)],
-        evaluator=make_evaluator(pipeline, accuracy), budgets=head_budgets(target, pipeline),
+        evaluator=make_evaluator(pipeline, accuracy, samples.accuracy_scenes), budgets=head_budgets(target, pipeline),
         quality_evaluator=make_quality_evaluator(pipeline, accuracy),
         sensitivity_feeds=[f for b in samples.sensitivity for f in batch_feeds(b)], sample_ids=samples.ids,
         reference=training_path_network(pipeline, state_dict, cameras),

@@ -123,7 +123,7 @@ def _build(spec: DeploySpec, name: str, target, export_cfg, folder: Path, log, a
         (folder / file_name).write_text(content)
     fp32_path = _export_step(spec, folder, export_cfg, result, log)
     heads = _head_quality_step(spec, fp32_path, log)
-    engine_onnx = _quantize_step(spec, folder, fp32_path, target, export_cfg, result, log)
+    engine_onnx = _quantize_step(spec, folder, fp32_path, name, target, export_cfg, result, log)
     _closed_loop_step(spec, engine_onnx, fp32_path, target, result, log)
     _finish_quality(heads, result, allow_below_bar, log)
     fail_point("deploy-after-quantize")
@@ -221,7 +221,8 @@ def _export_step(spec: DeploySpec, folder: Path, cfg, result: dict, log) -> Path
     return exported.path
 
 
-def _quantize_step(spec: DeploySpec, folder: Path, fp32_path: Path, target, cfg, result: dict, log) -> Path:
+def _quantize_step(spec: DeploySpec, folder: Path, fp32_path: Path, target_name: str, target, cfg, result: dict,
+                   log) -> Path:
     if target.precision not in ("int8", "best"):
         result["accuracy"] = None
         return fp32_path
@@ -253,15 +254,29 @@ def _quantize_step(spec: DeploySpec, folder: Path, fp32_path: Path, target, cfg,
     if cfg.keep_fp32 and not kept:
         log(f"warning: no node name contains any of export.keep_fp32 {list(cfg.keep_fp32)}; nothing is pinned to fp32")
     if not report.passed:
-        failing = [h for h in report.final.heads if not h.passed]
-        reasons = [f"accuracy: {h.head} {h.metric} drops {h.drop:+.4f} > budget {h.budget:g}" if h.drop > h.budget
-                   else f"accuracy: {h.head} {h.metric} {h.quantized:.4f} in INT8 no longer beats its prior's bar "
-                        f"{h.prior_bar:.4f} (fp32 {h.fp32:.4f})" for h in failing]
+        reasons = [_accuracy_reason(h, target_name) for h in report.final.heads if not h.passed]
         if _may_ship_fp32(target):
             log("INT8 fails the accuracy gate: fp32 will ship (" + "; ".join(reasons) + ")")
         else:
             result["failures"] += reasons
     return final
+
+
+def _accuracy_reason(head, target_name: str) -> str:
+    """Why a head fails the accuracy gate: over budget, below its prior's bar, or not sure enough to ship."""
+    if head.drop > head.budget:
+        return f"accuracy: {head.head} {head.metric} drops {head.drop:+.4f} > budget {head.budget:g}"
+    if head.loses_prior:
+        return (f"accuracy: {head.head} {head.metric} {head.quantized:.4f} in INT8 no longer beats its prior's bar "
+                f"{head.prior_bar:.4f} (fp32 {head.fp32:.4f})")
+    why = (f"about {head.units_needed} {head.unit} would tell a drop of the budget's size from none: score more "
+           f"validation scenes (export.accuracy_samples; data.world.scenes, val_fraction)"
+           if head.units_needed > head.units else
+           f"{head.units} {head.unit} are enough to tell a drop of the budget's size from none, and this drop lies "
+           f"near the budget: keep more layers in fp32 (export.max_fp32_layers, export.keep_fp32)")
+    return (f"accuracy: {head.head} {head.metric} drops {head.drop:+.4f}, within the budget {head.budget:g}, but its "
+            f"90% interval [{head.low:+.4f}, {head.high:+.4f}] over {head.units} {head.unit} reaches past it "
+            f"(inconclusive); {why}; or accept it with targets.{target_name}.accuracy_inconclusive_passes=true")
 
 
 def _closed_loop_step(spec: DeploySpec, engine_onnx: Path, fp32_path: Path, target, result: dict, log) -> None:

@@ -131,16 +131,22 @@ def _accuracy_section(accuracy: dict | None) -> list:
             f"[{head['low']:+.4f}, {head['high']:+.4f}]"
         verdict = "pass" if head["passed"] else "FAIL"
         if not head.get("conclusive", True):
-            verdict += f" (inconclusive at {head['frames']} frames)"
+            unit, units = head.get("unit", "frames"), head.get("units", head["frames"])
+            verdict += f" (inconclusive at {units} {unit}; about {head.get('units_needed', '?')} resolve the budget)"
         elif head.get("loses_prior"):
             verdict += f" (INT8 loses to its prior: bar {head['prior_bar']:.4f})"
         lines.append(f"| {head['head']} | {head['metric']} | {head['fp32']:.4f} | {head['quantized']:.4f} | "
                      f"{head['drop']:+.4f} | {interval} | {head['budget']:g} | {verdict} |")
     lines += [""] + _information_lines(accuracy)
     if boot:
-        lines += [f"Intervals: paired bootstrap over frames ({boot['resamples']} resamples, {level} percentile "
-                  f"interval; fp32 and INT8 rescored on the same resampled frames). Rule: {boot['rule']}; score "
-                  f"more frames (export.accuracy_samples) to settle an inconclusive head.", ""]
+        unit = boot.get("unit", "frames")
+        whole = "whole validation scenes, whose frames err together" if unit == "scenes" else "frames"
+        lines += [f"Intervals: paired bootstrap over {whole} ({boot['resamples']} resamples, {level} percentile "
+                  f"interval; fp32 and INT8 rescored on the same resample). Rule: {boot['rule']}. Power: the {unit} "
+                  f"that would tell a drop of each budget's size from none at the interval's upper end, with "
+                  f"probability {boot.get('power', 0.9):.0%}: " + ", ".join(
+                      f"{h['head']} {h.get('units_needed', 0)}" for h in accuracy["heads"])
+                  + f" (scored: {accuracy['heads'][0].get('units', accuracy['heads'][0]['frames'])}).", ""]
     samples = accuracy.get("samples") or {}
     if samples:
         lines += ["Samples: " + "; ".join(f"{job} {len(ids)} ({_id_range(ids)})" for job, ids in samples.items())
@@ -199,7 +205,7 @@ def _budget_lines(fps: dict) -> list:
 
 
 def _export_section(export: dict) -> list:
-    lines = ["## Export", "", f"Operators: " + ", ".join(f"{op} x{n}" for op, n in export["ops"].items()), ""]
+    lines = ["## Export", "", "Operators: " + ", ".join(f"{op} x{n}" for op, n in export["ops"].items()), ""]
     problems = export.get("tensorrt_problems") or []
     lines.append("TensorRT operator check (8.6 and 10.3): " + ("all native." if not problems else "; ".join(problems)))
     lines += ["", "| output | max abs error (ONNX Runtime vs PyTorch) | tolerance | |", "|---|---|---|---|"]

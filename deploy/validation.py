@@ -9,7 +9,8 @@ Three sets, disjoint by construction, each for one job:
   fp32 fallback, on other training frames spread between the calibration ones, so the layers
   kept fp32 are not chosen on the frames that score them;
 - **accuracy** (`export.accuracy_samples`): the held-out validation split (whole scenes never
-  seen in training, `stack data make`), read in order; every head is scored there.
+  seen in training, `stack data make`), read in order; every head is scored there, and the gate's
+  bootstrap resamples its scenes (`accuracy_scenes`), not its correlated frames.
 
 Each set records its sample ids (`split/index` in the split's unshuffled order), so the
 bundle shows that no frame serves two jobs. Both splits are read without augmentation.
@@ -37,6 +38,9 @@ class DeploySamples:
     ids: dict
     """{"calibration" | "sensitivity" | "accuracy": ["train/17", ...]}."""
     source: str
+    accuracy_scenes: list | None = None
+    """The scene (or closed-loop episode) of each accuracy frame, which the gate's bootstrap resamples whole;
+    None where the shards name no scenes (clips)."""
 
 
 def load_validation(pipeline: Pipeline, count: int) -> tuple[list, str]:
@@ -110,12 +114,22 @@ def deploy_samples(pipeline: Pipeline) -> DeploySamples:
         raise StackError(f"no validation frames in {pipeline.data.root}: the accuracy gate scores the validation "
                          f"split. Render one with data.world.val_fraction > 0 (stack data make).")
     val_total = split_size(pipeline, "val")
+    scenes = _scenes_of(pipeline, [i for i, _ in accuracy])
     source = (f"{pipeline.data.root} ({pipeline.data.backend} loader): calibration {len(calibration)} and sensitivity "
               f"{len(sensitivity)} frames spread over the {train_total}-frame training split; accuracy "
-              f"{len(accuracy)} of the {val_total} held-out validation frames")
+              f"{len(accuracy)} of the {val_total} held-out validation frames"
+              + (f" ({len(set(scenes))} scenes)" if scenes else ""))
     ids = {"calibration": [f"train/{i}" for i in calibration_ids], "sensitivity": [f"train/{i}" for i in sensitivity_ids],
            "accuracy": [f"val/{i}" for i, _ in accuracy]}
-    return DeploySamples(calibration, sensitivity, [batch for _, batch in accuracy], ids, source)
+    return DeploySamples(calibration, sensitivity, [batch for _, batch in accuracy], ids, source, scenes)
+
+
+def _scenes_of(pipeline: Pipeline, positions: list) -> list | None:
+    """The scene of each validation sample at `positions` (split order), or None where shards name none."""
+    from stack.data.sequences import split_sequences
+
+    scenes = split_sequences(pipeline, "val")
+    return None if scenes is None else [scenes[i] for i in positions]
 
 
 def calibration_and_accuracy(pipeline: Pipeline) -> tuple[list, list, str]:

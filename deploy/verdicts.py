@@ -72,12 +72,20 @@ def _parity_passed(gate: dict) -> bool:
 
 
 def _accuracy_passed(accuracy: dict | None) -> bool | None:
-    """Every head within its budget and still beating its prior's bar (`accuracy.HeadResult.passed`)."""
+    """Every head within its budget, still beating its prior's bar, and sure of it: its interval below the budget
+    unless the target lets an inconclusive head pass (`accuracy.HeadResult.passed`; a bundle written before heads
+    recorded `inconclusive_passes` was judged on point estimates)."""
     if accuracy is None:
         return None
     heads = accuracy["heads"]
-    return bool(heads) and all(h["drop"] <= h["budget"] + 1e-12 and not (h["fp32"] <= h["prior_bar"] < h["quantized"])
-                               for h in heads)
+    return bool(heads) and all(_head_passed(h) for h in heads)
+
+
+def _head_passed(head: dict) -> bool:
+    within = head["drop"] <= head["budget"] + 1e-12 and not (head["fp32"] <= head["prior_bar"] < head["quantized"])
+    low, high = float(head["low"]), float(head["high"])
+    conclusive = math.isnan(low) or math.isnan(high) or high <= head["budget"] + 1e-12 or low > head["budget"] + 1e-12
+    return within and (conclusive or bool(head.get("inconclusive_passes", True)))
 
 
 def _closed_loop_passed(closed_loop: dict | None) -> bool | None:

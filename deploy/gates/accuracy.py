@@ -18,28 +18,32 @@ Sensitivity is ranked on samples the gate does not score (deploy passes a slice 
 training split), so the layers kept fp32 are not chosen to flatter the frames that judge them.
 
 How sure is a drop measured on a few dozen frames? Each head's drop comes with a paired
-bootstrap interval over frames (Efron & Tibshirani, "An Introduction to the Bootstrap", 1993,
-ch. 13; paired as in Koehn, "Statistical Significance Tests for Machine Translation
-Evaluation", EMNLP 2004): the same resampled frames score fp32 and INT8, so the interval
-measures the noise in the *difference*, which is far smaller than either metric's own.
-`BOOTSTRAP_LEVEL` (90%) percentile interval over `BOOTSTRAP_RESAMPLES` (200) resamples of the
-final attempt's frames (the verdicts rest on point estimates, so earlier attempts need none).
+bootstrap interval (Efron & Tibshirani, "An Introduction to the Bootstrap", 1993, ch. 13; paired
+as in Koehn, "Statistical Significance Tests for Machine Translation Evaluation", EMNLP 2004):
+the same resample scores fp32 and INT8, so the interval measures the noise in the *difference*,
+which is far smaller than either metric's own. What is resampled is whole validation scenes
+(a cluster bootstrap, Davison & Hinkley, "Bootstrap Methods and their Application", 1997,
+sec. 3.8): the frames of one scene, half a second apart, see the same cars and err together,
+so resampling frames would count six correlated frames as six pieces of evidence and give an
+interval too narrow. `BOOTSTRAP_LEVEL` (90%) percentile interval over `BOOTSTRAP_RESAMPLES` (200)
+resamples.
 
-The rule for an interval that straddles the budget: the gate decides on the point estimate
-and the report marks the head "inconclusive at N frames". Gating on the upper bound instead
-would fail a good model whenever the frame count is small (the interval's width shrinks only
-as 1/sqrt(N)), and gating on the lower bound would pass a damaged one; the point estimate is
-the best single guess, and the flag tells the user when to score more frames
-(`export.accuracy_samples`) before trusting the verdict. A head whose whole interval lies
-above the budget fails conclusively.
+The rule: a head passes when its drop is within the budget and its interval lies below the
+budget; an interval that straddles the budget is inconclusive, which fails the shipping precision
+unless the target says otherwise (`targets.*.accuracy_inconclusive_passes`). An inconclusive
+attempt makes the fp32 fallback keep more layers in fp32, as a failing one does (a smaller drop
+has a narrower interval), so the bootstrap runs for every attempt that passes on its point
+estimate. Beside each interval, a power calculation says how many scenes would tell a drop of the
+budget's size from none (one-sided at the interval's level, power `POWER`): the bootstrap's
+standard error shrinks as 1/sqrt(scenes), so n = scenes x ((z_level + z_power) x SE / budget)^2.
 """
 
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from statistics import NormalDist
 from typing import Callable
 
 import numpy as np
@@ -49,6 +53,8 @@ BOOTSTRAP_RESAMPLES = 200
 preset's 60 frames costs ~0.17 s per model on a loaded 2-core EPYC, nearly all of it nuScenes mAP)."""
 BOOTSTRAP_LEVEL = 0.90
 """Coverage of the percentile interval reported for each head's drop."""
+POWER = 0.90
+"""Probability with which the scene count of the power calculation tells a drop of the budget's size from none."""
 
 
 @dataclass(frozen=True)
@@ -63,6 +69,8 @@ class HeadBudget:
     """A baseline the head must beat (planning: the ego-status rollout's L2), scored on the same frames."""
     prior_factor: float = 0.0
     """INT8 must not lift the metric above prior_factor x prior when fp32 is below it (lower-is-better heads)."""
+    inconclusive_passes: bool = False
+    """An interval that straddles the budget passes on the point estimate (the target's choice)."""
 
 
 @dataclass
@@ -79,6 +87,13 @@ class HeadResult:
     frames: int = 0
     prior_bar: float = math.nan
     """prior_factor x the prior's value on these frames (nan: the head has no prior)."""
+    unit: str = "frames"
+    """What the bootstrap resampled: "scenes" (whole validation scenes) or "frames" (no scene ids)."""
+    units: int = 0
+    """How many of them."""
+    units_needed: int = 0
+    """The power calculation: units that would tell a drop of the budget's size from none (0: no interval)."""
+    inconclusive_passes: bool = False
 
     @property
     def loses_prior(self) -> bool:
@@ -87,7 +102,8 @@ class HeadResult:
 
     @property
     def passed(self) -> bool:
-        return bool(self.drop <= self.budget + 1e-12) and not self.loses_prior
+        within = bool(self.drop <= self.budget + 1e-12) and not self.loses_prior
+        return within and (self.conclusive or self.inconclusive_passes)
 
     @property
     def conclusive(self) -> bool:
@@ -98,7 +114,10 @@ class HeadResult:
 
     def verdict(self) -> str:
         word = "pass" if self.passed else "FAIL"
-        return word if self.conclusive else f"{word} (inconclusive at {self.frames} frames)"
+        if self.conclusive:
+            return word
+        return (f"{word} (inconclusive at {self.units} {self.unit}; about {self.units_needed} would resolve a drop "
+                f"of {self.budget:g})")
 
 
 @dataclass
@@ -135,8 +154,10 @@ class AccuracyReport:
                 "heads": [dict(asdict(h), passed=h.passed, conclusive=h.conclusive, loses_prior=h.loses_prior)
                           for h in self.final.heads],
                 "bootstrap": {"level": BOOTSTRAP_LEVEL, "resamples": BOOTSTRAP_RESAMPLES, "paired": True,
-                              "rule": "pass/fail on the point estimate; an interval that straddles the budget "
-                                      "marks the head inconclusive"},
+                              "power": POWER, "unit": self.final.heads[0].unit if self.final.heads else "frames",
+                              "rule": "pass when the drop is within the budget and its interval lies below it; an "
+                                      "interval that straddles the budget is inconclusive and fails unless the "
+                                      "target's accuracy_inconclusive_passes"},
                 "attempts": [{"excluded": a.excluded, "passed": a.passed,
                               "drops": {h.head: h.drop for h in a.heads}} for a in self.attempts],
                 "sensitivity": [[name, score] for name, score in self.sensitivity[:20]]}
@@ -150,6 +171,8 @@ class Scores:
     metrics: dict
     frames: int = 0
     on: Callable[[np.ndarray], dict] | None = None
+    groups: list | None = None
+    """The scene of each frame: the bootstrap resamples whole scenes (None: frames)."""
 
 
 def frame_means(per_frame: list[dict]) -> Scores:
@@ -187,33 +210,67 @@ def compare(fp32, quantized, budgets: list[HeadBudget], resamples: int = BOOTSTR
     """Per-head drop (positive = worse) against each budget, with its paired bootstrap interval."""
     fp32, quantized = as_scores(fp32), as_scores(quantized)
     intervals = paired_bootstrap(fp32, quantized, budgets, resamples, level, seed)
+    unit, units = _units(fp32)
     rows = []
     for item in budgets:
         a, b = float(fp32.metrics[item.metric]), float(quantized.metrics[item.metric])
-        low, high = intervals.get(item.metric, (math.nan, math.nan))
+        low, high, error = intervals.get(item.metric, (math.nan, math.nan, math.nan))
         prior = float(quantized.metrics.get(item.prior_metric, math.nan)) if item.prior_metric else math.nan
         rows.append(HeadResult(item.head, item.metric, a, b, _drop(a, b, item.higher_is_better), item.budget,
-                               low, high, fp32.frames, item.prior_factor * prior))
+                               low, high, fp32.frames, item.prior_factor * prior, unit, units,
+                               units_needed(error, units, item.budget, level), item.inconclusive_passes))
     return rows
+
+
+def _units(scores: Scores) -> tuple[str, int]:
+    """("scenes", how many) when the frames name their scenes, else ("frames", how many)."""
+    if scores.groups is not None and len(scores.groups) == scores.frames:
+        return "scenes", len(set(scores.groups))
+    return "frames", scores.frames
+
+
+def units_needed(standard_error: float, units: int, budget: float, level: float = BOOTSTRAP_LEVEL,
+                 power: float = POWER) -> int:
+    """Scenes (or frames) that would tell a drop of `budget` from no drop: one-sided at the interval's level
+    (the interval's upper end), with probability `power`. The drop's standard error shrinks as 1/sqrt(n), so
+    n = units x ((z_level + z_power) x SE / budget)^2. 0 when there is no standard error to scale."""
+    if not (standard_error >= 0 and units > 0) or math.isnan(standard_error):
+        return 0
+    if budget <= 0:
+        return units if standard_error == 0 else 0
+    z = NormalDist().inv_cdf
+    return max(2, math.ceil(units * ((z(1 - (1 - level) / 2) + z(power)) * standard_error / budget) ** 2))
 
 
 def paired_bootstrap(fp32: Scores, quantized: Scores, budgets: list[HeadBudget], resamples: int,
                      level: float, seed: int = 0) -> dict:
-    """metric -> (low, high) percentile interval of the drop over frames resampled with replacement,
-    the same frames for both models; {} when either side cannot score a resample."""
+    """metric -> (low, high, standard error) of the drop over resamples with replacement of whole scenes (of
+    frames when they name none), the same resample for both models; {} when either side cannot score one."""
     if (resamples <= 0 or fp32.on is None or quantized.on is None or fp32.frames != quantized.frames
             or fp32.frames < 2):
         return {}
     rng = np.random.default_rng(seed)
+    clusters = _clusters(fp32)
     drops = {item.metric: [] for item in budgets}
     for _ in range(resamples):
-        indices = rng.integers(0, fp32.frames, fp32.frames)
+        picked = rng.integers(0, len(clusters), len(clusters))
+        indices = np.concatenate([clusters[i] for i in picked])
         a, b = fp32.on(indices), quantized.on(indices)
         for item in budgets:
             drops[item.metric].append(_drop(float(a[item.metric]), float(b[item.metric]), item.higher_is_better))
     tail = 100 * (1 - level) / 2
-    return {metric: (float(np.percentile(values, tail)), float(np.percentile(values, 100 - tail)))
-            for metric, values in drops.items()}
+    return {metric: (float(np.percentile(values, tail)), float(np.percentile(values, 100 - tail)),
+                     float(np.std(values, ddof=1))) for metric, values in drops.items()}
+
+
+def _clusters(scores: Scores) -> list[np.ndarray]:
+    """The frame indices of each scene, in first-seen order (each frame alone when frames name no scene)."""
+    if scores.groups is None or len(scores.groups) != scores.frames:
+        return [np.array([i]) for i in range(scores.frames)]
+    order: dict = {}
+    for index, group in enumerate(scores.groups):
+        order.setdefault(group, []).append(index)
+    return [np.array(indices) for indices in order.values()]
 
 
 def session_runner(path: str | Path, simulate_int8: bool = False) -> Runner:
@@ -297,7 +354,10 @@ def accuracy_gate(fp32_path: Path, quantize_with: Quantizer, evaluate: Evaluator
     def attempt(excluded: list) -> None:
         path = quantize_with(excluded)
         scored["last"] = as_scores(evaluate(session_runner(path, simulate_int8)))
-        report.attempts.append(Attempt(excluded, compare(fp32_metrics, scored["last"], budgets, resamples=0)))
+        heads = compare(fp32_metrics, scored["last"], budgets, resamples=0)
+        if all(head.passed for head in heads):  # within budget on point estimates: is it sure? (a failure needs no CI)
+            heads = compare(fp32_metrics, scored["last"], budgets)
+        report.attempts.append(Attempt(excluded, heads))
         report.quantized_path, report.quantized_metrics = path, scored["last"].metrics
         log(_describe(report.final))
 
@@ -320,13 +380,15 @@ def accuracy_gate(fp32_path: Path, quantize_with: Quantizer, evaluate: Evaluator
 
 
 def _with_intervals(report: AccuracyReport, fp32: Scores, quantized: Scores, budgets: list, log) -> AccuracyReport:
-    """The final attempt's heads with their bootstrap intervals (the verdicts, on point estimates, do not change)."""
+    """The final attempt's heads with their bootstrap intervals (computed here for a final attempt that failed on
+    its point estimates, whose verdict they do not change), and the verdict in one line."""
     if fp32.on is None or quantized.on is None:
         return report
-    started = time.perf_counter()
-    report.final.heads = compare(fp32, quantized, budgets)
-    log(f"accuracy gate: {'PASS' if report.passed else 'FAIL'}; paired bootstrap of the final attempt "
-        f"({BOOTSTRAP_RESAMPLES} resamples of {fp32.frames} frames, {time.perf_counter() - started:.0f} s): " + ", ".join(
+    if any(math.isnan(head.low) for head in report.final.heads):
+        report.final.heads = compare(fp32, quantized, budgets)
+    unit, units = _units(fp32)
+    log(f"accuracy gate: {'PASS' if report.passed else 'FAIL'}; paired bootstrap of {units} {unit} "
+        f"({BOOTSTRAP_RESAMPLES} resamples of {fp32.frames} frames): " + ", ".join(
             f"{h.head} {h.drop:+.4f}{_interval(h)} {h.verdict()}" for h in report.final.heads))
     return report
 

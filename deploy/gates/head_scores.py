@@ -37,12 +37,13 @@ from stack.metrics.bars import bar_ratio
 
 def head_budgets(target, pipeline) -> list[HeadBudget]:
     """The four heads with the target's budgets."""
-    budget = target.accuracy_budget
-    return [HeadBudget("detection", "detection_map", budget.detection_map, True),
-            HeadBudget("segmentation", "segmentation_miou", budget.segmentation_miou, True),
-            HeadBudget("depth", "depth_abs_rel", budget.depth_abs_rel, False),
+    budget, lenient = target.accuracy_budget, target.accuracy_inconclusive_passes
+    return [HeadBudget("detection", "detection_map", budget.detection_map, True, inconclusive_passes=lenient),
+            HeadBudget("segmentation", "segmentation_miou", budget.segmentation_miou, True, inconclusive_passes=lenient),
+            HeadBudget("depth", "depth_abs_rel", budget.depth_abs_rel, False, inconclusive_passes=lenient),
             HeadBudget("planning", planning_key(pipeline), budget.planning_l2_3s_m, False,
-                       prior_metric=f"{planning_key(pipeline)}_ego_rollout", prior_factor=bar_ratio("planning"))]
+                       prior_metric=f"{planning_key(pipeline)}_ego_rollout", prior_factor=bar_ratio("planning"),
+                       inconclusive_passes=lenient)]
 
 
 def planning_key(pipeline) -> str:
@@ -51,8 +52,9 @@ def planning_key(pipeline) -> str:
     return f"planning_l2_{seconds:g}s_m"
 
 
-def make_evaluator(pipeline, batches: list):
-    """An accuracy.Evaluator over `batches` (stack.batch.Batch; one frame each), one runtime call per sample."""
+def make_evaluator(pipeline, batches: list, scenes: list | None = None):
+    """An accuracy.Evaluator over `batches` (stack.batch.Batch; one frame each), one runtime call per sample;
+    `scenes` names each frame's scene, the unit the gate's bootstrap resamples (None: frames)."""
     feeds = [batch_feeds(batch) for batch in batches]  # once: the gate scores every attempt on the same frames
 
     def evaluate(run) -> Scores:
@@ -66,7 +68,7 @@ def make_evaluator(pipeline, batches: list):
                 total.merge(frames[int(index)])
             return _summarise(total.compute(), pipeline)
 
-        return Scores(on(range(len(frames))), len(frames), on)
+        return Scores(on(range(len(frames))), len(frames), on, scenes)
 
     return evaluate
 

@@ -104,6 +104,11 @@ class Target:
     (decoding, pre/post-processing, tracking, prediction, control), ms; 0 derives it: the rest of the period,
     (1 - network_share) x the frame period. The p99 bar is the period minus this, so with the derived value
     the network's tail must fit its own share and the p99 bar can fail at any network_share."""
+    accuracy_inconclusive_passes: bool = False
+    """When a head's INT8 drop passes on its point estimate but its bootstrap interval (resampling whole validation
+    scenes) straddles the budget, pass instead of fail. Off: the gate keeps more layers in fp32 until the verdict is
+    conclusive, and an inconclusive verdict fails the shipping precision; its report says how many scenes would
+    resolve the budget (a power calculation)."""
     timing_inconclusive_passes: bool = False
     """When a measured FPS verdict is inconclusive (the spread of its repeats straddles the bar), pass
     instead of fail. Off: an inconclusive verdict fails the gate for the shipping precision."""

@@ -1,6 +1,7 @@
 """The previous key frame of a sample (stack.data.sequences): found across shard boundaries, augmented with its
 frame, and the ego motion since it, as a temporal network (model.temporal_frames=1) is given them."""
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import pytest
 import torch
 
 from stack.data import build_loader
-from stack.data.sequences import previous_key
+from stack.data.sequences import previous_key, sequence_of, split_sequences
 from stack.kinematics import previous_pose
 from stack.data.shard_index import scan
 
@@ -20,6 +21,29 @@ def test_previous_key_steps_back_one_frame_within_its_sequence():
     assert previous_key("i01e00002f0001") == "i01e00002f0000"
     assert previous_key("s00001f0000") is None, "a sequence's first frame has none"
     assert previous_key("s00001") is None, "a clip key names no frame"
+
+
+def test_a_key_names_its_sequence():
+    assert sequence_of("s00001f0002") == "s00001" and sequence_of("d00003f0010") == "d00003"
+    assert sequence_of("i01e00002f0001") == "i01e00002" and sequence_of("s00007") == "s00007"
+
+
+def test_every_validation_frame_names_its_scene_in_the_order_deploy_reads_them(dataset):
+    """The accuracy gate resamples whole scenes: deploy's validation frames (split order) carry the scene of each,
+    and a scene's frames are the ones the shards store under its key."""
+    from stack.deploy.validation import deploy_samples
+
+    pipeline, manifest = dataset
+    keys = _stored_keys(manifest, Path(pipeline.data.root), "val")
+    assert split_sequences(pipeline, "val") == [key[:6] for key in keys]
+    assert len(set(split_sequences(pipeline, "val"))) < len(keys), "several frames a scene"
+    samples = deploy_samples(dataclasses.replace(pipeline, export=dataclasses.replace(
+        pipeline.export, calibration_samples=2, sensitivity_samples=1, accuracy_samples=len(keys))))
+    positions = [int(i.split("/")[1]) for i in samples.ids["accuracy"]]
+    assert samples.accuracy_scenes == [keys[i][:6] for i in positions]
+    assert f"({len(set(samples.accuracy_scenes))} scenes)" in samples.source
+    clips = dataclasses.replace(pipeline, data=dataclasses.replace(pipeline.data, layout="clips"))
+    assert split_sequences(clips, "val") is None
 
 
 @pytest.mark.parametrize("radius", [8.0, 30.0, -15.0])

@@ -162,7 +162,14 @@ def _fp32_drives_into_everything(gate):
             row["metrics"] = {"driving_score": 0.0, "pdms": 0.0}
 
 
+def _interval_past_the_budget(gate):
+    """A head's interval now reaches past its budget: inconclusive, which the target does not let pass."""
+    head = gate["accuracy"]["heads"][0]
+    head["low"], head["high"], head["inconclusive_passes"] = head["drop"] - 1e-3, head["budget"] + 0.01, False
+
+
 @pytest.mark.parametrize("edit, says", [
+    (_interval_past_the_budget, "the accuracy verdict says True but its figures say False"),
     (_ship("../../../../etc/passwd"), r"ships '\.\./\.\./\.\./\.\./etc/passwd'; expected one of the bundle's own"),
     (_ship("pipeline.yaml"), "ships 'pipeline.yaml'"),
     (_ship_the_other_model, r"it ships 'model(\.int8)?\.onnx', but its figures choose 'model(\.int8)?\.onnx'"),
