@@ -131,7 +131,42 @@ def _int8_against_fp32(rows: list[dict], budget, episodes: int) -> dict:
                        f"{rise:.3f} more than fp32's {fp32['collisions_per_episode']:.3f} (budget {budget.collision_rise:g})")
     return {"passed": not reasons, "reasons": reasons,
             "budget": {"driving_score_drop": budget.driving_score_drop, "collision_rise": budget.collision_rise},
-            "int8": int8, "driving_score_drop": drop, "collision_rise": rise, "int8_worse": _paired(rows)[:10]}
+            "int8": int8, "driving_score_drop": drop, "collision_rise": rise, "int8_worse": _paired(rows)[:10],
+            "statistics": _statistics(rows, budget)}
+
+
+def _statistics(rows: list[dict], budget) -> dict:
+    """How sure the two comparisons are (information beside the point-estimate verdict): the paired bootstrap
+    interval of the drop and of the rise over whole episodes, and the episodes a power calculation asks for to tell
+    a change of the budget's size from none (`stack.deploy.gates.accuracy.units_needed`)."""
+    from statistics import NormalDist
+
+    from stack.deploy.gates.accuracy import units_needed
+    from stack.metrics.driving import paired_gain
+
+    z = NormalDist().inv_cdf(0.95)
+    found = {}
+    for name, (better, worse, metric), size in (
+            ("driving_score_drop", ("fp32", "int8", "driving_score"), budget.driving_score_drop),
+            ("collision_rise", ("int8", "fp32", "collisions"), budget.collision_rise)):
+        gain = paired_gain(rows, better, worse, metric)
+        error = (gain["high"] - gain["low"]) / (2 * z)  # the 90% percentile interval's half-width in standard errors
+        found[name] = {"low": gain["low"], "high": gain["high"], "level": gain["level"],
+                       "episodes": gain["episodes"], "episodes_needed": units_needed(error, gain["episodes"], size),
+                       "within_surely": bool(gain["high"] <= size + 1e-12)}
+    return found
+
+
+def _statistics_lines(statistics: dict | None) -> list[str]:
+    """The intervals and the power calculation of the INT8 comparisons, said as what they are: information."""
+    if not statistics:
+        return []
+    parts = [f"{name.replace('_', ' ')} {s['level']:.0%} interval [{s['low']:+.3f}, {s['high']:+.3f}] over "
+             f"{s['episodes']} episodes ({'within the budget' if s['within_surely'] else 'reaching past the budget'}; "
+             f"about {s['episodes_needed']} episodes would tell a change of the budget's size from none)"
+             for name, s in statistics.items()]
+    return ["", "How sure (paired bootstrap over whole episodes; the verdict above is on the means): "
+            + "; ".join(parts) + "."]
 
 
 def _cameras_line(cameras: dict | None) -> list[str]:
@@ -163,6 +198,7 @@ def markdown(result: dict) -> list[str]:
         lines += ["", f"Driving-score drop {result['driving_score_drop']:+.3f} (budget "
                   f"{result['budget']['driving_score_drop']:g}); collision rise {result['collision_rise']:+.3f} per "
                   f"episode (budget {result['budget']['collision_rise']:g})."]
+        lines += _statistics_lines(result.get("statistics"))
     if result.get("int8_worse"):
         lines += ["", "Episodes INT8 drove worse: " + "; ".join(
             f"{w['family']} seed {w['seed']} #{w['index']} ({w['fp32_driving_score']:.2f} -> {w['int8_driving_score']:.2f})"

@@ -66,6 +66,8 @@ def test_an_int8_model_that_drives_like_fp32_passes(models):
     pipeline, fp32, _ = models
     result = closed_loop_gate(pipeline, fp32, fp32, ClosedLoopBudget(episodes=4), latency_ms=50.0, log=lambda *_: None)
     assert result["passed"] and result["driving_score_drop"] == 0.0 and result["collision_rise"] == 0.0, result
+    surely = result["statistics"]["driving_score_drop"]
+    assert surely["low"] == surely["high"] == 0.0 and surely["within_surely"] and surely["episodes"] == 4
 
 
 def test_a_quantization_that_damages_the_planner_fails_the_gate(models):
@@ -77,7 +79,10 @@ def test_a_quantization_that_damages_the_planner_fails_the_gate(models):
     assert not result["passed"], result
     assert result["driving_score_drop"] > 0.1 and result["int8_worse"], result
     assert any("closed loop: INT8" in reason for reason in result["reasons"])
-    assert "FAIL" in "\n".join(markdown(result))
+    report = "\n".join(markdown(result))
+    assert "FAIL" in report and "paired bootstrap over whole episodes" in report
+    drop = result["statistics"]["driving_score_drop"]
+    assert 0 < drop["low"] <= result["driving_score_drop"] <= drop["high"] and drop["episodes_needed"] >= 2, drop
 
 
 def test_a_failed_closed_loop_gate_fails_int8_targets_and_ships_fp32_on_best_targets(models):
