@@ -55,14 +55,14 @@ demo: install
 		if [ $$rc -eq 1 ]; then echo "stack drive: the network is below the closed-loop bar (drive.md above)"; \
 		elif [ $$rc -ne 0 ]; then exit $$rc; fi
 
-# pytest, the instruction-count check, the world, rendering, metrics and closed-loop tests again as other
+# pytest (its 30 slowest tests listed at the end, where the time budget goes), the instruction-count check, the world, rendering, metrics and closed-loop tests again as other
 # CPUs compute, then the tiny recipe end to end on the model it trains: a head below its `stack eval` bar,
 # a kernel or renderer stage that executes more instructions than its baseline allows, or a failed deploy
 # gate fails `make test` (so CI).
 test: install slurm valgrind
 	$(call require_free_gib,.,2,the recipe's shards and checkpoints and bundles under runs/)
 	$(call require_free_gib,$${TMPDIR:-/tmp},3,pytest's temporary folders and torch's compile cache)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest --durations=30
 	$(MAKE) --no-print-directory perf
 	$(MAKE) --no-print-directory test-portable PORTABLE_CPUS=avx2
 	$(MAKE) --no-print-directory recipe
