@@ -152,13 +152,16 @@ class RequeueOnSignal(pl.Callback):
         if self._stop is None:
             return
         reason, step, checkpoint = self._stop
+        why = "SIGTERM (preemption or scancel)" if reason == "SIGTERM" else f"{reason} before the time limit"
+        if trainer.is_global_zero:
+            # Said now, before the requeue and the teardown: SLURM ends the step KillWait seconds after its SIGTERM
+            # (a requeue sends one), and on a loaded machine the process did not live to print its last line.
+            print(f"stack train: stopped at step {step} on {why}; checkpoint {checkpoint}", file=sys.stderr, flush=True)
         if reason == "SIGTERM":
-            raise TrainingRequeued(f"stopped at step {step} on SIGTERM (preemption or scancel); checkpoint "
-                                   f"{checkpoint}. A requeued job resumes from it by itself; otherwise resume with "
-                                   f"train.resume={self.checkpoints.out_dir}", requeued=False)
-        done, what = _requeue() if trainer.is_global_zero else (True, "; rank 0 requeues the job")
-        raise TrainingRequeued(f"stopped at step {step} on {reason} before the time limit; checkpoint {checkpoint}"
-                               f"{what}", requeued=done)
+            raise TrainingRequeued(f"step {step} is checkpointed. A requeued job resumes from it by itself; otherwise "
+                                   f"resume with train.resume={self.checkpoints.out_dir}", requeued=False)
+        done, what = _requeue() if trainer.is_global_zero else (True, "rank 0 requeues the job")
+        raise TrainingRequeued(f"step {step} is checkpointed; {what}", requeued=done)
 
     def _agreed_reason(self, trainer, pl_module) -> str | None:
         """'SIGUSR1'/'SIGTERM' when any rank got that signal (every rank gets the same answer), else None.
@@ -195,13 +198,12 @@ def _requeue() -> tuple[bool, str]:
     array, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
     job = f"{array}_{task}" if array and task else os.environ.get("SLURM_JOB_ID", "")
     if not re.fullmatch(r"[0-9]+(_[0-9]+)?", job):
-        return False, f"; not requeued: SLURM_JOB_ID is {job!r}, not a job id. Resubmit the job to resume from it"
+        return False, f"not requeued: SLURM_JOB_ID is {job!r}, not a job id. Resubmit the job to resume from it"
     try:
         result = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        return False, f"; `scontrol requeue {job}` failed ({exc}). Resubmit the job to resume from it"
+        return False, f"`scontrol requeue {job}` failed ({exc}). Resubmit the job to resume from it"
     if result.returncode != 0:
-        return False, (f"; `scontrol requeue {job}` failed: {(result.stderr or result.stdout).strip()[:300]}. "
+        return False, (f"`scontrol requeue {job}` failed: {(result.stderr or result.stdout).strip()[:300]}. "
                 "Resubmit the job (it resumes from this checkpoint)")
-    print(f"requeued SLURM job {job}; it resumes from the checkpoint when it starts again", file=sys.stderr, flush=True)
-    return True, f"; requeued SLURM job {job}"
+    return True, f"requeued SLURM job {job}, which resumes from it when it starts again"

@@ -341,6 +341,7 @@ def test_sigusr1_under_slurm_checkpoints_at_a_step_boundary_and_requeues(tmp_pat
         rank.kill()
     assert rank.returncode == 0, errors[-3000:]
     stop = _latest_step(out)
-    assert EVERY <= stop < STEPS and f"requeued: stopped at step {stop} on SIGUSR1" in errors, errors[-3000:]
+    assert EVERY <= stop < STEPS and f"stack train: stopped at step {stop} on SIGUSR1" in errors, errors[-3000:]
+    assert f"requeued: step {stop} is checkpointed; requeued SLURM job 4242" in errors, errors[-3000:]
     assert calls.read_text().split() == ["requeue", "4242"]
     assert not (out / "model.pt").exists() and not (out / "summary-rank0.json").exists()
