@@ -106,9 +106,9 @@ class Target:
     the network's tail must fit its own share and the p99 bar can fail at any network_share."""
     accuracy_inconclusive_passes: bool = False
     """When a head's INT8 drop passes on its point estimate but its bootstrap interval (resampling whole validation
-    scenes) straddles the budget, pass instead of fail. Off: the gate keeps more layers in fp32 until the verdict is
-    conclusive, and an inconclusive verdict fails the shipping precision; its report says how many scenes would
-    resolve the budget (a power calculation)."""
+    scenes) straddles the budget, pass instead of fail. Off: an inconclusive verdict fails the shipping precision (an
+    ONNX Runtime `best` target then ships fp32); the report says how many scenes would tell a drop of the budget's
+    size from none (a power calculation)."""
     timing_inconclusive_passes: bool = False
     """When a measured FPS verdict is inconclusive (the spread of its repeats straddles the bar), pass
     instead of fail. Off: an inconclusive verdict fails the gate for the shipping precision."""
