@@ -4,9 +4,13 @@ infer: the trained network (`{train.out_dir}/model.pt`) on ONNX Runtime CPU, fp3
 in both QDQ flavours (U8S8 for the CPU, S8S8 as TensorRT wants), timed in interleaved
 rounds in one process (so drift hits all alike), each with its per-head accuracy on the
 same validation samples. Floor: the graph's FLOPs over this machine's fp32 matmul rate
-(the reference workload, timed in the same run).
+(a dense fp32 matmul, timed in the same run).
 
 drive: the closed loop's speed (`stack.sim.bench`) with the network as its camera policy.
+
+fps-bar: a measured target's median bar derived on this machine (`ci-cpu`'s rule: sqrt(2) x the network's
+fp32 median, so the network and a 2x slower one sit a factor 1.41 on either side of it), and how the target's
+present bar judges both, timed side by side with the reference workload exactly as `stack deploy` times them.
 
 latency: the latency model's fit to the published Jetson Orin references, each one's leave-one-out
 error, the per-class efficiencies, the spread and the gate margin it gives, and the predicted
@@ -34,7 +38,7 @@ def infer(pipeline, args) -> int:
     from stack.deploy.calibration import Calibration, check_samples
     from stack.deploy.export import export_onnx
     from stack.deploy.quantize import quantize
-    from stack.deploy.runtime import REFERENCE_MATMUL, ort_session, reference_workload_ms
+    from stack.deploy.runtime import REFERENCE_MATMUL, matmul_ms, ort_session
     from stack.deploy.validation import calibration_and_accuracy
 
     checkpoint = Path(pipeline.train.out_dir) / "model.pt"
@@ -58,7 +62,7 @@ def infer(pipeline, args) -> int:
         print(f"# stack bench infer: {pipeline.name}, ONNX Runtime CPU, {source}")
         metrics = {name: as_scores(evaluate(session_runner(path))).metrics for name, path in models.items()}
         times = _interleaved({name: ort_session(path) for name, path in models.items()}, feeds, pipeline.export)
-        reference = reference_workload_ms()
+        reference = matmul_ms()
         gflop = predict(onnx.load(str(fp32)), _any_gpu_target(pipeline)).total_flops / 1e9
     rate = 2 * REFERENCE_MATMUL ** 3 / reference / 1e6  # GFLOP/s of the fp32 reference matmul
     _print_infer(metrics, times, gflop, rate, reference)
@@ -200,3 +204,76 @@ def drive(pipeline, args) -> int:
         return bench.run(pipeline, checkpoint_spec("checkpoint", str(path)), "untrained weights (same cost as trained)",
                          figures_of(args))
 
+
+
+FPS_BAR_TARGET = "ci-cpu"
+FPS_BAR_REPEATS = 3
+
+
+def fps_bar(pipeline, args) -> int:
+    """`stack bench fps-bar`: ci-cpu's median bar and reference workload derived on this machine.
+
+    The pipeline's fp32 network (untrained weights: a dense fp32 graph costs the same whatever its values) and
+    the same graph run twice per frame are timed side by side as deploy times them (`time_side_by_side`, no
+    spinning, a reference run after every model run), FPS_BAR_REPEATS times in fresh sessions: once against
+    the target's present reference (its present verdicts) and once against the network's own frozen graph,
+    written to the bench history folder. On the machine a bar is set for normalisation is the identity: L is the
+    network's raw median, `reference_workload_ms` the frozen graph's paired time."""
+    import math
+
+    import numpy as np
+
+    from stack.benchrecord.records import DEFAULT_HISTORY
+    from stack.config import load_target
+    from stack.deploy.export import export_onnx
+    from stack.deploy.exportable import export_network
+    from stack.deploy.gates.fps import TIMING_SPINS, time_side_by_side
+    from stack.deploy.reference_graph import example_feeds, freeze, thaw
+    from stack.deploy.runtime import RepeatedSession, gate_reference, ort_session
+    from stack.models import build_model
+
+    target, cfg = load_target(FPS_BAR_TARGET, pipeline), pipeline.export
+    network = export_network(pipeline, build_model(pipeline).state_dict())
+    feeds = {name: value.numpy() for name, value in network.example.items()}
+    frozen_path = Path(DEFAULT_HISTORY) / f"fps-bar-{pipeline.name}.reference.onnx.gz"
+    with tempfile.TemporaryDirectory() as folder:
+        path = export_onnx(network.net, network.example, network.output_names, Path(folder) / "fp32.onnx",
+                           cfg.opset, network.metadata).path
+        freeze(path, frozen_path)
+        print(f"# stack bench fps-bar: {pipeline.name} fp32 and the same graph run twice, side by side as deploy "
+              f"times them ({cfg.timing_runs} runs each in rounds), {FPS_BAR_REPEATS} times")
+        frozen = thaw(frozen_path)
+        medians, references = [], []
+        for repeat in range(FPS_BAR_REPEATS):
+            session = ort_session(path, spinning=TIMING_SPINS)
+            sessions = {"network": session, "twice": RepeatedSession(session, 2)}
+            present = _present_verdicts(target, time_side_by_side(sessions, feeds, cfg.timing_runs, cfg.timing_warmup,
+                                                                  gate_reference(target)))
+            own = (ort_session(frozen, spinning=TIMING_SPINS), example_feeds(frozen))
+            times, reference = time_side_by_side(sessions, feeds, cfg.timing_runs, cfg.timing_warmup, own)
+            medians.append(times["network"].median_ms)
+            references.append(reference)
+            print(f"repeat {repeat + 1}: network {times['network'].median_ms:.2f} ms, twice "
+                  f"{times['twice'].median_ms:.2f} ms ({times['twice'].median_ms / times['network'].median_ms:.2f}x), "
+                  f"its frozen graph {reference:.2f} ms paired; {present}")
+    level, reference_ms = float(np.median(medians)), float(np.median(references))
+    bar_ms = math.sqrt(2) * level
+    print(f"derived here: L = {level:.2f} ms (median of {FPS_BAR_REPEATS}), bar sqrt(2) x L = {bar_ms:.2f} ms -> "
+          f"min_fps {1000.0 / bar_ms:.1f}; reference_workload_ms {reference_ms:.2f} with reference_graph "
+          f"{frozen_path} (copy it into configs/targets/ to adopt the bar)")
+    figures = figures_of(args)
+    figures.add("fp32 network median", medians, "ms")
+    figures.add("its frozen graph, paired", references, "ms")
+    return 0
+
+
+def _present_verdicts(target, timed) -> str:
+    """How the target's present bar judges the network and its twice-slower copy."""
+    from stack.deploy.gates.fps import measured_gate
+
+    times, reference = timed
+    gates = {name: measured_gate(target, stats, "ONNX Runtime CPU", reference) for name, stats in times.items()}
+    return (f"{FPS_BAR_TARGET}'s present bar {1000.0 / target.min_fps:.2f} ms: network {gates['network'].verdict} "
+            f"({gates['network'].median_ms:.2f} ms normalised), twice {gates['twice'].verdict} "
+            f"({gates['twice'].median_ms:.2f} ms normalised; reference {reference:.2f} ms now vs "
+            f"{target.reference_workload_ms:g} ms)")

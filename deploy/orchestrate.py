@@ -364,11 +364,12 @@ def _time_side_by_side(paths: list, feeds: dict, cfg, target) -> tuple[dict, flo
     more rounds while a model's verdict on `target` is inconclusive."""
     from functools import partial
 
-    from stack.deploy.gates.fps import conclusive, time_side_by_side
-    from stack.deploy.runtime import ort_session
+    from stack.deploy.gates.fps import TIMING_SPINS, conclusive, time_side_by_side
+    from stack.deploy.runtime import gate_reference, ort_session
 
-    return time_side_by_side({path.name: ort_session(path) for path in paths}, feeds, cfg.timing_runs,
-                             cfg.timing_warmup, settled=partial(conclusive, target))
+    sessions = {path.name: ort_session(path, spinning=TIMING_SPINS) for path in paths}
+    return time_side_by_side(sessions, feeds, cfg.timing_runs, cfg.timing_warmup, gate_reference(target),
+                             settled=partial(conclusive, target))
 
 
 def _choose_shipped(target, int8_path: Path, fp32_path: Path, result: dict, times: dict) -> dict:

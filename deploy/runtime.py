@@ -2,8 +2,9 @@
 
 Timing follows the FPS gate's needs: warm-up runs first (allocations, thread pools),
 then many timed runs, reported as median and p99. A gate that must not flip on noise
-also times a fixed reference workload (a dense fp32 matmul) in the same process, so a
-busy or slow machine shows up as a slower reference, not as a model regression.
+also times a fixed reference workload (the frozen graph of the network the bar was set for,
+`stack.deploy.reference_graph`) in the same process, so a busy or slow machine shows up as a slower reference,
+not as a model regression.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from pathlib import Path
 import numpy as np
 
 
-def ort_session(path: str | Path, threads: int = 0, simulate_int8: bool = False):
-    """An ONNX Runtime CPU session (`threads` 0: one per core).
+def ort_session(path: str | Path | bytes, threads: int = 0, simulate_int8: bool = False, spinning: bool = True):
+    """An ONNX Runtime CPU session of a model file (or its serialized bytes); `threads` 0: one per core.
 
     By default with full graph optimisation: QDQ pairs fuse into the host's int8 kernels,
     which is what the `onnxruntime-cpu` targets run. `simulate_int8` stops at the basic
@@ -26,6 +27,10 @@ def ort_session(path: str | Path, threads: int = 0, simulate_int8: bool = False)
     TensorRT computes it (int32 accumulators), independent of the host. On x86 CPUs without
     VNNI the fused u8·s8 kernels saturate their 16-bit pair sums (ONNX Runtime's
     quantization docs), which measured a relative error of 0.066 where simulation gave 0.0057.
+
+    `spinning` False: the intra-op workers sleep as soon as a run ends instead of spinning for the next one.
+    Timed side by side, sessions take turns on the same cores and a spinning pool takes them from the session
+    that runs next (`stack.deploy.gates.fps.TIMING_SPINS`).
     """
     import onnxruntime as ort
 
@@ -34,7 +39,9 @@ def ort_session(path: str | Path, threads: int = 0, simulate_int8: bool = False)
                                         else ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
     options.intra_op_num_threads = threads or (os.cpu_count() or 1)
     options.log_severity_level = 3
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
+    source = path if isinstance(path, bytes) else str(path)
+    return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
 
 
 @dataclass
@@ -69,18 +76,33 @@ def time_session(session, feeds: dict, runs: int, warmup: int) -> LatencyStats:
     return summarize(times)
 
 
+class RepeatedSession:
+    """An ONNX Runtime session whose every run is `factor` runs of the real one: exactly `factor` x the work
+    (the network a measured FPS bar must refuse, `stack bench fps-bar`)."""
+
+    def __init__(self, session, factor: int):
+        self.session, self.factor = session, factor
+
+    def run(self, names, feeds):
+        for _ in range(self.factor - 1):
+            self.session.run(names, feeds)
+        return self.session.run(names, feeds)
+
+
 REFERENCE_MATMUL = 512
-"""Side of the square fp32 matmul used as the reference workload (268 MFLOP)."""
+"""Side of the square fp32 matmul whose rate is `stack bench infer`'s floor (268 MFLOP)."""
 
 
-def reference_workload_ms(runs: int = 30) -> float:
-    """Median time of a fixed fp32 matmul through ONNX Runtime: the machine's speed right now."""
-    session, feeds = reference_session()
+def matmul_ms(runs: int = 30, threads: int = 0) -> float:
+    """Median time of a fixed fp32 matmul through ONNX Runtime: the machine's fp32 speed right now."""
+    session, feeds = matmul_session(threads)
     return time_session(session, feeds, runs=runs, warmup=5).median_ms
 
 
-def reference_session():
-    """(ONNX Runtime session, feeds) of the reference workload: a REFERENCE_MATMUL-square fp32 MatMul."""
+def matmul_session(threads: int = 0):
+    """(ONNX Runtime session, feeds) of a REFERENCE_MATMUL-square fp32 MatMul: the machine's fp32 rate
+    (`stack bench infer`'s floor; `threads` 0: one per core). Not a measured gate's reference: a matmul does not
+    scale like a network across instruction sets (`stack.deploy.reference_graph`)."""
     import onnxruntime as ort
     from onnx import TensorProto, helper
 
@@ -91,7 +113,21 @@ def reference_session():
         [helper.make_tensor_value_info("c", TensorProto.FLOAT, [n, n])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = min(model.ir_version, 10)
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads or (os.cpu_count() or 1)
+    options.log_severity_level = 3
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(0)
     feeds = {"a": rng.standard_normal((n, n), dtype=np.float32), "b": rng.standard_normal((n, n), dtype=np.float32)}
     return session, feeds
+
+
+def gate_reference(target):
+    """(session, feeds) of `target`'s reference workload, the frozen network its measured bar was set with,
+    without spinning like the sessions it is timed beside; None when the target compares raw latency."""
+    from stack.deploy.reference_graph import example_feeds, thaw
+
+    if target.reference_workload_ms <= 0:
+        return None
+    model = thaw(target.reference_graph_path())
+    return ort_session(model, spinning=False), example_feeds(model)

@@ -17,7 +17,6 @@ import difflib
 import hashlib
 import inspect
 import math
-import os
 import re
 import typing
 from functools import lru_cache
@@ -32,10 +31,9 @@ from stack import safe_values
 from stack.errors import ConfigError, missing_file_message
 from stack.pipeline import Pipeline, Target
 
-CONFIG_DIR = Path(os.environ.get("STACK_CONFIG_DIR", Path(__file__).resolve().parents[1] / "configs"))
-"""The repository's `configs/` folder (override with STACK_CONFIG_DIR)."""
+from stack.pipeline.target_config import CONFIG_DIR, TARGETS_DIR
+
 DEFAULT_CONFIG = CONFIG_DIR / "pipeline.yaml"
-TARGETS_DIR = CONFIG_DIR / "targets"
 FOLDER_KEYS = ("data.root", "train.out_dir", "export.out_dir")
 """Keys naming folders the stages create: an existing file there is refused up front."""
 

@@ -14,12 +14,12 @@ headroom (budget / median latency; the median's share of the frame period).
   workload's time on the machine its bar was set for (`reference_workload_ms`), the
   latencies are scaled by (that / the reference timed in this run) before comparing, so a
   loaded or slower CI machine is not mistaken for a slower model. The scale is reported.
-  The reference is timed *between* the model's rounds (`time_side_by_side`) and taken as
-  the mean per run over those blocks: a 1.4 ms matmul usually fits inside one scheduler
-  slice, so its median ignores other processes (1.41-1.64 ms at load 7 on a 2-core EPYC
-  while the tiny network went from ~50 to 117-147 ms), whereas its mean over a block pays
-  for the preemptions as the network does (6-10 ms at that load: network / reference
-  13-16x, as on a quiet machine).
+  The reference is the network the bar was set with, frozen (`stack.deploy.reference_graph`): it
+  speeds up and slows down with the CPU's instruction set and load as the candidate does, which a dense
+  matmul did not (4.4-4.8x slower on an AVX2-only EPYC than on the AVX-512 EPYC that set the bar, the
+  network ~2x). One reference run follows every model run (`time_side_by_side`), no session spinning
+  (`TIMING_SPINS`), and the reference per round is the mean of the runs paired with it, so it pays for
+  the same preemptions as the network.
   The median bar is decided on the repeats, not on one median: each timing round's median,
   normalised by the reference runs paired with that round's runs. Their mean's 90% interval within
   the bar: pass; beyond it: fail; the bar inside it: **inconclusive**. An inconclusive verdict buys
@@ -159,28 +159,39 @@ interval of 5 by sqrt(20 / 5) x t(4) / t(19) = 2.5x. Looking again only while in
 fail after five rounds is never revisited."""
 
 
-def time_side_by_side(sessions: dict, feeds: dict, runs: int, warmup: int,
+TIMING_SPINS = False
+"""Whether the sessions timed side by side keep ONNX Runtime's spinning intra-op workers. They do not: sessions
+that take turns on the same cores (the models and the reference) each keep a pool that spins after a run, and
+the spinning workers take the cores of the session that runs next. Measured on an AVX2-only EPYC (2 cores; the
+tiny network fp32, 29.7 ms alone), alternating run by run with a second session of the same graph: 62-66 ms a
+run with spinning, 33 ms without; the graph run twice per frame measured 1.6-1.7x the network with spinning
+and 1.9-2.1x without, so spinning also hides half of a 2x slowdown. Without spinning a run costs ~10% more
+alone (32.6-34.2 ms), as it does on a car computer whose cores run the other stages too."""
+
+
+def time_side_by_side(sessions: dict, feeds: dict, runs: int, warmup: int, reference=None,
                       settled=None) -> tuple[dict, float]:
     """({name: LatencyStats}, reference workload ms): the sessions alternate in rounds of ceil(`runs` /
-    TIMING_ROUNDS) runs each, and every model run is followed by one reference run, whose mean time per run is
-    the reference. Pairing each run with a reference run samples the same load (a 20-run block after the round
-    tracked it poorly: per-round normalised medians of the tiny network spread 14-37 ms at load 2-3.5 on the
-    2-core EPYC, against 12-24 ms paired). Each LatencyStats carries its rounds' medians and the mean reference
-    of the runs paired with them: the repeats the median bar is decided on. After TIMING_ROUNDS rounds, and
-    after each further TIMING_ROUNDS up to MAX_TIMING_ROUNDS, `settled(stats, reference)` (when given) says
-    whether the verdicts are decided; until it does, more rounds are timed."""
-    from stack.deploy.runtime import reference_session, time_session
+    TIMING_ROUNDS) runs each; with a `reference` ((session, feeds), `stack.deploy.runtime.gate_reference`) every
+    model run is followed by one reference run, whose mean time per run is the reference. Pairing each run with
+    a reference run samples the same load (a 20-run block after the round tracked it poorly: per-round normalised
+    medians of the tiny network spread 14-37 ms at load 2-3.5 on the 2-core EPYC, against 12-24 ms paired).
+    Each LatencyStats carries its rounds' medians and the mean reference of the runs paired with them: the
+    repeats the median bar is decided on. After TIMING_ROUNDS rounds, and after each further TIMING_ROUNDS up to
+    MAX_TIMING_ROUNDS, `settled(stats, reference)` (when given) says whether the verdicts are decided; until it
+    does, more rounds are timed. Reference 0.0 when none was timed."""
+    from stack.deploy.runtime import time_session
 
-    reference, reference_feeds = reference_session()
     for session in sessions.values():
         time_session(session, feeds, runs=1, warmup=warmup)
-    time_session(reference, reference_feeds, runs=1, warmup=5)
+    if reference is not None:
+        time_session(*reference, runs=1, warmup=2)
     rounds: dict = {name: [] for name in sessions}
     per_round = -(-runs // TIMING_ROUNDS)
     while True:
         for _ in range(TIMING_ROUNDS):
             for name, session in sessions.items():
-                rounds[name].append(_paired_runs(session, feeds, reference, reference_feeds, per_round))
+                rounds[name].append(_paired_runs(session, feeds, reference, per_round))
         out, reference_ms = _round_stats(rounds)
         if settled is None or len(rounds[next(iter(rounds))]) >= MAX_TIMING_ROUNDS or settled(out, reference_ms):
             return out, reference_ms
@@ -196,10 +207,10 @@ def _round_stats(rounds: dict) -> tuple[dict, float]:
     for name, values in rounds.items():
         stats = summarize([t for model, _ in values for t in model])
         stats.round_medians_ms = [float(np.median(model)) * 1e3 for model, _ in values]
-        stats.round_reference_ms = [float(np.mean(ref)) * 1e3 for _, ref in values]
+        stats.round_reference_ms = [float(np.mean(ref)) * 1e3 for _, ref in values if ref]
         references += stats.round_reference_ms
         out[name] = stats
-    return out, float(np.mean(references))
+    return out, float(np.mean(references)) if references else 0.0
 
 
 def conclusive(target, times: dict, reference_now_ms: float) -> bool:
@@ -209,12 +220,14 @@ def conclusive(target, times: dict, reference_now_ms: float) -> bool:
                for stats in times.values())
 
 
-def _paired_runs(session, feeds: dict, reference, reference_feeds: dict, runs: int) -> tuple[list, list]:
-    """(model seconds, reference seconds) of `runs` model runs, each followed by one reference run."""
-    model, ref = _timed_runs(session, feeds, 0), []
+def _paired_runs(session, feeds: dict, reference, runs: int) -> tuple[list, list]:
+    """(model seconds, reference seconds) of `runs` model runs, each followed by one reference run (none
+    without a `reference`)."""
+    model, ref = [], []
     for _ in range(runs):
         model += _timed_runs(session, feeds, 1)
-        ref += _timed_runs(reference, reference_feeds, 1)
+        if reference is not None:
+            ref += _timed_runs(*reference, 1)
     return model, ref
 
 

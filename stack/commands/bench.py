@@ -26,6 +26,7 @@ BENCHMARKS: dict[str, str] = {
     "train-memory": "stack.train.bench:run_memory",
     "infer": "stack.deploy.bench:infer",
     "latency": "stack.deploy.bench:latency",
+    "fps-bar": "stack.deploy.bench:fps_bar",
     "drive": "stack.deploy.bench:drive",
     "checkpoint": "stack.train.checkpoint_bench:run",
     "instructions": "stack.instructions.bench:run",

@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     metrics, out = evaluate_checkpoint(Path(checkpoint), pipeline, split=args.split,
                                        chosen_store=chosen_store(pipeline, args.config, args.overrides))
     rows = verdicts(metrics)
-    print(f"| head | metric | model | baseline | bar | verdict |\n|---|---|---|---|---|---|")
+    print("| head | metric | model | baseline | bar | verdict |\n|---|---|---|---|---|---|")
     for row in rows:
         print(f"| {row.head} | {row.metric} | {row.value:.3f} | {row.baseline:.3f} | {row.bar} | "
               f"{'pass' if row.passed else 'FAIL'} |")

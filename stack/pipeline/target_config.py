@@ -3,12 +3,18 @@ accuracy and closed-loop budgets, FPS."""
 
 from __future__ import annotations
 
+import os
 import re
-
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from stack.pipeline.checks import Problems, at_most, bounded, choice, positive
 
+
+CONFIG_DIR = Path(os.environ.get("STACK_CONFIG_DIR", Path(__file__).resolve().parents[2] / "configs"))
+"""The repository's `configs/` folder (override with STACK_CONFIG_DIR)."""
+TARGETS_DIR = CONFIG_DIR / "targets"
+"""One YAML file per deploy target; a target's relative `reference_graph` is found here too."""
 
 MAX_EPISODES = 100_000
 """Most closed-loop episodes per policy (drive.episodes, targets.*.closed_loop.episodes): days on a CPU."""
@@ -127,10 +133,13 @@ class Target:
     """Regular expression searched in the device's identity ("CUDA name | board model", the board model from
     /proc/device-tree/model on a Jetson); checked when not empty."""
     reference_workload_ms: float = 0.0
-    """Time per run of the reference workload (a 512x512 fp32 MatMul in ONNX Runtime) on the machine the
-    bar was set for. When > 0, measured latency is scaled by this / the reference timed in the same run
-    (mean per run over blocks between the model's timing rounds, `stack.deploy.gates.fps.time_side_by_side`),
-    so a busier or slower machine does not flip the gate; 0 compares raw latency."""
+    """Time per run of the reference workload (`reference_graph` in ONNX Runtime) on the machine the bar was
+    set for. When > 0, measured latency is scaled by this / the reference timed in the same run (one reference
+    run after every model run, `stack.deploy.gates.fps.time_side_by_side`), so a busier, slower or differently
+    built CPU does not flip the gate; 0 compares raw latency."""
+    reference_graph: str = ""
+    """The reference workload: a frozen network graph (`stack.deploy.reference_graph`, written by `stack bench
+    fps-bar`), relative to configs/targets/ or absolute. Needed when reference_workload_ms > 0."""
     accuracy_budget: AccuracyBudget = field(default_factory=AccuracyBudget)
     """Largest accuracy drop allowed per head."""
     closed_loop: ClosedLoopBudget = field(default_factory=ClosedLoopBudget)
@@ -142,6 +151,10 @@ class Target:
             self.min_fps = self.min_fps or round(1000.0 / self.latency_budget_ms(), 3)
             self.other_stages_ms = self.other_stages_ms or round((1 - self.network_share) * self.frame_period_ms(), 3)
             self.max_p99_latency_ms = self.max_p99_latency_ms or round(self.frame_period_ms() - self.other_stages_ms, 3)
+
+    def reference_graph_path(self) -> Path:
+        path = Path(self.reference_graph)
+        return path if path.is_absolute() or not self.reference_graph else TARGETS_DIR / path
 
     def frame_period_ms(self) -> float:
         return 1000.0 / self.camera_hz
@@ -168,6 +181,10 @@ class Target:
                                              f"part of the {self.frame_period_ms():.1f} ms frame period (0 derives it)"))
         if self.reference_workload_ms < 0:
             found.append(("reference_workload_ms", f"got {self.reference_workload_ms}; must be >= 0 (0 disables)"))
+        if self.reference_workload_ms > 0 and not self.reference_graph_path().is_file():
+            found.append(("reference_graph", f"got {self.reference_graph!r}, no file at {self.reference_graph_path()}; "
+                                             f"a target normalised by a reference workload needs its frozen graph "
+                                             f"(`stack bench fps-bar` writes one), or set reference_workload_ms=0"))
         if self.dla_core < -1:
             found.append(("dla_core", f"got {self.dla_core}; use -1 (GPU only) or a DLA core index"))
         bounded(found, self, (
