@@ -153,9 +153,10 @@ def table(targets: dict, loads: dict | None = None, log=None) -> dict:
     from stack.deploy.latency.margins import gate_margin, margins_from
 
     loads = loads if loads is not None else workloads(targets, log=log)
-    own = {r: w for r, w in loads.items() if r.target == FIT_TARGET}
+    own = {r: w for r, w in loads.items() if r.target == FIT_TARGET and r.fitted}
     fitted = fit(own)
-    loo, lofo = leave_one_out(own), leave_one_family_out(own)
+    held_out = {r: fitted.error(w, r) for r, w in loads.items() if r.target == FIT_TARGET and not r.fitted}
+    loo, lofo = leave_one_out(own), {**leave_one_family_out(own), **held_out}
     devices = device_errors({r: w for r, w in loads.items() if r.target != FIT_TARGET}, fitted)
     rows = []
     for ref, load in loads.items():

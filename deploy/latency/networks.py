@@ -14,6 +14,9 @@ dropped: the latency model reads only shapes). The cache lives in `$STACK_CACHE_
   is the one the published Jetson tables timed (Ultralytics exports the box decoding into the engine).
 - `bevfusion_camera`: CUDA-BEVFusion's "Camera Backbone" engine: ResNet-50 + GeneralizedLSSFPN +
   lidar-depth encoder + depth net at 6x256x704 (BEVFusion's ResNet-50 config).
+- `pointpillars`: CUDA-PointPillars' TensorRT engine (OpenPCDet's KITTI `pointpillar.yaml`): the pillar
+  feature net on MAX_VOXELS = 40000 pillars of 32 points, the PillarScatter plugin's scatter into the
+  64 x 496 x 432 BEV canvas, BaseBEVBackbone and the single anchor head.
 """
 
 from __future__ import annotations
@@ -64,6 +67,8 @@ def build_network(builder: str):
         return Yolo11(builder[-1]).eval()
     if builder == "bevfusion_camera":
         return _bevfusion_camera().eval()
+    if builder == "pointpillars":
+        return _pointpillars().eval()
     return getattr(torchvision.models, builder)(weights=None).eval()
 
 
@@ -139,6 +144,63 @@ def _bevfusion_camera():
             return torch.cat([out[:, :118].softmax(1), out[:, 118:]], 1)
 
     return Camera()
+
+
+POINTPILLARS_GRID = (496, 432)
+"""BEV canvas (y, x) of OpenPCDet's KITTI PointPillars: range [0, 69.12] x [-39.68, 39.68] m at 0.16 m."""
+
+
+def _pointpillars():
+    """The graph CUDA-PointPillars' engine runs ("Inference" in its README's table; voxelization, feature
+    generation and post-processing are timed apart): input (1, 40000, 32, 10), every pillar slot of MAX_VOXELS
+    (the engine's shape is fixed), 10 features per point (x, y, z, intensity, offsets to the pillar's mean and
+    centre). PillarVFE: Linear 10 -> 64 with its BatchNorm folded, ReLU, max over the 32 points. PillarScatter:
+    each pillar's 64 features written at its cell of the 64 x 496 x 432 canvas (in CUDA-PointPillars one plugin
+    does the max and the scatter, `tool/simplifier_onnx.py`; ScatterElements here; the cells are a fixed random
+    draw, their count is what costs). BaseBEVBackbone: three levels of
+    [3, 5, 5] extra 3x3 convs after a stride-2 3x3 conv, [64, 128, 256] channels, each deconvolved to 128 at
+    stride 2 (kernel = stride: 1, 2, 4), concatenated. AnchorHeadSingle: 1x1 convs to 3 classes x 2 rotations
+    (18), 7 box terms x 6 anchors (42) and 2 direction bins x 6 (12)."""
+    import torch
+    from torch import nn
+
+    def conv(cin, cout, stride=1):
+        return [nn.Conv2d(cin, cout, 3, stride, padding=1, bias=False), nn.BatchNorm2d(cout, eps=1e-3), nn.ReLU()]
+
+    def deconv(cin, cout, stride):
+        return nn.Sequential(nn.ConvTranspose2d(cin, cout, stride, stride, bias=False), nn.BatchNorm2d(cout, eps=1e-3),
+                             nn.ReLU())
+
+    class PointPillars(nn.Module):
+        def __init__(self, pillars=40000):
+            super().__init__()
+            self.linear = nn.Linear(10, 64)
+            cells = POINTPILLARS_GRID[0] * POINTPILLARS_GRID[1]
+            self.register_buffer("cells", torch.randperm(cells, generator=torch.Generator().manual_seed(0))[:pillars])
+            channels, self.levels = 64, nn.ModuleList()
+            for layers, width in zip((3, 5, 5), (64, 128, 256)):
+                self.levels.append(nn.Sequential(*conv(channels, width, 2), *sum((conv(width, width) for _ in
+                                                                                  range(layers)), [])))
+                channels = width
+            self.deblocks = nn.ModuleList(deconv(width, 128, stride) for width, stride in ((64, 1), (128, 2), (256, 4)))
+            self.cls, self.box, self.dir = nn.Conv2d(384, 18, 1), nn.Conv2d(384, 42, 1), nn.Conv2d(384, 12, 1)
+
+        def forward(self, voxels):
+            # BatchNorm after the bias-free linear is one affine map in eval mode: folded here, as TensorRT fuses
+            # it into the matmul's epilogue with the ReLU. The max over points then reads what the matmul wrote.
+            x = torch.relu(self.linear(voxels.squeeze(0)))                       # (pillars, 32, 64)
+            pillars = x.amax(dim=1).t()                                          # (64, pillars)
+            canvas = voxels.new_zeros(64, POINTPILLARS_GRID[0] * POINTPILLARS_GRID[1])
+            canvas = canvas.scatter(1, self.cells.expand(64, -1), pillars)
+            x = canvas.reshape(1, 64, *POINTPILLARS_GRID)
+            ups = []
+            for level, deblock in zip(self.levels, self.deblocks):
+                x = level(x)
+                ups.append(deblock(x))
+            x = torch.cat(ups, 1)
+            return torch.cat([self.cls(x), self.box(x), self.dir(x)], 1)
+
+    return PointPillars()
 
 
 # --- YOLO11 (Ultralytics), reproduced from yolo11.yaml and ultralytics/nn/modules ---------------------------
