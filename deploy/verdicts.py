@@ -96,8 +96,14 @@ def _closed_loop_passed(closed_loop: dict | None) -> bool | None:
     rise = closed_loop["int8"]["collisions_per_episode"] - closed_loop["fp32"]["collisions_per_episode"]
     if not (_near(drop, closed_loop["driving_score_drop"]) and _near(rise, closed_loop["collision_rise"])):
         return False
-    budget = closed_loop["budget"]
-    return drop <= budget["driving_score_drop"] and rise <= budget["collision_rise"]
+    budget, means = closed_loop["budget"], {"driving_score_drop": drop, "collision_rise": rise}
+    within = all(means[name] <= budget[name] for name in means)
+    statistics = closed_loop.get("statistics") or {}
+    unsure = [name for name, found in statistics.items()
+              if means[name] <= budget[name] and found["high"] > budget[name] + 1e-12]
+    if "inconclusive" in closed_loop and unsure != list(closed_loop["inconclusive"]):
+        return False  # older bundles record no "inconclusive": their verdicts were on the means
+    return within and (not unsure or bool(budget.get("inconclusive_passes", True)))
 
 
 def _fps_passed(fps: dict) -> bool:

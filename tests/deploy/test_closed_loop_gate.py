@@ -152,3 +152,52 @@ def test_the_simulator_renders_a_measured_camera_where_it_is_mounted():
     assert not np.array_equal(nominal["semantic"][0], nominal["semantic"][left])
     pixels = np.abs(seen["images"][0].astype(int) - nominal["images"][left].astype(int))
     assert pixels.mean() < 4.0, "the same view up to the sensor noise, which is drawn per camera index"
+
+
+def _int8_rows(drops: list, collisions_added: list) -> list:
+    """Scored rows of fp32, INT8 and the other policies on the same episodes: INT8 loses `drops[i]` of driving
+    score and adds `collisions_added[i]` at-fault collisions on episode i."""
+    rows = []
+    for i, (drop, added) in enumerate(zip(drops, collisions_added)):
+        for policy, score, collisions in (("fp32", 0.8, 0.0), ("int8", 0.8 - drop, added), ("expert", 0.95, 0.0),
+                                          ("constant_velocity", 0.5, 1.0), ("ego_rollout", 0.6, 1.0)):
+            rows.append({"policy": policy, "family": "lead_brake", "seed": 0, "index": i,
+                         "metrics": {"driving_score": score, "pdms": score, "collisions": collisions,
+                                     "route_completion": 1.0}})
+    return rows
+
+
+DROVE = {"episodes": 8, "latency_ms": 50.0, "latency_how": "stand-in", "scenarios": ["lead_brake"], "seeds": [0],
+         "episode_seconds": 8.0, "replan_hz": 2.0}
+
+
+def test_a_drop_within_budget_on_the_mean_but_not_surely_is_inconclusive_and_fails():
+    """One episode in eight wrecked by INT8: the mean drop (0.0625) is within the 0.10 budget, but the paired
+    interval over episodes reaches past it, so the comparison is inconclusive and fails unless the target
+    accepts it; `stack deploy --verify` reaches the same verdict from gate.json's figures; a drop that is
+    surely small passes."""
+    from stack.deploy.gates.closed_loop import gate_record, markdown
+    from stack.deploy.verdicts import _closed_loop_passed
+
+    rows = _int8_rows([0.5] + [0.0] * 7, [0.0] * 8)
+    result = gate_record(rows, ClosedLoopBudget(episodes=8), True, DROVE)
+    assert result["driving_score_drop"] == pytest.approx(0.0625) and result["statistics"]["driving_score_drop"]["high"] > 0.1
+    assert not result["passed"] and result["inconclusive"] == ["driving_score_drop"], result
+    assert "inconclusive" in result["reasons"][0] and "closed_loop.inconclusive_passes" in result["reasons"][0]
+    assert any("inconclusive" in line for line in markdown(result))
+    assert _closed_loop_passed(result) is False
+    accepted = gate_record(rows, ClosedLoopBudget(episodes=8, inconclusive_passes=True), True, DROVE)
+    assert accepted["passed"] and accepted["inconclusive"] == ["driving_score_drop"] and _closed_loop_passed(accepted)
+    surely = gate_record(_int8_rows([0.02] * 8, [0.0] * 8), ClosedLoopBudget(episodes=8), True, DROVE)
+    assert surely["passed"] and surely["inconclusive"] == [] and _closed_loop_passed(surely)
+    forged = {**result, "inconclusive": []}  # a record that hides its inconclusive comparison
+    assert _closed_loop_passed({**forged, "budget": {**forged["budget"], "inconclusive_passes": False}}) is False
+
+
+def test_a_collision_rise_beyond_budget_fails_whatever_its_interval():
+    """Two extra at-fault collisions in eight episodes (0.25 per episode) fail the 0.10 budget on the mean."""
+    from stack.deploy.gates.closed_loop import gate_record
+
+    result = gate_record(_int8_rows([0.0] * 8, [1.0, 1.0] + [0.0] * 6), ClosedLoopBudget(episodes=8), True, DROVE)
+    assert not result["passed"] and result["collision_rise"] == pytest.approx(0.25)
+    assert "at-fault collisions" in result["reasons"][0] and result["inconclusive"] == []
