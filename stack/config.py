@@ -248,11 +248,20 @@ def load_target(name: str, pipeline: Pipeline) -> Target:
 def describe(prefix: str = "") -> str:
     """One line per schema key under `prefix`: key, type, default, and its docstring."""
     rows = [(key, _type_name(hint), default, doc) for key, hint, default, doc in _schema_keys(Pipeline, "")
-            if key == prefix or key.startswith(prefix + ".") or not prefix]
+            if not prefix or _under(key, prefix)]
     if not rows:
         raise ConfigError(f"no config key {prefix!r}.{_nearest_hint(prefix)}")
     width = max(len(key) for key, *_ in rows)
     return "\n".join(f"{key:<{width}}  {kind} = {default!r}\n{'':<{width}}  {doc}" for key, kind, default, doc in rows)
+
+
+def _under(key: str, prefix: str) -> bool:
+    """Whether schema `key` (with NAME / N placeholders) is `prefix` or below it; `prefix` may name a concrete
+    target or list index there (`targets.orin.min_fps` is `targets.NAME.min_fps`)."""
+    wanted, parts = prefix.split("."), key.split(".")
+    return len(parts) >= len(wanted) and all(
+        part == word or (part == "NAME" and word) or (part == "N" and word.isdigit())
+        for part, word in zip(parts, wanted))
 
 
 # ------------------------------------------------------------- merging steps

@@ -119,3 +119,11 @@ def test_every_field_has_a_docstring(section):
 def test_describe_lists_keys_with_docs():
     text = describe("train.precision")
     assert "train.precision" in text and "bf16-mixed" in text
+
+
+def test_describe_takes_a_concrete_target_name_for_the_schemas_name_placeholder():
+    """`targets.orin.min_fps` is the key a user types; the schema calls it `targets.NAME.min_fps`."""
+    assert "targets.NAME.min_fps" in describe("targets.orin.min_fps")
+    assert "targets.NAME.closed_loop.inconclusive_passes" in describe("targets.ci-cpu.closed_loop")
+    with pytest.raises(ConfigError, match="no config key"):
+        describe("targets.orin.min_fpx")
