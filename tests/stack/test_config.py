@@ -2,7 +2,6 @@
 
 import dataclasses
 import typing
-from pathlib import Path
 
 import pytest
 
