@@ -93,17 +93,16 @@ REFERENCE_MATMUL = 512
 """Side of the square fp32 matmul whose rate is `stack bench infer`'s floor (268 MFLOP)."""
 
 
-def matmul_ms(runs: int = 30, threads: int = 0) -> float:
+def matmul_ms(runs: int = 30) -> float:
     """Median time of a fixed fp32 matmul through ONNX Runtime: the machine's fp32 speed right now."""
-    session, feeds = matmul_session(threads)
+    session, feeds = matmul_session()
     return time_session(session, feeds, runs=runs, warmup=5).median_ms
 
 
-def matmul_session(threads: int = 0):
-    """(ONNX Runtime session, feeds) of a REFERENCE_MATMUL-square fp32 MatMul: the machine's fp32 rate
-    (`stack bench infer`'s floor; `threads` 0: one per core). Not a measured gate's reference: a matmul does not
+def matmul_session():
+    """(ONNX Runtime session, feeds) of a REFERENCE_MATMUL-square fp32 MatMul, a thread per core: the machine's
+    fp32 rate (`stack bench infer`'s floor). Not a measured gate's reference: a matmul does not
     scale like a network across instruction sets (`stack.deploy.reference_graph`)."""
-    import onnxruntime as ort
     from onnx import TensorProto, helper
 
     n = REFERENCE_MATMUL
@@ -113,10 +112,7 @@ def matmul_session(threads: int = 0):
         [helper.make_tensor_value_info("c", TensorProto.FLOAT, [n, n])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = min(model.ir_version, 10)
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads or (os.cpu_count() or 1)
-    options.log_severity_level = 3
-    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    session = ort_session(model.SerializeToString())
     rng = np.random.default_rng(0)
     feeds = {"a": rng.standard_normal((n, n), dtype=np.float32), "b": rng.standard_normal((n, n), dtype=np.float32)}
     return session, feeds
@@ -125,9 +121,10 @@ def matmul_session(threads: int = 0):
 def gate_reference(target):
     """(session, feeds) of `target`'s reference workload, the frozen network its measured bar was set with,
     without spinning like the sessions it is timed beside; None when the target compares raw latency."""
+    from stack.deploy.gates.fps import TIMING_SPINS
     from stack.deploy.reference_graph import example_feeds, thaw
 
     if target.reference_workload_ms <= 0:
         return None
     model = thaw(target.reference_graph_path())
-    return ort_session(model, spinning=False), example_feeds(model)
+    return ort_session(model, spinning=TIMING_SPINS), example_feeds(model)
