@@ -21,8 +21,10 @@ from stack.benchrecord.records import DEFAULT_HISTORY
 BENCHMARKS: dict[str, str] = {
     "model": "stack.models.bench:run",
     "ops": "stack.ops.bench:run",
+    "ops-cuda": "stack.ops.bev_pool_cuda_bench:run",
     "data": "stack.data.bench:run",
     "train-step": "stack.train.bench:run_step",
+    "train-step-cuda": "stack.train.step_cuda_bench:run_step_cuda",
     "train-memory": "stack.train.bench:run_memory",
     "infer": "stack.deploy.bench:infer",
     "latency": "stack.deploy.bench:latency",

@@ -56,3 +56,19 @@ def test_train_memory_passes_bf16_gathers_and_fails_fp32_ones(monkeypatch):
            "10.06 | 10.02 |" in text
     code, text = run_memory_with(monkeypatch, {"all_gather/float32": 10.01})  # no MixedPrecisionPolicy
     assert code == 1 and "1.00x the bytes" in text
+
+
+def test_a_gpu_fp32_step_counts_against_tf32_while_cudnn_may_use_it(monkeypatch):
+    # cuDNN runs fp32 convolutions in TF32 unless told not to: measured against the FP32 peak, an H100's
+    # default-preset step read 35% "MFU" where the TF32 peak gives 4.7%.
+    import torch
+
+    from stack.train.callbacks import precision_key
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
+    assert precision_key("32-true", cuda) == "tf32" and precision_key("32-true", cpu) == "fp32"
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    assert torch.get_float32_matmul_precision() == "highest"
+    assert precision_key("32-true", cuda) == "fp32"
+    assert precision_key("bf16-mixed", cuda) == "bf16"
