@@ -233,3 +233,62 @@ def test_a_temporal_checkpoint_carries_its_bev_memory_through_each_episode(tmp_p
         assert run.replans == len(carried) >= 3 and carried == [False] + [True] * (len(carried) - 1)
         moved = [float(pose[0, 0]) for has, pose in calls[start + 1:]]
         assert all(-8.0 < x < -1.0 for x in moved), f"the ego was 0.5 s of driving behind: {moved}"
+
+
+def test_a_temporal_checkpoint_gets_in_closed_loop_what_the_loader_gives_it_in_training(tmp_path):
+    """The closed loop's temporal inputs against the training loader's on one recorded episode (the frames
+    `stack.sim.recording` writes and the loader reads back): key frames 0.5 s apart; the images the policy saw
+    are the ones recorded (the loader's `previous_images` one frame later); the previous pose is the ego's true
+    motion between the two replanning instants, and what `previous_pose` of the recorded past trajectory gives
+    the loader; the memory is `BevNet.memory` of the previous instant's images (what training computes); and an
+    episode's first replan, with no memory, plans as the loader's sequence start does (the frame fused with
+    itself through a zero motion)."""
+    import math
+
+    from stack.checkpoint.model_file import save_model_checkpoint
+    from stack.kinematics import previous_pose
+    from stack.models import build_model
+    from stack.sim.recording import LabelledFrames
+
+    temporal = micro_pipeline("model.temporal_frames=1")
+    torch.manual_seed(0)
+    path = save_model_checkpoint(tmp_path / "model.pt", temporal, build_model(temporal).state_dict())
+    policy = build_policy(checkpoint_spec("temporal-vs-loader", str(path)), temporal)
+    calls, forward = [], policy.net.forward
+
+    def spy(*args):
+        calls.append({"args": args, "out": forward(*args)})
+        return calls[-1]["out"]
+
+    policy.net.forward = spy
+    recorded, rear_axle = LabelledFrames(temporal.data.rig, temporal.model.planning_steps), []
+
+    def observer(world, status):
+        rear_axle.append(world.ego_state()[:3])
+        recorded(world, status)
+
+    world = build_world(episode("lead_brake", seconds=2.5), temporal.data.world, 1.0 / temporal.drive.sim_hz)
+    run = run_episode(world, policy, temporal.drive, temporal.data.rig, observer=observer)
+    frames = recorded.frames
+    assert run.replans == len(frames) == len(calls) >= 5
+    np.testing.assert_allclose(np.diff([f["time_s"] for f in frames]), 0.5, atol=1e-9)
+    for i, (frame, call) in enumerate(zip(frames, calls)):
+        images, memory, pose = call["args"][0], call["args"][5], call["args"][6]
+        np.testing.assert_array_equal(images[0].numpy(), frame["images"].transpose(0, 3, 1, 2))
+        if i == 0:
+            assert memory is None and pose is None
+            continue
+        np.testing.assert_array_equal(pose[0].numpy(), previous_pose(frame["past"]))
+        (x0, y0, yaw0), (x1, y1, yaw1) = rear_axle[i - 1], rear_axle[i]
+        c, s = math.cos(yaw1), math.sin(yaw1)
+        truth = ((x0 - x1) * c + (y0 - y1) * s, -(x0 - x1) * s + (y0 - y1) * c)
+        np.testing.assert_allclose(pose[0, :2].numpy(), truth, atol=1e-4)
+        assert abs(float(pose[0, 2]) - (yaw0 - yaw1)) < 0.01, "heading from the chord, as the loader computes it"
+        with torch.inference_mode():
+            expected = policy.net.memory(calls[i - 1]["args"][0], policy.geometry)
+        torch.testing.assert_close(memory, expected)
+        torch.testing.assert_close(memory, calls[i - 1]["out"]["bev_memory"])
+    images, ego, command, geometry = calls[0]["args"][:4]
+    with torch.inference_mode():  # the loader's sequence start: previous_images = the frame, previous_pose = 0
+        itself = forward(images, ego, command, geometry, None, policy.net.memory(images, geometry), torch.zeros(1, 3))
+    torch.testing.assert_close(itself["plan_trajectories"], calls[0]["out"]["plan_trajectories"], atol=1e-4, rtol=1e-4)
