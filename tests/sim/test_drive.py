@@ -6,7 +6,6 @@ Network policies use a micro BevNet (128x64 images) with untrained weights: what
 (determinism, equality of the two runtimes, the plumbing) does not depend on training.
 """
 
-import dataclasses
 from pathlib import Path
 
 import numpy as np
