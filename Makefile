@@ -12,6 +12,10 @@ INSTALL_INPUTS := pyproject.toml setup.py Makefile $(shell find csrc -type f 2>/
 # project so that csrc/ builds against them without build isolation.
 TORCH_PINS := $(shell grep -oE '"torch(vision)?==[^"]+"' pyproject.toml | tr -d '"')
 TINY := -c configs/pipeline.yaml -c configs/presets/tiny.yaml
+# pytest workers (pytest-xdist), one per core: most tests keep one core busy. A test file stays on one worker
+# (--dist loadfile: its module fixtures are built once); files that judge measured time or share the one-node
+# SLURM cluster are marked `serial` (tests/conftest.py) and run alone afterwards.
+TEST_WORKERS ?= $(shell nproc)
 
 .PHONY: install demo test test-portable recipe gate clean slurm perf valgrind
 
@@ -62,7 +66,8 @@ demo: install
 test: install slurm valgrind
 	$(call require_free_gib,.,2,the recipe's shards and checkpoints and bundles under runs/)
 	$(call require_free_gib,$${TMPDIR:-/tmp},3,pytest's temporary folders and torch's compile cache)
-	$(BIN)/python -m pytest --durations=30
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not serial" --durations=30
+	$(BIN)/python -m pytest -m serial --durations=10
 	$(MAKE) --no-print-directory perf
 	$(MAKE) --no-print-directory test-portable PORTABLE_CPUS=avx2
 	$(MAKE) --no-print-directory recipe

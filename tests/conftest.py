@@ -42,6 +42,14 @@ def pytest_cmdline_main(config):
 
 
 INDUCTOR_CACHE = pytest.StashKey[str]()
+OWN_CACHE = "STACK_TESTS_INDUCTOR_CACHE"
+"""The cache this test run made (its workers make theirs inside it), as opposed to one the user exported."""
+SERIAL = "serial"
+SERIAL_REASON = ("judges measured time or shares the one-node SLURM cluster: `make test` runs it alone, after the "
+                 "parallel run (`pytest -n`), so another test's load cannot decide it")
+SERIAL_FILES = {"deploy/test_cli_deploy.py", "train/test_preemption.py", "train/test_launch.py",
+                "train/test_checkpoints_async.py", "train/test_step_stats.py"}
+"""Test files marked `serial`, relative to tests/ (a single test is marked with `@pytest.mark.serial`)."""
 
 
 def pytest_configure(config):
@@ -51,10 +59,16 @@ def pytest_configure(config):
     at once (a developer's and a CI job's, or two worktrees) write and load the same generated kernels, and one
     run once died with SIGABRT loading a kernel the other was writing. A cache per run costs only the first
     compile of each graph, which a fresh CI machine pays anyway. An explicit TORCHINDUCTOR_CACHE_DIR is kept."""
-    if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
-        import tempfile
+    import tempfile
 
-        config.stash[INDUCTOR_CACHE] = os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="stack-tests-inductor-")
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker and os.environ.get(OWN_CACHE) == os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+        # a worker of `pytest -n`: one cache each, inside the run's (removed with it), for the same reason
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix=f"{worker}-", dir=os.environ[OWN_CACHE])
+    elif "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+        made = tempfile.mkdtemp(prefix="stack-tests-inductor-")
+        config.stash[INDUCTOR_CACHE] = os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.environ[OWN_CACHE] = made
+    config.addinivalue_line("markers", f"{SERIAL}: {SERIAL_REASON}")
 
 
 def pytest_unconfigure(config):
@@ -70,7 +84,10 @@ def pytest_report_header(config):
 
 
 def pytest_collection_modifyitems(config, items):
+    tests = Path(__file__).resolve().parent
     for item in items:
+        if item.path.relative_to(tests).as_posix() in SERIAL_FILES:
+            item.add_marker(SERIAL)
         for marker, reason_for in MARKER_SKIP_REASONS.items():
             if marker in item.keywords:
                 reason = reason_for()

@@ -60,6 +60,7 @@ def tiny_onnx(tmp_path_factory, pipeline):
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # judges measured time: alone, after `make test`'s parallel run
 def test_tiny_network_passes_ci_cpu_and_twice_its_work_does_not(tiny_onnx):
     """ci-cpu's own bars (median bar sqrt(2) x the recipe's latency, normalised by the recipe network's frozen
     graph, decided on the 90% interval of the rounds' normalised medians), timed side by side as deploy times

@@ -24,7 +24,9 @@ from stack.cli import main
 from stack.config import apply_overrides, base_config
 from stack.errors import StackError
 
-MARKER = f"/tmp/stack-hostile-marker-{os.getpid()}"
+MARKER = f"/tmp/stack-hostile-marker-{os.environ.get('PYTEST_XDIST_TESTRUNUID') or os.getpid()}"
+"""Where an injected command would leave its trace; one name per test run, the same in each of its `pytest -n`
+workers (they must collect the same parametrisations)."""
 """A file the hostile values would create if anything ran them as a command (per test run, so nothing stale)."""
 
 REPO = Path(__file__).resolve().parents[2]

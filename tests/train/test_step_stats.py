@@ -186,7 +186,7 @@ def gpu_module(monkeypatch, name: str, sms: int = 132):
 @pytest.mark.parametrize("name, precision, peak, label", [
     ("NVIDIA H100 80GB HBM3", "bf16-mixed", 989.4, "datasheet H100 SXM bf16 dense peak"),
     ("NVIDIA H100 PCIe", "bf16-mixed", 756.5, "datasheet H100 PCIe bf16 dense peak"),
-    ("NVIDIA A100-SXM4-80GB", "32-true", 19.5, "datasheet A100 fp32 dense peak"),
+    ("NVIDIA A100-SXM4-80GB", "32-true", 156.0, "datasheet A100 tf32 dense peak"),  # cuDNN convolutions in TF32
     ("NVIDIA L4", "16-mixed", 121.0, "datasheet L4 fp16 dense peak"),
 ])
 def test_known_gpus_use_their_datasheet_peak(monkeypatch, name, precision, peak, label):
