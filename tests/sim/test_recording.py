@@ -147,7 +147,6 @@ def test_past_positions_extend_the_first_pose_backwards_before_the_episode(pipel
 
 
 def test_data_make_writes_noisy_expert_episodes_into_the_train_split(tmp_path):
-    import io
     import tarfile
 
     from stack.data.make import make_dataset

@@ -78,7 +78,7 @@ def test_training_goes_on_while_a_checkpoint_is_written_and_ends_with_the_same_w
                                                                                      standin_recipe_run):
     """The first checkpoint's (step 4) write is held until training has ended step 6: with a save that
     blocks the loop, step 6 never comes and the write gives up waiting after 60 s (the test then fails)."""
-    original, writes, steps_done = dcp_io._FencedWriter.write_data, [], []
+    original, writes = dcp_io._FencedWriter.write_data, []
     step_six = threading.Event()
 
     def held(self, plan, planner):
