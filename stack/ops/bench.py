@@ -97,7 +97,8 @@ def bev_pool_naive(case: Case) -> torch.Tensor:
     return grid.view(g.batch, g.grid_x, g.grid_y, channels).permute(0, 3, 1, 2).contiguous()
 
 
-def _forward_backward(pool, case: Case, grad: torch.Tensor):
+def forward_backward(pool, case: Case, grad: torch.Tensor):
+    """A callable running `pool` forward and backward on fresh leaf copies of the case's inputs."""
     def step():
         depth = case.depth.detach().requires_grad_()
         context = case.context.detach().requires_grad_()
@@ -229,10 +230,10 @@ def variants(case: Case, folder: Path) -> dict:
         found["export form, ONNX Runtime"] = runner
     g = case.geometry
     grad = torch.randn(g.batch, case.context.shape[2], g.grid_x, g.grid_y)
-    found["naive fwd+bwd"] = _forward_backward(lambda d, c, _: _naive_autograd(case, d, c), case, grad)
-    found["reference fwd+bwd"] = _forward_backward(bev_pool_ref, case, grad)
+    found["naive fwd+bwd"] = forward_backward(lambda d, c, _: _naive_autograd(case, d, c), case, grad)
+    found["reference fwd+bwd"] = forward_backward(bev_pool_ref, case, grad)
     if extension_loaded():
-        found["op fwd+bwd"] = _forward_backward(bev_pool, case, grad)
+        found["op fwd+bwd"] = forward_backward(bev_pool, case, grad)
     if _has_previous_kernels():
         found["previous kernel fwd+bwd"] = lambda: _previous_forward_backward(case, grad)
     return found

@@ -31,7 +31,7 @@ import torch
 from stack.benchrecord import figures_of
 from stack.errors import StackError
 from stack.ops.bench import (FORWARD_BACKWARD_GOAL, FORWARD_GOAL, PRESETS, Case, backward_floor_bytes, build_case,
-                             floor_bytes)
+                             floor_bytes, forward_backward)
 from stack.pipeline import Pipeline
 
 DATASHEET_BANDWIDTH = {"H100 PCIe": 2.0e12, "H100": 3.35e12, "H200": 4.8e12, "A100": 2.0e12, "L4": 0.3e12}
@@ -60,8 +60,8 @@ class L2Flush:
     """Writing a buffer 4x the L2's size evicts whatever a previous run left there."""
 
     def __init__(self, device: torch.device):
-        l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 64 * 2**20)
-        self.buffer = torch.empty(4 * max(l2, 16 * 2**20) // 4, dtype=torch.float32, device=device)
+        l2_bytes = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 64 * 2**20)
+        self.buffer = torch.empty(max(l2_bytes, 16 * 2**20), dtype=torch.float32, device=device)  # 4 bytes each
 
     def __call__(self) -> None:
         self.buffer.fill_(1.0)
@@ -107,17 +107,10 @@ def variants(case: Case) -> dict:
     grad = torch.randn(g.batch, case.context.shape[2], g.grid_x, g.grid_y, device=case.depth.device,
                        dtype=case.depth.dtype)
 
-    def forward_backward(pool):
-        def step():
-            depth = case.depth.detach().requires_grad_()
-            context = case.context.detach().requires_grad_()
-            pool(depth, context, g).backward(grad)
-        return step
-
     return {"reference (gather + index_add)": lambda: bev_pool_ref(case.depth, case.context, g),
             "op stack::bev_pool": lambda: bev_pool(case.depth, case.context, g),
-            "reference fwd+bwd": forward_backward(bev_pool_ref),
-            "op fwd+bwd": forward_backward(bev_pool)}
+            "reference fwd+bwd": forward_backward(bev_pool_ref, case, grad),
+            "op fwd+bwd": forward_backward(bev_pool, case, grad)}
 
 
 def measure_case(case: Case, flush: L2Flush, bandwidth: float, figures, log) -> list[str]:
