@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
+import sys
 
 import torch
 
@@ -163,3 +164,42 @@ def run(pipeline: Pipeline, args) -> int:
                                  lambda line: print(line, flush=True))
     print("\n" + "\n".join(rows))
     return 0
+
+
+def profiled_pass(preset: str = "default") -> None:
+    """One forward + backward of `preset` per dtype (fp32, bf16) inside the CUDA profiler's range, after one
+    outside it, for `ncu --profile-from-start off` or `nsys --capture-range=cudaProfilerApi`."""
+    from stack.config import CONFIG_DIR, load_pipeline
+    from stack.ops import bev_pool
+
+    if preset not in PRESETS:
+        raise StackError(f"no preset {preset!r} to profile; the presets are {', '.join(sorted(PRESETS))}")
+    device = require_cuda("ops-cuda", "ops")
+    base = build_case(preset, load_pipeline([CONFIG_DIR / f for f in PRESETS[preset]]))
+    for dtype in (torch.float32, torch.bfloat16):
+        case = to_device(base, device, dtype)
+        g = case.geometry
+        grad = torch.randn(g.batch, case.context.shape[2], g.grid_x, g.grid_y, device=device, dtype=dtype)
+        depth, context = (t.detach().requires_grad_() for t in (case.depth, case.context))
+        for profiled in (False, True):
+            torch.cuda.synchronize()
+            if profiled:
+                torch.cuda.profiler.start()
+            torch.autograd.grad(bev_pool(depth, context, g), (depth, context), grad)
+            torch.cuda.synchronize()
+            if profiled:
+                torch.cuda.profiler.stop()
+        print(f"profiled one forward + backward: {case.describe()}, {dtype}", flush=True)
+
+
+def main(argv: list[str]) -> int:
+    try:
+        profiled_pass(*argv[:1])
+    except StackError as error:
+        print(f"python -m stack.ops.bev_pool_cuda_bench: error: {error}", file=sys.stderr)
+        return error.exit_code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -139,6 +139,25 @@ def test_channels_last_context(device):
 
 
 @pytest.mark.parametrize("device", device_params())
+@pytest.mark.parametrize("channels", [7, 32, 64, 80, 130, 300])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_every_channel_width_and_depth_batch_matches_the_reference(device, channels, dtype):
+    # The CUDA kernels hold 32, 64, 128 or 256 channels per pass (300: two passes, the second partial) and fetch
+    # 32 depth bins at a time (40 bins: a full batch and a partial one); the reference runs in float64.
+    geometry, *_ = make_geometry(batch=2, cameras=2, bins=40, device=device)
+    depth, context = random_inputs(geometry, channels=channels, dtype=torch.float64, device=device)
+    grad = torch.randn(2, channels, geometry.grid_x, geometry.grid_y, dtype=torch.float64, device=device,
+                       generator=torch.Generator(device).manual_seed(4))
+    low = [t.to(dtype) for t in (depth, context, grad)]
+    ours = (bev_pool(low[0], low[1], geometry), *gradients(bev_pool, *low[:2], geometry, low[2]))
+    exact = [t.double() for t in low]
+    expected = (bev_pool_ref(exact[0], exact[1], geometry), *gradients(bev_pool_ref, *exact[:2], geometry, exact[2]))
+    for mine, ref in zip(ours, expected):
+        assert mine.dtype == dtype
+        torch.testing.assert_close(mine.double(), ref, **TOL[dtype])
+
+
+@pytest.mark.parametrize("device", device_params())
 @pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16, torch.float16])
 def test_other_float_dtypes(device, dtype):
     geometry, *_ = make_geometry(device=device)

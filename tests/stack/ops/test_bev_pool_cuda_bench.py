@@ -19,6 +19,14 @@ def test_without_a_gpu_the_cuda_benchmarks_say_what_they_need(name, on_cpu, caps
     assert "torch sees none" in err and f"run `stack bench {on_cpu}`" in err
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: the profiled pass runs instead")
+def test_the_profiled_pass_for_ncu_says_what_it_needs(capsys):
+    assert bench_cuda.main([]) == 2
+    assert "torch sees none" in capsys.readouterr().err
+    assert bench_cuda.main(["huge"]) == 2
+    assert "no preset 'huge'" in capsys.readouterr().err
+
+
 def test_datasheet_bandwidth_tells_the_pcie_h100_from_the_sxm():
     assert bench_cuda.datasheet_bandwidth("NVIDIA H100 80GB HBM3") == ("H100", 3.35e12)
     assert bench_cuda.datasheet_bandwidth("NVIDIA H100 PCIe") == ("H100 PCIe", 2.0e12)
