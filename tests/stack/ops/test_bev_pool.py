@@ -141,13 +141,17 @@ def test_channels_last_context(device):
 @pytest.mark.parametrize("device", device_params())
 @pytest.mark.parametrize("channels", [7, 32, 64, 80, 130, 300])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_every_channel_width_and_depth_batch_matches_the_reference(device, channels, dtype):
+@pytest.mark.parametrize("image", [(128, 64), (104, 40)])
+def test_every_channel_width_and_depth_batch_matches_the_reference(device, channels, dtype, image):
     # The CUDA kernels hold 32, 64, 128 or 256 channels per pass (300: two passes, the second partial) and fetch
-    # 32 depth bins at a time (40 bins: a full batch and a partial one); the reference runs in float64.
-    geometry, *_ = make_geometry(batch=2, cameras=2, bins=40, device=device)
+    # 32 depth bins at a time (40 bins: a full batch and a partial one); the backward takes 8 pixels a block
+    # (104 x 40 at stride 8: 2 x 65 pixels, the last tile partial). The reference runs in float64.
+    geometry, *_ = make_geometry(batch=1 if image[0] == 104 else 2, cameras=2, bins=40, width=image[0],
+                                 height=image[1], device=device)
+    assert image[0] == 128 or geometry.batch * geometry.cameras * geometry.feat_h * geometry.feat_w % 8 != 0
     depth, context = random_inputs(geometry, channels=channels, dtype=torch.float64, device=device)
-    grad = torch.randn(2, channels, geometry.grid_x, geometry.grid_y, dtype=torch.float64, device=device,
-                       generator=torch.Generator(device).manual_seed(4))
+    grad = torch.randn(geometry.batch, channels, geometry.grid_x, geometry.grid_y, dtype=torch.float64,
+                       device=device, generator=torch.Generator(device).manual_seed(4))
     low = [t.to(dtype) for t in (depth, context, grad)]
     ours = (bev_pool(low[0], low[1], geometry), *gradients(bev_pool, *low[:2], geometry, low[2]))
     exact = [t.double() for t in low]
