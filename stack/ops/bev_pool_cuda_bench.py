@@ -101,12 +101,17 @@ def datasheet_bandwidth(name: str) -> tuple[str, float] | None:
     return None
 
 
+def output_gradient(case: Case) -> torch.Tensor:
+    """A random gradient of the pooled BEV (B, C, X, Y), on the case's device and dtype."""
+    g = case.geometry
+    return torch.randn(g.batch, case.context.shape[2], g.grid_x, g.grid_y, device=case.depth.device,
+                       dtype=case.depth.dtype)
+
+
 def variants(case: Case) -> dict:
     from stack.ops import bev_pool, bev_pool_ref
 
-    g = case.geometry
-    grad = torch.randn(g.batch, case.context.shape[2], g.grid_x, g.grid_y, device=case.depth.device,
-                       dtype=case.depth.dtype)
+    g, grad = case.geometry, output_gradient(case)
 
     return {"reference (gather + index_add)": lambda: bev_pool_ref(case.depth, case.context, g),
             "op stack::bev_pool": lambda: bev_pool(case.depth, case.context, g),
@@ -178,17 +183,13 @@ def profiled_pass(preset: str = "default") -> None:
     base = build_case(preset, load_pipeline([CONFIG_DIR / f for f in PRESETS[preset]]))
     for dtype in (torch.float32, torch.bfloat16):
         case = to_device(base, device, dtype)
-        g = case.geometry
-        grad = torch.randn(g.batch, case.context.shape[2], g.grid_x, g.grid_y, device=device, dtype=dtype)
-        depth, context = (t.detach().requires_grad_() for t in (case.depth, case.context))
-        for profiled in (False, True):
-            torch.cuda.synchronize()
-            if profiled:
-                torch.cuda.profiler.start()
-            torch.autograd.grad(bev_pool(depth, context, g), (depth, context), grad)
-            torch.cuda.synchronize()
-            if profiled:
-                torch.cuda.profiler.stop()
+        step = forward_backward(bev_pool, case, output_gradient(case))
+        step()  # warm-up, outside the range
+        torch.cuda.synchronize()
+        torch.cuda.profiler.start()
+        step()
+        torch.cuda.synchronize()
+        torch.cuda.profiler.stop()
         print(f"profiled one forward + backward: {case.describe()}, {dtype}", flush=True)
 
 
