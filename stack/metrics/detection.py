@@ -86,8 +86,23 @@ def _numpy(x) -> np.ndarray:
     return x.detach().cpu().numpy() if hasattr(x, "detach") else np.asarray(x)
 
 
-class _Sample(NamedTuple):
-    """One sample's predictions and ground truth after the range filter (attributes: -1 for none)."""
+class _Matched(NamedTuple):
+    """One sample's predictions of one class, in row order, matched greedily to its GT at one threshold."""
+
+    scores: np.ndarray
+    hits: np.ndarray
+    errors: np.ndarray
+    """(n, 5) TP_ERRORS of each prediction's match; NaN rows for predictions that match nothing."""
+    positives: int
+
+
+@dataclass(eq=False)
+class _Sample:
+    """One sample's predictions and ground truth after the range filter (attributes: -1 for none).
+
+    A prediction competes only for the GT of its own sample, so the devkit's split-wide greedy matching (by
+    score) gives each sample the matches it gets alone: `matched` computes them once per class and threshold,
+    and any set of samples (a split, a bootstrap resample of one) is scored by concatenating them."""
 
     boxes: np.ndarray
     scores: np.ndarray
@@ -96,6 +111,30 @@ class _Sample(NamedTuple):
     gt: np.ndarray
     gt_labels: np.ndarray
     gt_attributes: np.ndarray
+    _matches: dict = field(default_factory=dict, repr=False)
+
+    def matched(self, label: int, threshold: float, period: float) -> _Matched:
+        key = (label, threshold, period)
+        if key not in self._matches:
+            self._matches[key] = self._match(label, threshold, period)
+        return self._matches[key]
+
+    def _match(self, label: int, threshold: float, period: float) -> _Matched:
+        """Highest score first (ties: the later row first, as the devkit's sort), each prediction taking the
+        nearest untaken GT of its class when it lies within `threshold` metres."""
+        rows = np.flatnonzero(self.labels == label)
+        is_gt = self.gt_labels == label
+        gt, gt_attributes = self.gt[is_gt], self.gt_attributes[is_gt]
+        hits, errors = np.zeros(len(rows), bool), np.full((len(rows), len(TP_ERRORS)), np.nan)
+        taken = np.zeros(len(gt), bool)
+        for k in np.lexsort((-np.arange(len(rows)), -self.scores[rows])) if len(gt) else ():
+            box = self.boxes[rows[k]]
+            distance = np.where(taken, np.inf, np.linalg.norm(gt[:, :2] - box[:2], axis=1))
+            best = int(np.argmin(distance))
+            if distance[best] < threshold:
+                taken[best], hits[k] = True, True
+                errors[k] = _match_errors(gt[best], box, gt_attributes[best], self.attributes[rows[k]], period)
+        return _Matched(self.scores[rows], hits, errors, len(gt))
 
 
 @dataclass
@@ -191,33 +230,20 @@ class DetectionMetric:
                     gt_boxes, gt_labels, [getattr(d, "attributes", None) for d in detections], gt_attributes)
 
     def _curve(self, label: int, threshold: float) -> _Curve:
-        gts = [s.gt[s.gt_labels == label] for s in self.samples]
-        gt_attributes = [s.gt_attributes[s.gt_labels == label] for s in self.samples]
-        positives = sum(len(g) for g in gts)
-        preds = [(score, sample, row) for sample, s in enumerate(self.samples)
-                 for row, score in enumerate(s.scores) if s.labels[row] == label]
+        period = YAW_PERIOD.get(self.classes[label], 2 * math.pi)
+        per_sample = [sample.matched(label, threshold, period) for sample in self.samples]
+        positives = sum(matched.positives for matched in per_sample)
         if positives == 0:
             return _Curve.empty()
-        period = YAW_PERIOD.get(self.classes[label], 2 * math.pi)
-        order = sorted(range(len(preds)), key=lambda i: (preds[i][0], i), reverse=True)
-        taken = [np.zeros(len(g), bool) for g in gts]
-        hits, confidences, matches = [], [], []
-        for i in order:
-            score, sample, row = preds[i]
-            box = self.samples[sample].boxes[row]
-            distance = np.linalg.norm(gts[sample][:, :2] - box[:2], axis=1) if len(gts[sample]) else np.zeros(0)
-            distance = np.where(taken[sample], np.inf, distance)
-            best = int(np.argmin(distance)) if len(distance) else -1
-            hit = best >= 0 and distance[best] < threshold
-            hits.append(hit)
-            confidences.append(score)
-            if hit:
-                taken[sample][best] = True
-                matches.append((score, *_match_errors(gts[sample][best], box, gt_attributes[sample][best],
-                                                      self.samples[sample].attributes[row], period)))
-        if not matches:
+        scores = np.concatenate([m.scores for m in per_sample])
+        order = np.lexsort((-np.arange(len(scores)), -scores))  # the devkit's sort: score, then later first
+        hits = np.concatenate([m.hits for m in per_sample])[order]
+        if not hits.any():
             return _Curve.empty()
-        return self._interpolate(np.array(hits, float), np.array(confidences), np.array(matches), positives)
+        confidences = scores[order]
+        errors = np.concatenate([m.errors for m in per_sample])[order]
+        matches = np.column_stack([confidences[hits], errors[hits]])
+        return self._interpolate(hits.astype(float), confidences, matches, positives)
 
     @staticmethod
     def _interpolate(hits, confidences, matches, positives) -> _Curve:

@@ -105,6 +105,29 @@ def test_matches_the_nuscenes_devkit(seed):
     assert 0 < mine["mAP"] < 1
 
 
+def test_a_resample_of_merged_frames_scores_as_the_devkit_scores_those_frames():
+    """The accuracy gate's bootstrap rescores resamples of frames (repeats included) by merging per-frame
+    accumulators whose matches an earlier compute already made: each resample scores as the devkit scores it."""
+    rng = np.random.default_rng(11)
+    split = random_split(rng, samples=10)
+    frames = []
+    for pred, scores, labels, gt, gt_labels in split:
+        frames.append(DetectionMetric(CLASSES))
+        frames[-1].update([pred], [scores], [labels], *padded(gt, gt_labels))
+    whole = DetectionMetric(CLASSES)
+    for frame in frames:
+        whole.merge(frame)
+    whole.compute()
+    for _ in range(3):
+        picked = rng.integers(0, len(split), len(split))
+        resample = DetectionMetric(CLASSES)
+        for index in picked:
+            resample.merge(frames[index])
+        mine, theirs = resample.compute(), oracle([split[index] for index in picked])
+        for key, value in theirs.items():
+            assert mine[key] == pytest.approx(value, abs=1e-9), key
+
+
 def test_perfect_predictions_score_one_and_zero_error():
     split = random_split(np.random.default_rng(5), samples=6)
     perfect = [(gt, np.linspace(1, 0.5, len(gt)), gt_labels, gt, gt_labels) for *_, gt, gt_labels in split]
