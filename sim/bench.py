@@ -27,8 +27,9 @@ DAGGER_ROW = "network, recorded for DAgger (labelled frames)"
 
 
 def _drive(pipeline, spec, episodes, record: bool = False) -> dict:
-    from stack.sim.drive import run_tasks
+    from stack.sim.drive import forget_worlds, run_tasks
 
+    forget_worlds()  # each row pays for building its worlds, as the first policy of an evaluation does
     start = time.perf_counter()
     rows = run_tasks(pipeline, [(spec, e, None, 0.0 if record else None) for e in episodes], workers=1)
     wall = time.perf_counter() - start

@@ -9,10 +9,12 @@ drive` runs: latencies resolved, episodes driven with a progress bar, the report
 
 from __future__ import annotations
 
+import copy
 import multiprocessing
 import os
 import re
 import time
+from collections import OrderedDict
 from dataclasses import replace
 from pathlib import Path
 
@@ -32,10 +34,31 @@ def _init_worker(pipeline) -> None:
     torch.set_num_threads(1)
 
 
+PRISTINE_WORLDS = 64
+"""Unstepped worlds a driving process keeps (about 6 MB each): an evaluation drives several policies through the
+same episodes, and a world takes ~0.6-1 s to build (the town's ground raster, the background traffic and its
+first plans) but ~2 ms to copy."""
+_pristine: OrderedDict = OrderedDict()
+
+
 def _world(pipeline, spec):
+    """The episode's world (`build_world`, a pure function of the spec and the world config): a copy of the one
+    this process built before for this episode, when it keeps one (least recently used dropped first)."""
     from stack.sim.scenarios import build_world
 
-    return build_world(spec, pipeline.data.world, 1.0 / pipeline.drive.sim_hz)
+    key = (spec, repr(pipeline.data.world), pipeline.drive.sim_hz)
+    if key in _pristine:
+        _pristine.move_to_end(key)
+    else:
+        _pristine[key] = build_world(spec, pipeline.data.world, 1.0 / pipeline.drive.sim_hz)
+        while len(_pristine) > PRISTINE_WORLDS:
+            _pristine.popitem(last=False)
+    return copy.deepcopy(_pristine[key])
+
+
+def forget_worlds() -> None:
+    """Drop the worlds this process keeps (`_world`): the next drive of each episode builds it again."""
+    _pristine.clear()
 
 
 def _front_rig(rig):
@@ -91,19 +114,29 @@ def run_tasks(pipeline, tasks: list, workers: int, on_done=None) -> list[dict]:
         finally:
             torch.set_num_threads(threads)  # the caller (e.g. stack deploy after its gate) keeps its threads
         return rows
-    order = sorted(range(len(tasks)), key=lambda i: not tasks[i][0].needs_cameras)  # long runs first
+    units = _episode_units(tasks)
     context = multiprocessing.get_context("fork")
-    with context.Pool(min(workers, len(tasks)), initializer=_init_worker, initargs=(pipeline,)) as pool:
-        for i, row in pool.imap_unordered(_indexed, [(i, tasks[i]) for i in order]):
-            rows[i] = row
-            if on_done:
-                on_done(row)
+    with context.Pool(min(workers, len(units)), initializer=_init_worker, initargs=(pipeline,)) as pool:
+        for done in pool.imap_unordered(_run_unit, [[(i, tasks[i]) for i in unit] for unit in units]):
+            for i, row in done:
+                rows[i] = row
+                if on_done:
+                    on_done(row)
     return rows
 
 
-def _indexed(item):
-    i, task = item
-    return i, run_task(task)
+def _episode_units(tasks: list) -> list[list[int]]:
+    """Task indices grouped by (whether the policy renders cameras, episode): one worker drives a group's
+    policies one after another through one built world (`build_world` keeps it), camera groups first (long
+    runs first)."""
+    units: dict = {}
+    for i, task in enumerate(tasks):
+        units.setdefault((not task[0].needs_cameras, task[1]), []).append(i)
+    return [units[key] for key in sorted(units, key=lambda key: key[0])]
+
+
+def _run_unit(unit: list) -> list:
+    return [(i, run_task(task)) for i, task in unit]
 
 
 def score_rows(rows: list[dict]) -> list[dict]:

@@ -1,7 +1,5 @@
 """`python -m stack` is the same as the `stack` command."""
 
-import sys
+from stack.cli import entry
 
-from stack.cli import main
-
-sys.exit(main())
+entry()

@@ -12,6 +12,7 @@ Each command lives in `stack/commands/<name>.py` and provides
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import sys
 
@@ -91,5 +92,16 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+def entry() -> None:
+    """The `stack` command (and `python -m stack`): `main`, then exit without the interpreter's final garbage
+    collections walking every object that torch and the command made, ~1 s of each exit on our 2-core CPUs
+    (`stack data make` of 3 tiny scenes: 7.4 -> 6.4 s, AVX2 EPYC). `gc.freeze` moves those objects where the
+    collector does not look (docs.python.org/3/library/gc.html#gc.freeze); reference counting still frees them,
+    atexit handlers still run, and `main` called in a process that goes on (tests) is left as it was."""
+    code = main()
+    gc.freeze()
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -4,7 +4,8 @@ import numpy as np
 import torch
 
 from stack.deploy.network_policies import bundle_spec, checkpoint_spec
-from stack.sim.drive import run_tasks, score_rows
+from stack.sim import drive
+from stack.sim.drive import forget_worlds, run_tasks, score_rows
 from stack.sim.policies import PolicySpec
 from stack.sim.scenarios import episode_specs
 from tests.sim.test_drive import micro_pipeline
@@ -49,3 +50,21 @@ def test_worker_processes_replay_the_episodes_of_one_process(tmp_path):
         assert np.array_equal(one["trace"].ego, other["trace"].ego), (one["policy"], one["family"])
         assert np.array_equal(one["trace"].agents, other["trace"].agents)
         assert one["metrics"]["pdms"] == other["metrics"]["pdms"]
+
+
+def test_a_kept_world_drives_its_episode_as_a_newly_built_one():
+    """Every policy of an evaluation drives a copy of the world built for the episode's first policy: a drive
+    leaves the kept world unstepped, and the next drive through it is the drive through a new one."""
+    pipeline = micro_pipeline("drive.episode_seconds=3.0")
+    expert = PolicySpec("expert", "expert")
+    episodes = episode_specs(["lead_brake", "cut_in"], 2, [0], 3.0)
+    forget_worlds()
+    built = _drive(pipeline, [expert], episodes, workers=1)
+    assert len(drive._pristine) == 2 and all(world.step_index == 0 for world in drive._pristine.values())
+    kept = _drive(pipeline, [expert, PolicySpec("constant velocity", "constant_velocity")], episodes, workers=1)
+    forget_worlds()
+    again = _drive(pipeline, [PolicySpec("constant velocity", "constant_velocity")], episodes, workers=1)
+    for one, other in zip(built + again, kept[:2] + kept[2:]):
+        assert one["policy"] == other["policy"] and one["index"] == other["index"]
+        assert np.array_equal(one["trace"].ego, other["trace"].ego), (one["policy"], one["family"])
+        assert np.array_equal(one["trace"].agents, other["trace"].agents)
