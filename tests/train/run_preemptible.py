@@ -14,6 +14,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import run_tiny  # noqa: E402
+from stack.cli import exit_without_final_gc  # noqa: E402
 from standin import TinyMultiTask  # noqa: E402
 
 
@@ -26,4 +27,4 @@ class SlowTinyMultiTask(TinyMultiTask):
 
 if __name__ == "__main__":
     run_tiny.TinyMultiTask = SlowTinyMultiTask
-    sys.exit(run_tiny.main())
+    exit_without_final_gc(run_tiny.main())  # as the `stack` command exits

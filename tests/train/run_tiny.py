@@ -19,6 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from standin import TinyMultiTask, synthetic_loaders, tiny_pipeline  # noqa: E402
 
+from stack.cli import exit_without_final_gc  # noqa: E402
 from stack.errors import StackError  # noqa: E402
 
 
@@ -50,4 +51,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_without_final_gc(main())  # as the `stack` command exits
