@@ -127,7 +127,7 @@ def run_tasks(pipeline, tasks: list, workers: int, on_done=None) -> list[dict]:
 
 def _episode_units(tasks: list) -> list[list[int]]:
     """Task indices grouped by (whether the policy renders cameras, episode): one worker drives a group's
-    policies one after another through one built world (`build_world` keeps it), camera groups first (long
+    policies one after another through one built world (`_world` keeps it), camera groups first (long
     runs first)."""
     units: dict = {}
     for i, task in enumerate(tasks):
