@@ -126,8 +126,10 @@ class _Sample:
         is_gt = self.gt_labels == label
         gt, gt_attributes = self.gt[is_gt], self.gt_attributes[is_gt]
         hits, errors = np.zeros(len(rows), bool), np.full((len(rows), len(TP_ERRORS)), np.nan)
+        if len(gt) == 0:
+            return _Matched(self.scores[rows], hits, errors, 0)
         taken = np.zeros(len(gt), bool)
-        for k in np.lexsort((-np.arange(len(rows)), -self.scores[rows])) if len(gt) else ():
+        for k in np.lexsort((-np.arange(len(rows)), -self.scores[rows])):
             box = self.boxes[rows[k]]
             distance = np.where(taken, np.inf, np.linalg.norm(gt[:, :2] - box[:2], axis=1))
             best = int(np.argmin(distance))
