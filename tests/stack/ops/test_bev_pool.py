@@ -127,6 +127,21 @@ def test_non_contiguous_inputs(device):
 
 
 @pytest.mark.parametrize("device", device_params())
+def test_a_context_that_starts_off_a_vector_boundary(device):
+    # A channels-last view one element into its storage: its rows are not 16-byte aligned, so the CUDA forward
+    # must take its scalar path, not the 128-bit loads.
+    geometry, *_ = make_geometry(device=device)
+    g = geometry
+    depth, context = random_inputs(geometry, channels=64, device=device)
+    storage = torch.zeros(context.numel() + 1, device=device)
+    shifted = storage[1:].view(g.batch, g.cameras, g.feat_h, g.feat_w, 64).permute(0, 1, 4, 2, 3)
+    shifted.copy_(context)
+    assert shifted.permute(0, 1, 3, 4, 2).is_contiguous() and shifted.data_ptr() % 16 != 0
+    torch.testing.assert_close(bev_pool(depth, shifted, geometry), bev_pool_ref(depth, context, geometry),
+                               **TOL[torch.float32])
+
+
+@pytest.mark.parametrize("device", device_params())
 def test_channels_last_context(device):
     geometry, *_ = make_geometry(device=device)
     depth, context = random_inputs(geometry, channels=6, device=device)
@@ -139,11 +154,13 @@ def test_channels_last_context(device):
 
 
 @pytest.mark.parametrize("device", device_params())
-@pytest.mark.parametrize("channels", [7, 32, 64, 80, 130, 300])
+@pytest.mark.parametrize("channels", [7, 8, 16, 32, 64, 80, 130, 300])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("image", [(128, 64), (104, 40)])
 def test_every_channel_width_and_depth_batch_matches_the_reference(device, channels, dtype, image):
-    # The CUDA kernels hold 32, 64, 128 or 256 channels per pass (300: two passes, the second partial) and fetch
+    # The CUDA forward gives each point 1-32 lanes of one 16-byte vector when the channels fill whole vectors (8 to
+    # 80 here, in fp32 and bf16), else a warp. The other kernels hold 32, 64, 128 or 256 channels per pass (300: two
+    # passes, the second partial) and fetch
     # 32 depth bins at a time (40 bins: a full batch and a partial one); the backward takes 8 pixels a block
     # (104 x 40 at stride 8: 2 x 65 pixels, the last tile partial). The reference runs in float64.
     geometry, *_ = make_geometry(batch=1 if image[0] == 104 else 2, cameras=2, bins=40, width=image[0],
