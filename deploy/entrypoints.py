@@ -14,8 +14,9 @@ from pathlib import Path
 from stack.deploy.bundle import is_deploy_folder
 from stack.deploy.calibration import BUNDLE_FILE as CALIBRATION_FILE
 from stack.deploy.calibration import Calibration, check_samples
-from stack.deploy.exportable import batch_feeds, export_network, training_path_network
+from stack.deploy.exportable import batch_feeds, export_network, torch_runner, training_path_network
 from stack.deploy.orchestrate import DeploySpec, run_deploy
+from stack.deploy.stateful import STATE_INPUTS, with_memory
 
 
 def bundle_calibration(pipeline, path: str | None, log=print) -> Calibration:
@@ -91,8 +92,11 @@ def export_checkpoint(pipeline, state_dict: dict, checkpoint: str, log=print, ca
     # would then take for a user's file
     (folder / "pipeline.yaml").write_text(pipeline_to_yaml(pipeline))
     (folder / CALIBRATION_FILE).write_text(calibration.to_yaml())
-    feeds = [f for batch in samples for f in batch_feeds(batch)]
     reference = training_path_network(pipeline, state_dict, calibration)
+    # a stateful graph is judged on one frame given the memory PyTorch made of the frame before (and on that memory,
+    # its bev_memory output): both sides get the same previous_bev
+    memory_shape = tuple(network.example[STATE_INPUTS[0]].shape) if STATE_INPUTS[0] in network.example else ()
+    feeds = [with_memory(f, torch_runner(reference), memory_shape) for batch in samples for f in batch_feeds(batch)]
     parity = check_parity(reference, exported.path, feeds, network.output_names, pipeline.export.parity_atol,
                           pipeline.export.parity_rtol)
     return {"path": exported.path, "ops": exported.ops, "tensorrt_problems": exported.tensorrt_problems,
@@ -117,7 +121,15 @@ def deploy_checkpoint(pipeline, state_dict: dict, checkpoint: str, target_name: 
     from stack.config import load_target, pipeline_hash, pipeline_to_yaml
     from stack.deploy.gates.head_scores import head_budgets, make_evaluator, make_quality_evaluator
     from stack.deploy.validation import deploy_samples
+    from stack.errors import StackError
 
+    if pipeline.model.temporal_frames:
+        raise StackError(
+            "this network fuses the previous key frame (model.temporal_frames=1); `stack export` writes and checks its "
+            "stateful graph (the BEV memory as an input and an output, carried by DeployedNetwork), but `stack deploy`'s "
+            "INT8 calibration, accuracy and closed-loop gates do not score stateful graphs yet, so no bundle can be "
+            "gated. Export it (`stack export`), drive the checkpoint (`stack drive`), or train with "
+            "model.temporal_frames=0 to deploy.")
     target = load_target(target_name, pipeline)
     folder = Path(pipeline.export.out_dir) / target_name
     cameras = bundle_calibration(pipeline, calibration_file, log)

@@ -17,18 +17,19 @@ import numpy as np
 import torch
 
 from stack.deploy.calibration import Calibration
+from stack.deploy.stateful import KEY_FRAME_PERIOD_S, MEMORY_OUTPUT, PREVIOUS_IMAGES, STATE_INPUTS
 from stack.errors import StackError
 from stack.models.outputs import OUTPUTS
 from stack.pipeline import Pipeline
 
 INPUTS = ("images", "ego_status", "command")
-"""Exported graph inputs, in order."""
+"""Exported graph inputs, in order (a stateful graph then takes stateful.STATE_INPUTS)."""
 
 
 @dataclass
 class ExportableNetwork:
     net: object
-    """An nn.Module: net(images=..., ego_status=..., command=...) -> {output name: tensor}."""
+    """An nn.Module: net(images=..., ego_status=..., command=...[, STATE_INPUTS]) -> {output name: tensor}."""
     example: dict
     output_names: list
     metadata: dict
@@ -38,16 +39,14 @@ class ExportableNetwork:
 
 def export_network(pipeline: Pipeline, state_dict: dict, calibration: Calibration | None = None) -> ExportableNetwork:
     """The trained network with `calibration` (default: the nominal `data.rig`) baked in, example inputs, metadata."""
-    if pipeline.model.temporal_frames:
-        raise StackError("this network fuses the previous key frame (model.temporal_frames=1); exporting it needs its "
-                         "BEV memory as a graph input and output, which export does not build yet: drive or evaluate "
-                         "the checkpoint (`stack drive`, `stack eval`), or train with model.temporal_frames=0 to deploy")
     net = _loaded(pipeline, state_dict)
     calibration = calibration or Calibration.from_rig(pipeline.data.rig)
     calibration.check_fits(pipeline.data.rig)
     net.fix_geometry(calibration_geometry(net, calibration, pipeline.export.batch_size))
-    return ExportableNetwork(_Exported(net).eval(), example_inputs(pipeline), list(OUTPUTS),
-                             metadata(pipeline, calibration), calibration)
+    stateful = bool(pipeline.model.temporal_frames)
+    return ExportableNetwork(_Exported(net, stateful).eval(), example_inputs(pipeline),
+                             list(OUTPUTS) + ([MEMORY_OUTPUT] if stateful else []), metadata(pipeline, calibration),
+                             calibration)
 
 
 def training_path_network(pipeline: Pipeline, state_dict: dict, calibration: Calibration) -> torch.nn.Module:
@@ -55,7 +54,8 @@ def training_path_network(pipeline: Pipeline, state_dict: dict, calibration: Cal
     on every call, not the baked FixedBevPool tables. The reference of export parity, so parity checks the
     lowering of the pooling for this calibration too (baked against baked would not)."""
     net = _loaded(pipeline, state_dict)
-    return _PerCallGeometry(net, calibration_geometry(net, calibration, pipeline.export.batch_size)).eval()
+    return _PerCallGeometry(net, calibration_geometry(net, calibration, pipeline.export.batch_size),
+                            bool(pipeline.model.temporal_frames)).eval()
 
 
 def _loaded(pipeline: Pipeline, state_dict: dict):
@@ -86,33 +86,42 @@ def calibration_geometry(net, calibration: Calibration, batch: int):
 
 
 class _Exported(torch.nn.Module):
-    """Keyword inputs images/ego_status/command (the exporter's wrapper passes them by name)."""
+    """Keyword inputs INPUTS (+ STATE_INPUTS when `stateful`; the exporter's wrapper passes them by name)."""
 
-    def __init__(self, net: torch.nn.Module):
+    def __init__(self, net: torch.nn.Module, stateful: bool):
         super().__init__()
-        self.net = net
+        self.net, self.stateful = net, stateful
 
-    def forward(self, images, ego_status, command):
-        outputs = self.net(images, ego_status, command)
-        return {name: outputs[name] for name in OUTPUTS}  # training-only outputs stay out of the graph
+    def forward(self, images, ego_status, command, previous_bev=None, previous_pose=None, previous_valid=None):
+        state = (None, previous_bev, previous_pose, previous_valid) if self.stateful else ()
+        outputs = self.net(images, ego_status, command, None, *state)
+        names = list(OUTPUTS) + ([MEMORY_OUTPUT] if self.stateful else [])
+        return {name: outputs[name] for name in names}  # training-only outputs stay out of the graph
 
 
 class _PerCallGeometry(torch.nn.Module):
-    """Keyword inputs images/ego_status/command, pooled with a fixed `geometry` through `bev_pool`."""
+    """Keyword inputs as _Exported's, pooled with a fixed `geometry` through `bev_pool`."""
 
-    def __init__(self, net: torch.nn.Module, geometry):
+    def __init__(self, net: torch.nn.Module, geometry, stateful: bool = False):
         super().__init__()
-        self.net, self.geometry = net, geometry
+        self.net, self.geometry, self.stateful = net, geometry, stateful
 
-    def forward(self, images, ego_status, command):
-        return self.net(images, ego_status, command, geometry=self.geometry)
+    def forward(self, images, ego_status, command, previous_bev=None, previous_pose=None, previous_valid=None):
+        state = (None, previous_bev, previous_pose, previous_valid) if self.stateful else ()
+        return self.net(images, ego_status, command, self.geometry, *state)
 
 
 def example_inputs(pipeline: Pipeline) -> dict:
     """Zero-valued inputs of the exported graph's shapes and dtypes."""
     rig, batch = pipeline.data.rig, pipeline.export.batch_size
-    return {"images": torch.zeros(batch, len(rig.cameras), 3, rig.image_height, rig.image_width, dtype=torch.uint8),
-            "ego_status": torch.zeros(batch, 3), "command": torch.zeros(batch, dtype=torch.int64)}
+    inputs = {"images": torch.zeros(batch, len(rig.cameras), 3, rig.image_height, rig.image_width, dtype=torch.uint8),
+              "ego_status": torch.zeros(batch, 3), "command": torch.zeros(batch, dtype=torch.int64)}
+    if pipeline.model.temporal_frames:
+        from stack.ops.bev_pool import grid_cells
+
+        inputs.update(previous_bev=torch.zeros(batch, pipeline.model.neck_channels, *grid_cells(pipeline.model.bev)),
+                      previous_pose=torch.zeros(batch, 3), previous_valid=torch.zeros(batch))
+    return inputs
 
 
 def metadata(pipeline: Pipeline, calibration: Calibration | None = None) -> dict:
@@ -140,7 +149,24 @@ def metadata(pipeline: Pipeline, calibration: Calibration | None = None) -> dict
                    "command": f"int64 (B,): index into {list(COMMANDS)}"},
         "input_normalisation": {"inside_graph": True, "mean_0_255": [m * 255 for m in IMAGENET_MEAN],
                                 "std_0_255": [s * 255 for s in IMAGENET_STD]},
+        **(_state_metadata(pipeline) if pipeline.model.temporal_frames else {}),
     }
+
+
+def _state_metadata(pipeline: Pipeline) -> dict:
+    """What a runtime needs to carry a stateful graph's memory from one key frame to the next."""
+    from stack.ops.bev_pool import grid_cells
+
+    shape = "x".join(map(str, (pipeline.export.batch_size, pipeline.model.neck_channels,
+                                *grid_cells(pipeline.model.bev))))
+    return {"state": {"memory_input": STATE_INPUTS[0], "memory_output": MEMORY_OUTPUT,
+                      "period_s": KEY_FRAME_PERIOD_S, "period_tolerance_s": 0.1 * KEY_FRAME_PERIOD_S},
+            "state_inputs": {
+                "previous_bev": f"float32 {shape}: the {MEMORY_OUTPUT} output of the key frame {KEY_FRAME_PERIOD_S} s "
+                                f"earlier (any values where previous_valid is 0)",
+                "previous_pose": "float32 (B, 3): x, y (m), yaw (rad) of the ego at that key frame, in the current "
+                                 "ego frame",
+                "previous_valid": "float32 (B,): 1 where previous_bev is given, 0 at a sequence start"}}
 
 
 def batch_feeds(batch) -> list[dict]:
@@ -148,5 +174,19 @@ def batch_feeds(batch) -> list[dict]:
     images = batch.images.numpy()
     status = batch.ego_status.numpy().astype(np.float32)
     command = batch.command.numpy().astype(np.int64)
-    return [{"images": images[i:i + 1], "ego_status": status[i:i + 1], "command": command[i:i + 1]}
-            for i in range(images.shape[0])]
+    feeds = [{"images": images[i:i + 1], "ego_status": status[i:i + 1], "command": command[i:i + 1]}
+             for i in range(images.shape[0])]
+    if batch.previous_images is not None:  # a temporal pipeline's batch: resolve with stateful.with_memory
+        previous, pose = batch.previous_images.numpy(), batch.previous_pose.numpy().astype(np.float32)
+        for i, feed in enumerate(feeds):
+            feed.update({PREVIOUS_IMAGES: previous[i:i + 1], STATE_INPUTS[1]: pose[i:i + 1]})
+    return feeds
+
+
+def torch_runner(net: torch.nn.Module):
+    """`net` (keyword inputs -> {name: tensor}) as `stateful.with_memory`'s `run`: numpy feeds in, numpy out."""
+    def run(feeds: dict) -> dict:
+        with torch.no_grad():
+            outputs = net(**{k: torch.from_numpy(np.asarray(v)) for k, v in feeds.items()})
+        return {k: v.float().numpy() for k, v in outputs.items()}
+    return run

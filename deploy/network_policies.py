@@ -93,9 +93,31 @@ class BundlePolicy(NetworkPolicy):
         else:
             self.net = DeployedNetwork.from_model(spec.model, threads=1)
         self.calibration = Calibration.from_rig(pipeline.data.rig)
+        if self.net.state:
+            replans_per_period = self.net.state["period_s"] * pipeline.drive.replan_hz
+            if abs(replans_per_period - round(replans_per_period)) > 1e-6 or round(replans_per_period) < 1:
+                raise StackError(f"{spec.model} is a stateful network that fuses the frame {self.net.state['period_s']} "
+                                 f"s earlier, which replanning at drive.replan_hz={pipeline.drive.replan_hz} never "
+                                 f"gives it: set drive.replan_hz to a multiple of {1 / self.net.state['period_s']:g}")
+        self._episode, self._state = None, {}
+
+    def plan(self, observation) -> np.ndarray:
+        """A stateful graph's memory is carried by DeployedNetwork, forgotten at an episode's start; the ego's
+        motion since the key frame 0.5 s earlier comes from odometry, as the checkpoint's does."""
+        if self.net.state:
+            from stack.kinematics import previous_pose
+            from stack.sim.recording import past_positions
+
+            episode = tuple(observation.world.seed_words)
+            if episode != self._episode or observation.time_s == 0.0:
+                self.net.reset()
+                self._episode = episode
+            self._state = {"time_s": float(observation.time_s),
+                           "previous_pose": previous_pose(past_positions(observation.world))[None]}
+        return super().plan(observation)
 
     def infer(self, images: np.ndarray, ego_status: np.ndarray, command: np.ndarray) -> tuple:
-        out = self.net.infer(images, ego_status, command, self.calibration)
+        out = self.net.infer(images, ego_status, command, self.calibration, **self._state)
         return out["plan_trajectories"], out["plan_scores"]
 
 

@@ -3,6 +3,12 @@
     net = DeployedNetwork.open("runs/tiny/export/cpu")          # the precision the bundle ships
     outputs = net.infer(images, ego_status, command, calibration)  # {output name: array}
 
+A stateful network (model.temporal_frames=1: it fuses the BEV memory of the key frame 0.5 s earlier) also
+takes each frame's time and the ego's motion since that key frame, and carries its memory itself:
+
+    outputs = net.infer(images, ego_status, command, calibration, time_s=t, previous_pose=pose)
+    net.reset()                                                   # at a scene start
+
 `open` checks the bundle against its gate.json (`stack.deploy.bundle.verify_bundle`: every
 file the one the gate scored), reads the camera calibration the network was built for
 (`calibration.yaml`, and the same hash in the ONNX metadata) and starts an ONNX Runtime
@@ -20,6 +26,7 @@ import numpy as np
 
 from stack.deploy.calibration import BUNDLE_FILE as CALIBRATION_FILE
 from stack.deploy.calibration import Calibration, CalibrationMismatch
+from stack.deploy.stateful import STATE_INPUTS
 from stack.errors import StackError
 
 MODEL_FILES = {"int8": "model.int8.onnx", "fp32": "model.onnx"}
@@ -46,6 +53,14 @@ class DeployedNetwork:
         self.output_names = [output.name for output in session.get_outputs()]
         self.pipeline_hash = metadata.get("pipeline_hash", "")
         self._inputs = {i.name: i for i in session.get_inputs()}
+        self.state = metadata.get("state") if STATE_INPUTS[0] in self._inputs else None
+        """For a stateful graph: memory_input, memory_output, period_s, period_tolerance_s (its metadata)."""
+        if STATE_INPUTS[0] in self._inputs and not isinstance(self.state, dict):
+            raise StackError(f"{path.name} takes {STATE_INPUTS[0]} but its metadata has no 'state' entry saying how to "
+                             f"carry it: export it again with this stack")
+        self._memories: list[tuple[float, np.ndarray]] = []
+        self.fused_memory = False
+        """Whether the last `infer` fused a kept memory (False: it started a sequence)."""
 
     @classmethod
     def open(cls, bundle_dir: str | Path, model: str | None = None, threads: int = 0,
@@ -89,15 +104,51 @@ class DeployedNetwork:
             raise CalibrationMismatch(f"{path.name}: its metadata's calibration does not match its calibration_hash")
         return cls(ort_session(path, threads), path, metadata, calibration)
 
-    def infer(self, images: np.ndarray, ego_status: np.ndarray, command: np.ndarray,
-              calibration: Calibration) -> dict[str, np.ndarray]:
+    def infer(self, images: np.ndarray, ego_status: np.ndarray, command: np.ndarray, calibration: Calibration,
+              time_s: float | None = None, previous_pose: np.ndarray | None = None) -> dict[str, np.ndarray]:
         """Run one frame: uint8 (1, N, 3, H, W) images in the bundle's camera order, float32 (1, 3) ego status
-        (speed, acceleration, yaw rate), int64 (1,) command; `calibration` is the cameras' calibration now."""
+        (speed, acceleration, yaw rate), int64 (1,) command; `calibration` is the cameras' calibration now.
+
+        A stateful network (`self.state`) also needs `time_s`, the frame's time in seconds on a clock that runs
+        forward, and `previous_pose`, float32 (1, 3): x, y (m) and yaw (rad) of the ego `period_s` earlier in the
+        current ego frame (odometry). It fuses the memory it kept from the frame `period_s` earlier (within
+        `period_tolerance_s`), or starts a sequence where it has none: the first frame, after `reset`, after a
+        gap. The network was trained on that period only, so memories of other ages are never fused."""
         self.check_calibration(calibration)
         feeds = {"images": images, "ego_status": ego_status, "command": command}
+        if self.state:
+            feeds.update(self._state_feeds(time_s, previous_pose))
         for name, value in feeds.items():
             self._check_input(name, value)
-        return dict(zip(self.output_names, self.session.run(self.output_names, feeds)))
+        outputs = dict(zip(self.output_names, self.session.run(self.output_names, feeds)))
+        if self.state:
+            self._memories.append((float(time_s), outputs[self.state["memory_output"]]))
+        return outputs
+
+    def reset(self) -> None:
+        """Forget the kept memories: the next frame starts a sequence (a scene start, a new drive)."""
+        self._memories.clear()
+        self.fused_memory = False
+
+    def _state_feeds(self, time_s, previous_pose) -> dict[str, np.ndarray]:
+        """previous_bev / previous_pose / previous_valid for the frame at `time_s`; drops memories too old to fuse."""
+        period, tolerance = float(self.state["period_s"]), float(self.state["period_tolerance_s"])
+        if time_s is None or previous_pose is None:
+            raise StackError(f"{self.path.name} is a stateful network (it fuses the BEV memory of the frame {period} s "
+                             f"earlier): infer needs time_s (the frame's time, seconds) and previous_pose (float32 "
+                             f"(1, 3): x, y, yaw of the ego {period} s earlier in the current ego frame)")
+        if not isinstance(time_s, (int, float)) or not np.isfinite(time_s):
+            raise StackError(f"infer time_s: expected a finite number of seconds, found {time_s!r}")
+        if self._memories and time_s <= self._memories[-1][0]:
+            raise StackError(f"infer time_s={time_s} does not come after the previous frame's {self._memories[-1][0]}: "
+                             f"frames must come in time order; call reset() when a new scene or drive starts")
+        self._memories = [(t, m) for t, m in self._memories if time_s - t <= period + tolerance]
+        ages = [abs(time_s - t - period) for t, _ in self._memories]
+        self.fused_memory = bool(ages) and min(ages) <= tolerance
+        shape = [d if isinstance(d, int) else 1 for d in self._inputs[STATE_INPUTS[0]].shape]
+        memory = self._memories[int(np.argmin(ages))][1] if self.fused_memory else np.zeros(shape, np.float32)
+        return {STATE_INPUTS[0]: memory, STATE_INPUTS[1]: previous_pose,
+                STATE_INPUTS[2]: np.full((shape[0],), float(self.fused_memory), np.float32)}
 
     def check_calibration(self, calibration: Calibration) -> None:
         """Raise CalibrationMismatch unless `calibration` pools into the same BEV cells as the bundle's."""

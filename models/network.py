@@ -89,14 +89,16 @@ class BevNet(nn.Module):
 
     def forward(self, images: torch.Tensor, ego_status: torch.Tensor, command: torch.Tensor,
                 geometry: BevPoolGeometry | None = None, bev_rotation: torch.Tensor | None = None,
-                previous_bev: torch.Tensor | None = None,
-                previous_pose: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+                previous_bev: torch.Tensor | None = None, previous_pose: torch.Tensor | None = None,
+                previous_valid: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         """`bev_rotation` (B,) radians is the BEV augmentation's yaw (`Batch.bev_rotation`); None means 0 and is
         what export passes, so the exported graph keeps its inputs and, at 0, its outputs.
 
         With model.temporal_frames = 1, `previous_bev` (B, C, X, Y) is the `bev_memory` output of the key frame
         0.5 s earlier and `previous_pose` (B, 3) the ego pose then (`Batch.previous_pose`); None at a sequence
-        start, where the frame is fused with itself (BEVDet4D). `bev_memory` is this frame's, for the next."""
+        start, where the frame is fused with itself (BEVDet4D). `bev_memory` is this frame's, for the next.
+        `previous_valid` (B,), 1 or 0, says per sample whether `previous_bev` holds a memory or the sample starts a
+        sequence: the exported stateful graph's way of saying None per sample (stack.deploy.exportable)."""
         batch, cameras = images.shape[:2]
         fine, lift = self.image_encoder(images.flatten(0, 1))
         depth_logits, context = self.depth_head(lift)
@@ -106,7 +108,10 @@ class BevNet(nn.Module):
         bev = self.view_transform(depth_logits.softmax(dim=2), context, geometry)
         memory = bev
         if self.temporal_frames:
-            bev = torch.cat([bev, self._aligned_previous(bev, previous_bev, previous_pose, bev_rotation)], dim=1)
+            aligned = self._aligned_previous(bev, previous_bev, previous_pose, bev_rotation)
+            if previous_valid is not None:
+                aligned = torch.where(previous_valid.view(-1, 1, 1, 1) > 0.5, aligned, bev)
+            bev = torch.cat([bev, aligned], dim=1)
         bev = self.bev_encoder(bev)
         heatmap, box_regression = self.detection_head(bev)
         outputs = {

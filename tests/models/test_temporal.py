@@ -72,12 +72,3 @@ def test_the_temporal_network_fuses_the_previous_frame_and_returns_its_memory():
     changed = [n for n in temporal if widths.get(n) != temporal[n]]
     assert widths.keys() <= temporal.keys() and changed, "k = 1 only widens the BEV encoder's input"
     assert all(n.startswith("bev_encoder.stem.") for n in changed), changed
-
-
-def test_export_refuses_a_temporal_network_with_what_to_do():
-    from stack.deploy.exportable import export_network
-    from stack.errors import StackError
-
-    pipeline = load_pipeline(TINY, ["model.temporal_frames=1"])
-    with pytest.raises(StackError, match="temporal_frames=0"):
-        export_network(pipeline, build_model(pipeline).state_dict())

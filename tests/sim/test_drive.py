@@ -234,6 +234,42 @@ def test_a_temporal_checkpoint_carries_its_bev_memory_through_each_episode(tmp_p
         assert all(-8.0 < x < -1.0 for x in moved), f"the ego was 0.5 s of driving behind: {moved}"
 
 
+def test_a_temporal_checkpoint_and_its_stateful_onnx_drive_the_same_episode(tmp_path):
+    """The exported stateful graph in closed loop: DeployedNetwork carries the BEV memory between replans and
+    forgets it at an episode's start, as the checkpoint policy does, so both drive the same trajectory."""
+    from stack.checkpoint.model_file import save_model_checkpoint
+    from stack.deploy.calibration import Calibration
+    from stack.deploy.export import export_onnx
+    from stack.deploy.exportable import export_network
+    from stack.models import build_model
+
+    temporal = micro_pipeline("model.temporal_frames=1")
+    torch.manual_seed(0)
+    state_dict = build_model(temporal).state_dict()
+    checkpoint = save_model_checkpoint(tmp_path / "model.pt", temporal, state_dict)
+    network = export_network(temporal, state_dict, Calibration.from_rig(temporal.data.rig))
+    onnx_path = tmp_path / "model.onnx"
+    export_onnx(network.net, network.example, network.output_names, onnx_path, temporal.export.opset, network.metadata)
+    onnx_policy = build_policy(bundle_spec("fp32", "", str(onnx_path)), temporal)
+    fused = []
+    infer = onnx_policy.net.infer
+
+    def spy(*args, **kwargs):
+        out = infer(*args, **kwargs)
+        fused.append(onnx_policy.net.fused_memory)
+        return out
+
+    onnx_policy.net.infer = spy
+    for spec in (episode("lead_brake", 1, 0, seconds=2.0), episode("route", seconds=1.5)):
+        world = build_world(spec, temporal.data.world, 1.0 / temporal.drive.sim_hz)
+        start = len(fused)
+        onnx_run = run_episode(world, onnx_policy, temporal.drive, temporal.data.rig).trace
+        assert fused[start:] == [False] + [True] * (len(fused) - start - 1) and len(fused) - start >= 3
+        torch_run = drive_once(temporal, checkpoint_spec("checkpoint", str(checkpoint)), spec).trace
+        assert np.max(np.linalg.norm(torch_run.ego[:, :2] - onnx_run.ego[:, :2], axis=1)) < 0.05, \
+            "the stateful ONNX graph and the checkpoint must drive within 5 cm of each other"
+
+
 def test_a_temporal_checkpoint_gets_in_closed_loop_what_the_loader_gives_it_in_training(tmp_path):
     """The closed loop's temporal inputs against the training loader's on one recorded episode (the frames
     `stack.sim.recording` writes and the loader reads back): key frames 0.5 s apart; the images the policy saw

@@ -1,0 +1,113 @@
+"""A temporal network (model.temporal_frames=1) exported as a stateful graph: the BEV memory of the key frame 0.5 s
+earlier is an input and the frame's own an output; ONNX Runtime matches PyTorch given the same memory;
+`DeployedNetwork` carries the memory between frames, fuses it only at the trained period and starts a sequence
+otherwise; `stack deploy` refuses what its gates cannot score yet."""
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from stack.config import load_pipeline
+from stack.deploy.export import check_parity, export_onnx, read_metadata
+from stack.deploy.exportable import INPUTS, batch_feeds, export_network, torch_runner
+from stack.deploy.runner import DeployedNetwork
+from stack.deploy.stateful import MEMORY_OUTPUT, STATE_INPUTS, with_memory
+from stack.errors import StackError
+from stack.models import build_model
+from stack.models.testing import random_batch
+
+TINY = ["configs/pipeline.yaml", "configs/presets/tiny.yaml"]
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    warnings.filterwarnings("ignore")
+    torch.manual_seed(0)
+    pipeline = load_pipeline(TINY, ["model.temporal_frames=1", "export.batch_size=1"])
+    network = export_network(pipeline, build_model(pipeline).state_dict())
+    path = tmp_path_factory.mktemp("stateful") / "model.onnx"
+    export_onnx(network.net, network.example, network.output_names, path, pipeline.export.opset, network.metadata)
+    return pipeline, network, path
+
+
+def _frame(pipeline, seed):
+    return batch_feeds(random_batch(pipeline, batch_size=1, seed=seed))[0]
+
+
+def test_the_graph_takes_the_memory_and_returns_the_next_one_as_pytorch_does(exported):
+    import onnx
+
+    pipeline, network, path = exported
+    graph = onnx.load(str(path)).graph
+    assert [i.name for i in graph.input] == list(INPUTS) + list(STATE_INPUTS)
+    assert [o.name for o in graph.output][-1] == MEMORY_OUTPUT
+    assert read_metadata(path)["state"]["period_s"] == 0.5
+    shape = tuple(network.example[STATE_INPUTS[0]].shape)
+    feeds = [with_memory(_frame(pipeline, seed), torch_runner(network.net), shape) for seed in (1, 2)]
+    assert all(f[STATE_INPUTS[2]][0] == 1.0 and float(np.abs(f[STATE_INPUTS[0]]).max()) > 0 for f in feeds)
+    rows = check_parity(network.net, path, feeds, network.output_names, pipeline.export.parity_atol,
+                        pipeline.export.parity_rtol)
+    assert all(row.passed for row in rows), [r for r in rows if not r.passed]
+    assert MEMORY_OUTPUT in {row.output for row in rows}
+
+
+def test_previous_valid_zero_is_the_sequence_start_and_one_fuses_the_memory(exported):
+    pipeline, network, path = exported
+    from stack.deploy.runtime import ort_session
+
+    session = ort_session(path)
+    names = network.output_names
+    feed = with_memory(_frame(pipeline, 3), torch_runner(network.net), tuple(network.example[STATE_INPUTS[0]].shape))
+    fused = dict(zip(names, session.run(names, feed)))
+    start = dict(zip(names, session.run(names, {**feed, STATE_INPUTS[2]: np.zeros(1, np.float32)})))
+    garbage = {**feed, STATE_INPUTS[0]: np.full_like(feed[STATE_INPUTS[0]], 1e6), STATE_INPUTS[2]: np.zeros(1, np.float32)}
+    ignored = dict(zip(names, session.run(names, garbage)))
+    with torch.no_grad():
+        alone = network.net.net(*(torch.from_numpy(feed[k]) for k in INPUTS), None, None, None, None)
+    np.testing.assert_allclose(start["heatmap"], alone["heatmap"].numpy(), atol=pipeline.export.parity_atol, rtol=1e-3)
+    np.testing.assert_array_equal(start["heatmap"], ignored["heatmap"])  # valid 0: the memory input is not read
+    assert not np.allclose(fused["heatmap"], start["heatmap"], atol=1e-4)
+
+
+def test_the_deployed_network_fuses_only_the_memory_of_the_trained_period(exported):
+    pipeline, network, path = exported
+    net = DeployedNetwork.from_model(path)
+    assert net.state["memory_output"] == MEMORY_OUTPUT
+    frames = [_frame(pipeline, seed) for seed in (4, 5, 6, 7)]
+    pose = np.array([[-2.0, 0.1, 0.05]], np.float32)
+
+    def infer(frame, time_s):
+        return net.infer(frame["images"], frame["ego_status"], frame["command"], network.calibration,
+                         time_s=time_s, previous_pose=pose)
+
+    with pytest.raises(StackError, match="time_s"):
+        net.infer(frames[0]["images"], frames[0]["ego_status"], frames[0]["command"], network.calibration)
+    first = infer(frames[0], 10.0)
+    assert not net.fused_memory
+    second = infer(frames[1], 10.5)
+    assert net.fused_memory
+    replay = network.net(**{k: torch.from_numpy(v) for k, v in {
+        **{k: frames[1][k] for k in INPUTS}, STATE_INPUTS[0]: first[MEMORY_OUTPUT], STATE_INPUTS[1]: pose,
+        STATE_INPUTS[2]: np.ones(1, np.float32)}.items()})
+    np.testing.assert_allclose(second["plan_scores"], replay["plan_scores"].detach().numpy(),
+                               atol=pipeline.export.parity_atol, rtol=1e-3)
+    infer(frames[2], 10.8)  # 0.3 s after the last frame, 0.8 s after the one before: no memory of 0.5 s age
+    assert not net.fused_memory
+    infer(frames[3], 11.3)  # 0.5 s after 10.8
+    assert net.fused_memory
+    with pytest.raises(StackError, match="time order"):
+        infer(frames[0], 11.0)
+    net.reset()
+    infer(frames[0], 11.8)  # 0.5 s after 11.3, but reset forgot it: a new scene
+    assert not net.fused_memory
+
+
+def test_stack_deploy_refuses_a_stateful_network_with_what_to_do():
+    from stack.deploy.entrypoints import deploy_checkpoint
+
+    pipeline = load_pipeline(TINY, ["model.temporal_frames=1"])
+    with pytest.raises(StackError, match="temporal_frames=0") as error:
+        deploy_checkpoint(pipeline, {}, "model.pt", "ci-cpu")
+    assert "stack export" in str(error.value)
