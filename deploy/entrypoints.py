@@ -14,9 +14,8 @@ from pathlib import Path
 from stack.deploy.bundle import is_deploy_folder
 from stack.deploy.calibration import BUNDLE_FILE as CALIBRATION_FILE
 from stack.deploy.calibration import Calibration, check_samples
-from stack.deploy.exportable import batch_feeds, export_network, torch_runner, training_path_network
+from stack.deploy.exportable import batch_feeds, export_network, training_path_network
 from stack.deploy.orchestrate import DeploySpec, run_deploy
-from stack.deploy.stateful import STATE_INPUTS, with_memory
 
 
 def bundle_calibration(pipeline, path: str | None, log=print) -> Calibration:
@@ -92,15 +91,20 @@ def export_checkpoint(pipeline, state_dict: dict, checkpoint: str, log=print, ca
     # would then take for a user's file
     (folder / "pipeline.yaml").write_text(pipeline_to_yaml(pipeline))
     (folder / CALIBRATION_FILE).write_text(calibration.to_yaml())
+    feeds = [f for batch in samples for f in batch_feeds(batch)]
     reference = training_path_network(pipeline, state_dict, calibration)
-    # a stateful graph is judged on one frame given the memory PyTorch made of the frame before (and on that memory,
-    # its bev_memory output): both sides get the same previous_bev
-    memory_shape = tuple(network.example[STATE_INPUTS[0]].shape) if STATE_INPUTS[0] in network.example else ()
-    feeds = [with_memory(f, torch_runner(reference), memory_shape) for batch in samples for f in batch_feeds(batch)]
     parity = check_parity(reference, exported.path, feeds, network.output_names, pipeline.export.parity_atol,
                           pipeline.export.parity_rtol)
     return {"path": exported.path, "ops": exported.ops, "tensorrt_problems": exported.tensorrt_problems,
             "parity": parity, "samples": f"{source}, against PyTorch pooling with bev_pool (geometry per call)"}
+
+
+def calibration_feeds(network, reference, feeds: list) -> list:
+    """INT8 calibration inputs: the quantizer feeds graph inputs only, so a stateful graph's frame pairs get the
+    memory the PyTorch network made of the frame before (the fp32 memory whose ranges INT8 must cover)."""
+    from stack.deploy.export import with_reference_memory
+
+    return [with_reference_memory(f, reference, network.example) for f in feeds]
 
 
 def _closed_loop_gate(pipeline):
@@ -121,15 +125,7 @@ def deploy_checkpoint(pipeline, state_dict: dict, checkpoint: str, target_name: 
     from stack.config import load_target, pipeline_hash, pipeline_to_yaml
     from stack.deploy.gates.head_scores import head_budgets, make_evaluator, make_quality_evaluator
     from stack.deploy.validation import deploy_samples
-    from stack.errors import StackError
 
-    if pipeline.model.temporal_frames:
-        raise StackError(
-            "this network fuses the previous key frame (model.temporal_frames=1); `stack export` writes and checks its "
-            "stateful graph (the BEV memory as an input and an output, carried by DeployedNetwork), but `stack deploy`'s "
-            "INT8 calibration, accuracy and closed-loop gates do not score stateful graphs yet, so no bundle can be "
-            "gated. Export it (`stack export`), drive the checkpoint (`stack drive`), or train with "
-            "model.temporal_frames=0 to deploy.")
     target = load_target(target_name, pipeline)
     folder = Path(pipeline.export.out_dir) / target_name
     cameras = bundle_calibration(pipeline, calibration_file, log)
@@ -141,14 +137,15 @@ def deploy_checkpoint(pipeline, state_dict: dict, checkpoint: str, target_name: 
     check_samples(calibration, cameras, f"INT8 calibration samples ({source})")
     check_samples(accuracy, cameras, f"accuracy samples ({source})")
     network = export_network(pipeline, state_dict, cameras)
+    reference = training_path_network(pipeline, state_dict, cameras)
     spec = DeploySpec(
         network.net, network.example, network.output_names, network.metadata,
-        calibration=[f for b in calibration for f in batch_feeds(b)],
+        calibration=calibration_feeds(network, reference, [f for b in calibration for f in batch_feeds(b)]),
         accuracy_feeds=[f for b in accuracy for f in batch_feeds(b)],
         evaluator=make_evaluator(pipeline, accuracy, samples.accuracy_scenes), budgets=head_budgets(target, pipeline),
         quality_evaluator=make_quality_evaluator(pipeline, accuracy),
         sensitivity_feeds=[f for b in samples.sensitivity for f in batch_feeds(b)], sample_ids=samples.ids,
-        reference=training_path_network(pipeline, state_dict, cameras),
+        reference=reference,
         samples_source=source, data_root=pipeline.data.root, chosen_store=chosen_store, checkpoint=str(checkpoint),
         pipeline_name=pipeline.name,
         pipeline_hash=pipeline_hash(pipeline), closed_loop=_closed_loop_gate(pipeline),

@@ -153,12 +153,16 @@ def check_parity(net: torch.nn.Module, path: str | Path, samples: list[dict], ou
     hundreds and offsets near zero are both judged fairly.
     """
     from stack.deploy.runtime import ort_session
+    from stack.deploy.stateful import memory_shape, with_memory
 
     session = ort_session(path)
+    shape = memory_shape(session)
     errors = {name: 0.0 for name in output_names}
     peaks = {name: 0.0 for name in output_names}
     with torch.no_grad():
         for feeds in samples:
+            if shape is not None:  # a stateful graph: both sides fuse the memory PyTorch made of the frame before
+                feeds = with_memory(feeds, torch_runner(net), shape)
             expected = net.eval()(**{k: torch.from_numpy(np.asarray(v)) for k, v in feeds.items()})
             got = dict(zip(output_names, session.run(output_names, feeds)))
             for name in output_names:
@@ -166,3 +170,24 @@ def check_parity(net: torch.nn.Module, path: str | Path, samples: list[dict], ou
                 errors[name] = max(errors[name], float(np.abs(got[name] - reference).max(initial=0.0)))
                 peaks[name] = max(peaks[name], float(np.abs(reference).max(initial=0.0)))
     return [ParityRow(name, errors[name], peaks[name], atol + rtol * peaks[name]) for name in output_names]
+
+
+def torch_runner(net: torch.nn.Module):
+    """`net` (keyword tensors -> {name: tensor}) on numpy feeds, numpy out: a `stateful.with_memory` run."""
+    def run(feeds: dict) -> dict:
+        with torch.no_grad():
+            outputs = net.eval()(**{k: torch.from_numpy(np.asarray(v)) for k, v in feeds.items()})
+        return {k: v.float().numpy() for k, v in outputs.items()}
+    return run
+
+
+def with_reference_memory(feeds: dict, net: torch.nn.Module, example: dict) -> dict:
+    """`feeds` as graph inputs: a stateful graph's frame pair (`stateful.PREVIOUS_IMAGES`) gets the memory the PyTorch
+    network `net` made of the frame before, for uses that need one fixed input rather than each model's own memory
+    (INT8 calibration ranges, sensitivity screening, timing, engine comparisons). `example`: the graph's example
+    inputs (their previous_bev gives the memory's shape); feeds of a one-frame graph pass unchanged."""
+    from stack.deploy.stateful import STATE_INPUTS, with_memory
+
+    if STATE_INPUTS[0] not in example:
+        return feeds
+    return with_memory(feeds, torch_runner(net), tuple(example[STATE_INPUTS[0]].shape))

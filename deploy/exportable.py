@@ -182,11 +182,3 @@ def batch_feeds(batch) -> list[dict]:
             feed.update({PREVIOUS_IMAGES: previous[i:i + 1], STATE_INPUTS[1]: pose[i:i + 1]})
     return feeds
 
-
-def torch_runner(net: torch.nn.Module):
-    """`net` (keyword inputs -> {name: tensor}) as `stateful.with_memory`'s `run`: numpy feeds in, numpy out."""
-    def run(feeds: dict) -> dict:
-        with torch.no_grad():
-            outputs = net(**{k: torch.from_numpy(np.asarray(v)) for k, v in feeds.items()})
-        return {k: v.float().numpy() for k, v in outputs.items()}
-    return run

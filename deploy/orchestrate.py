@@ -240,7 +240,7 @@ def _quantize_step(spec: DeploySpec, folder: Path, fp32_path: Path, target_name:
         f"{len(spec.accuracy_feeds)} validation samples per head ...")
     candidates = quantizable_nodes(onnx.load(str(fp32_path)), cfg.keep_fp32, target.qdq_flavour)
     # TensorRT-flavoured graphs are compiled by TensorRT, not run by this host: score their INT8 as simulated.
-    ranking = spec.sensitivity_feeds or spec.calibration[:cfg.sensitivity_samples]
+    ranking = [_concrete(spec, f) for f in spec.sensitivity_feeds or spec.calibration[:cfg.sensitivity_samples]]
     report = acc.accuracy_gate(fp32_path, quantize_with, spec.evaluator, spec.budgets, candidates,
                                ranking[:cfg.sensitivity_samples], cfg.max_fp32_layers, log,
                                simulate_int8=target.qdq_flavour == "tensorrt")
@@ -342,7 +342,7 @@ def _finish_speed(result: dict) -> None:
 def _measure_onnxruntime(spec, folder, engine_onnx, fp32_path, target, cfg, result, log):
     from stack.deploy.ort_profile import profile_nodes
 
-    feeds = spec.accuracy_feeds[0]
+    feeds = _concrete(spec, spec.accuracy_feeds[0])
     paths = [engine_onnx] + ([fp32_path] if engine_onnx != fp32_path else [])
     log(f"timing {' and '.join(p.name for p in paths)} with ONNX Runtime, side by side ({cfg.timing_runs} runs "
         f"each after {cfg.timing_warmup} warm-up) ...")
@@ -357,6 +357,13 @@ def _measure_onnxruntime(spec, folder, engine_onnx, fp32_path, target, cfg, resu
                        "reference_workload_ms": reference,
                        "breakdown": [(n, op, ms, "measured") for n, op, ms in nodes[:40]]}
     plot_latency(folder, [(n, op, ms, op) for n, op, ms in nodes], f"measured per-node time, ONNX Runtime ({shipped.name})")
+
+
+def _concrete(spec: DeploySpec, feeds: dict) -> dict:
+    """`feeds` with the memory the PyTorch reference made (export.with_reference_memory), for a stateful graph."""
+    from stack.deploy.export import with_reference_memory
+
+    return with_reference_memory(feeds, spec.reference, spec.example)
 
 
 def _time_side_by_side(paths: list, feeds: dict, cfg, target) -> tuple[dict, float]:
@@ -411,8 +418,9 @@ def _measure_tensorrt(spec, folder, engine_onnx, target, cfg, result, log, fp32:
         result["failures"].append(f"TensorRT engine build: {exc}")
         _predict(folder, engine_onnx, target, cfg, result, log)
         return
-    matches = tensorrt.compare_with_onnxruntime(engine, engine_onnx, spec.accuracy_feeds[:4], atol=1e-2, rtol=1e-2)
-    stats = tensorrt.time_engine(engine, spec.accuracy_feeds[0], cfg.timing_runs, cfg.timing_warmup)
+    feeds = [_concrete(spec, f) for f in spec.accuracy_feeds[:4]]
+    matches = tensorrt.compare_with_onnxruntime(engine, engine_onnx, feeds, atol=1e-2, rtol=1e-2)
+    stats = tensorrt.time_engine(engine, feeds[0], cfg.timing_runs, cfg.timing_warmup)
     if not matches:
         result["failures"].append("TensorRT engine outputs differ from ONNX Runtime (polygraphy comparator)")
     timing = {"side_by_side": {engine.name: stats.to_dict()}, "engine_matches_onnxruntime": matches,

@@ -43,3 +43,19 @@ def with_memory(feeds: dict, run: Callable[[dict], dict], memory_shape: tuple) -
     concrete = {k: v for k, v in feeds.items() if k != PREVIOUS_IMAGES}
     concrete.update({STATE_INPUTS[0]: memory, STATE_INPUTS[2]: np.ones((batch,), np.float32)})
     return concrete
+
+
+def memory_shape(session) -> tuple | None:
+    """The previous_bev shape of an ONNX Runtime session's graph (dynamic axes as 1), or None: not stateful."""
+    for spec in session.get_inputs():
+        if spec.name == STATE_INPUTS[0]:
+            return tuple(d if isinstance(d, int) else 1 for d in spec.shape)
+    return None
+
+
+def resolving(run: Callable[[dict], dict], shape: tuple | None) -> Callable[[dict], dict]:
+    """`run` that first resolves a feed's PREVIOUS_IMAGES with itself (`with_memory`); `run` itself where the graph
+    is not stateful (`shape` None)."""
+    if shape is None:
+        return run
+    return lambda feeds: run(with_memory(feeds, run, shape))

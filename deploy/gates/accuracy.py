@@ -276,10 +276,12 @@ def _clusters(scores: Scores) -> list[np.ndarray]:
 def session_runner(path: str | Path, simulate_int8: bool = False) -> Runner:
     """A Runner over an ONNX Runtime CPU session of `path` (`simulate_int8`: see `ort_session`)."""
     from stack.deploy.runtime import ort_session
+    from stack.deploy.stateful import memory_shape, resolving
 
     session = ort_session(path, simulate_int8=simulate_int8)
     names = [output.name for output in session.get_outputs()]
-    return lambda feeds: dict(zip(names, session.run(names, feeds)))
+    # a stateful graph fuses the memory it made itself of the frame before: INT8 errors in the memory count
+    return resolving(lambda feeds: dict(zip(names, session.run(names, feeds))), memory_shape(session))
 
 
 def sensitivity(fp32_path: Path, quantize_only: Callable[[str], Path], candidates: list[str],

@@ -48,7 +48,10 @@ POINTWISE = {"Add", "Sub", "Mul", "Div", "Relu", "Clip", "Sigmoid", "Tanh", "Lea
              "Elu", "Selu", "Cast", "Exp", "Log", "Sqrt", "Pow", "Erf", "Neg", "Abs", "Reciprocal", "Max", "Min"}
 """Elementwise operators TensorRT fuses into one pointwise kernel when they form a chain."""
 BYTES = {"int8": 1, "fp16": 2, "fp32": 4}
-GATHER_OPS = {"Gather", "GatherElements", "GatherND"}
+GATHER_OPS = {"Gather", "GatherElements", "GatherND", "GridSample"}
+"""Operators that read rows chosen by an index tensor: their bytes are what they write and the indices, and their
+efficiency is the gather class's. GridSample (the temporal network's BEV warp, stack.models.temporal) reads its
+4 bilinear neighbours per output element, mostly the same lines as its neighbour's, as a gather by a grid."""
 
 
 KINDS = ("conv", "dwconv", "matmul", "memory", "gather")
@@ -301,7 +304,8 @@ def _compute_cost(graph: _Graph, node, chain: list, extra: list, precision: str)
 
 
 def _elementwise_cost(graph: _Graph, node, precision: str) -> float:
-    per_element = {"Softmax": 5, "LayerNormalization": 8, "Resize": 4, "Exp": 4, "Sigmoid": 4, "Tanh": 4}
+    per_element = {"Softmax": 5, "LayerNormalization": 8, "Resize": 4, "Exp": 4, "Sigmoid": 4, "Tanh": 4,
+                   "GridSample": 8}  # bilinear: 4 multiply-adds per output element
     return float(per_element.get(node.op_type, 1) * max((graph.elements(name) for name in node.input), default=0))
 
 

@@ -1,7 +1,7 @@
 """A temporal network (model.temporal_frames=1) exported as a stateful graph: the BEV memory of the key frame 0.5 s
 earlier is an input and the frame's own an output; ONNX Runtime matches PyTorch given the same memory;
 `DeployedNetwork` carries the memory between frames, fuses it only at the trained period and starts a sequence
-otherwise; `stack deploy` refuses what its gates cannot score yet."""
+otherwise; the deploy gates score frame pairs, each runtime on its own memory."""
 
 import warnings
 
@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from stack.config import load_pipeline
-from stack.deploy.export import check_parity, export_onnx, read_metadata
-from stack.deploy.exportable import INPUTS, batch_feeds, export_network, torch_runner
+from stack.deploy.export import check_parity, export_onnx, read_metadata, torch_runner
+from stack.deploy.exportable import INPUTS, batch_feeds, export_network
 from stack.deploy.runner import DeployedNetwork
 from stack.deploy.stateful import MEMORY_OUTPUT, STATE_INPUTS, with_memory
 from stack.errors import StackError
@@ -104,10 +104,27 @@ def test_the_deployed_network_fuses_only_the_memory_of_the_trained_period(export
     assert not net.fused_memory
 
 
-def test_stack_deploy_refuses_a_stateful_network_with_what_to_do():
-    from stack.deploy.entrypoints import deploy_checkpoint
+def test_each_runtime_the_gates_score_fuses_the_memory_it_made_itself(exported):
+    """The accuracy gate's runner resolves a frame pair with its own model: INT8's memory errors reach INT8's
+    scores, as they would on the road; calibration and timing feeds get the PyTorch network's memory instead."""
+    from stack.deploy.entrypoints import calibration_feeds
+    from stack.deploy.gates.accuracy import session_runner
+    from stack.deploy.runtime import ort_session
 
-    pipeline = load_pipeline(TINY, ["model.temporal_frames=1"])
-    with pytest.raises(StackError, match="temporal_frames=0") as error:
-        deploy_checkpoint(pipeline, {}, "model.pt", "ci-cpu")
-    assert "stack export" in str(error.value)
+    pipeline, network, path = exported
+    pair = _frame(pipeline, 8)
+    got = session_runner(path)(pair)
+    session = ort_session(path)
+    names = [o.name for o in session.get_outputs()]
+    shape = tuple(network.example[STATE_INPUTS[0]].shape)
+    start = {"images": pair["previous_images"], "ego_status": pair["ego_status"], "command": pair["command"],
+             STATE_INPUTS[0]: np.zeros(shape, np.float32), STATE_INPUTS[1]: np.zeros((1, 3), np.float32),
+             STATE_INPUTS[2]: np.zeros(1, np.float32)}
+    memory = dict(zip(names, session.run(names, start)))[MEMORY_OUTPUT]
+    by_hand = dict(zip(names, session.run(names, {**{k: pair[k] for k in INPUTS}, STATE_INPUTS[0]: memory,
+                                                   STATE_INPUTS[1]: pair[STATE_INPUTS[1]],
+                                                   STATE_INPUTS[2]: np.ones(1, np.float32)})))
+    np.testing.assert_array_equal(got["heatmap"], by_hand["heatmap"])
+    [calibration] = calibration_feeds(network, network.net, [pair])
+    assert set(calibration) == set(INPUTS) | set(STATE_INPUTS)
+    np.testing.assert_allclose(calibration[STATE_INPUTS[0]], memory, atol=pipeline.export.parity_atol, rtol=1e-3)
