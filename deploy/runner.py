@@ -20,6 +20,7 @@ names and layouts are those of `stack.models.outputs`, also in `metadata["output
 
 from __future__ import annotations
 
+import numbers
 from pathlib import Path
 
 import numpy as np
@@ -137,7 +138,7 @@ class DeployedNetwork:
             raise StackError(f"{self.path.name} is a stateful network (it fuses the BEV memory of the frame {period} s "
                              f"earlier): infer needs time_s (the frame's time, seconds) and previous_pose (float32 "
                              f"(1, 3): x, y, yaw of the ego {period} s earlier in the current ego frame)")
-        if not isinstance(time_s, (int, float)) or not np.isfinite(time_s):
+        if not isinstance(time_s, numbers.Real) or isinstance(time_s, bool) or not np.isfinite(time_s):
             raise StackError(f"infer time_s: expected a finite number of seconds, found {time_s!r}")
         if self._memories and time_s <= self._memories[-1][0]:
             raise StackError(f"infer time_s={time_s} does not come after the previous frame's {self._memories[-1][0]}: "

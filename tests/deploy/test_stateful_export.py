@@ -84,9 +84,11 @@ def test_the_deployed_network_fuses_only_the_memory_of_the_trained_period(export
 
     with pytest.raises(StackError, match="time_s"):
         net.infer(frames[0]["images"], frames[0]["ego_status"], frames[0]["command"], network.calibration)
+    with pytest.raises(StackError, match="finite number"):
+        infer(frames[0], "10.0")
     first = infer(frames[0], 10.0)
     assert not net.fused_memory
-    second = infer(frames[1], 10.5)
+    second = infer(frames[1], np.float32(10.5))  # numpy scalars are times too
     assert net.fused_memory
     replay = network.net(**{k: torch.from_numpy(v) for k, v in {
         **{k: frames[1][k] for k in INPUTS}, STATE_INPUTS[0]: first[MEMORY_OUTPUT], STATE_INPUTS[1]: pose,
