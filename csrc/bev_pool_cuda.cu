@@ -414,7 +414,7 @@ at::Tensor bev_pool_cuda(const at::Tensor& depth, const at::Tensor& feat, const 
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, depth.scalar_type(), "bev_pool_cuda", [&] {
     const int group = vec_group_for(s.channels, sizeof(scalar_t), feat_cl.const_data_ptr());
-    if (group > 0) {
+    if (group > 0 && s.pixels() > 0) {  // a skipped slot reads the first row: there must be one
       with_group(group, [&](auto g) {
         constexpr int kGroup = decltype(g)::value, kSlots = kWarp / kGroup;
         constexpr int kBatch = kSlots >= 8 ? 1 : 8 / kSlots;  // 8 points in flight per warp and batch
