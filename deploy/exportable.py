@@ -117,10 +117,8 @@ def example_inputs(pipeline: Pipeline) -> dict:
     inputs = {"images": torch.zeros(batch, len(rig.cameras), 3, rig.image_height, rig.image_width, dtype=torch.uint8),
               "ego_status": torch.zeros(batch, 3), "command": torch.zeros(batch, dtype=torch.int64)}
     if pipeline.model.temporal_frames:
-        from stack.ops.bev_pool import grid_cells
-
-        inputs.update(previous_bev=torch.zeros(batch, pipeline.model.neck_channels, *grid_cells(pipeline.model.bev)),
-                      previous_pose=torch.zeros(batch, 3), previous_valid=torch.zeros(batch))
+        inputs.update(previous_bev=torch.zeros(_memory_shape(pipeline)), previous_pose=torch.zeros(batch, 3),
+                      previous_valid=torch.zeros(batch))
     return inputs
 
 
@@ -153,12 +151,16 @@ def metadata(pipeline: Pipeline, calibration: Calibration | None = None) -> dict
     }
 
 
-def _state_metadata(pipeline: Pipeline) -> dict:
-    """What a runtime needs to carry a stateful graph's memory from one key frame to the next."""
+def _memory_shape(pipeline: Pipeline) -> tuple:
+    """(B, C, X, Y) of a stateful graph's BEV memory: the view transform's output at the export batch size."""
     from stack.ops.bev_pool import grid_cells
 
-    shape = "x".join(map(str, (pipeline.export.batch_size, pipeline.model.neck_channels,
-                                *grid_cells(pipeline.model.bev))))
+    return (pipeline.export.batch_size, pipeline.model.neck_channels, *grid_cells(pipeline.model.bev))
+
+
+def _state_metadata(pipeline: Pipeline) -> dict:
+    """What a runtime needs to carry a stateful graph's memory from one key frame to the next."""
+    shape = "x".join(map(str, _memory_shape(pipeline)))
     return {"state": {"memory_input": STATE_INPUTS[0], "memory_output": MEMORY_OUTPUT,
                       "period_s": KEY_FRAME_PERIOD_S, "period_tolerance_s": 0.1 * KEY_FRAME_PERIOD_S},
             "state_inputs": {
