@@ -130,3 +130,69 @@ def test_each_runtime_the_gates_score_fuses_the_memory_it_made_itself(exported):
     [calibration] = calibration_feeds(network, network.net, [pair])
     assert set(calibration) == set(INPUTS) | set(STATE_INPUTS)
     np.testing.assert_allclose(calibration[STATE_INPUTS[0]], memory, atol=pipeline.export.parity_atol, rtol=1e-3)
+
+
+def _with_memory_quantized(path, out, scale: float):
+    """`path` with its memory output passed through an INT8 quantize/dequantize pair of the given scale: a memory
+    whose calibrated range is wrong (values beyond 127 x scale saturate), the rest of the graph untouched."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    model = onnx.load(str(path))
+    graph = model.graph
+    for node in graph.node:  # the tensor keeps feeding this frame's heads; only the graph output is quantized
+        for names in (node.input, node.output):
+            for index, name in enumerate(names):
+                if name == MEMORY_OUTPUT:
+                    names[index] = "bev_memory_fp32"
+    graph.initializer.extend([helper.make_tensor("memory_scale", TensorProto.FLOAT, [], [scale]),
+                              helper.make_tensor("memory_zero", TensorProto.INT8, [], [0])])
+    graph.node.extend([
+        helper.make_node("QuantizeLinear", ["bev_memory_fp32", "memory_scale", "memory_zero"], ["bev_memory_int8"]),
+        helper.make_node("DequantizeLinear", ["bev_memory_int8", "memory_scale", "memory_zero"], [MEMORY_OUTPUT])])
+    onnx.save(model, str(out))
+    return out
+
+
+def test_a_graph_whose_int8_memory_is_broken_fails_the_accuracy_gate(exported, tmp_path):
+    """The accuracy gate judges a stateful graph on frame pairs, each model fusing the memory it made itself: an
+    INT8 graph that is exact on every single frame but saturates its memory fails, and the same graph with a
+    memory scale that covers the range passes; fed the reference network's memory, the broken graph looks sound."""
+    from stack.deploy.gates.accuracy import HeadBudget, accuracy_gate, frame_means, session_runner
+    from stack.deploy.runtime import ort_session
+
+    pipeline, network, path = exported
+    pairs = [_frame(pipeline, seed) for seed in (10, 11, 12, 13)]
+    reference = [session_runner(path)(pair) for pair in pairs]
+    heads = ["heatmap"]  # detection reads the BEV, where the memory is fused
+
+    def evaluate(run):
+        frames = []
+        for pair, expected in zip(pairs, reference):
+            got = run(pair)
+            frames.append({f"{name}_error": float(np.linalg.norm(got[name] - expected[name])
+                                                  / (np.linalg.norm(expected[name]) or 1.0)) for name in heads})
+        return frame_means(frames)
+
+    budgets = [HeadBudget(name, f"{name}_error", 0.05, False) for name in heads]
+    memory = reference[0][MEMORY_OUTPUT]
+    broken = _with_memory_quantized(path, tmp_path / "broken.onnx", scale=float(np.abs(memory).max()) / 127 / 50)
+    sound = _with_memory_quantized(path, tmp_path / "sound.onnx", scale=float(np.abs(memory).max()) / 127 * 2)
+
+    start = {**{k: pairs[0][k] for k in INPUTS}, **{k: np.zeros(network.example[k].shape, np.float32)
+                                                      for k in STATE_INPUTS}}
+    one_frame, alone = (ort_session(graph).run(heads, start) for graph in (broken, path))
+    np.testing.assert_array_equal(one_frame[0], alone[0])  # on a sequence start the two graphs are one
+
+    def gate(graph):
+        return accuracy_gate(path, lambda excluded: graph, evaluate, budgets, [], [], max_fp32_layers=0,
+                             log=lambda message: None)
+
+    failed, passed = gate(broken), gate(sound)
+    assert not failed.passed and any(head.drop > 0.05 for head in failed.final.heads), failed.to_dict()
+    assert passed.passed, passed.to_dict()
+    session, shape = ort_session(broken), tuple(network.example[STATE_INPUTS[0]].shape)
+    on_reference_memory = evaluate(lambda pair: dict(zip(heads, session.run(
+        heads, {k: v for k, v in with_memory(pair, torch_runner(network.net), shape).items() if k in
+                set(INPUTS) | set(STATE_INPUTS)}))))
+    assert max(on_reference_memory.metrics.values()) < 0.05  # the error the gate must see lives in the memory alone
