@@ -13,8 +13,8 @@ INSTALL_INPUTS := pyproject.toml setup.py Makefile $(shell find csrc -type f 2>/
 TORCH_PINS := $(shell grep -oE '"torch(vision)?==[^"]+"' pyproject.toml | tr -d '"')
 TINY := -c configs/pipeline.yaml -c configs/presets/tiny.yaml
 # pytest workers (pytest-xdist), one per core: most tests keep one core busy. A test file stays on one worker
-# (--dist loadfile: its module fixtures are built once); files that judge measured time or share the one-node
-# SLURM cluster are marked `serial` (tests/conftest.py) and run alone afterwards.
+# (--dist loadfile: its module fixtures are built once); tests that judge measured time or start the one-node
+# SLURM cluster are marked `serial` (@pytest.mark.serial) and run alone afterwards.
 TEST_WORKERS ?= $(shell nproc)
 
 .PHONY: install demo test test-portable recipe gate clean slurm perf valgrind

@@ -45,11 +45,10 @@ INDUCTOR_CACHE = pytest.StashKey[str]()
 OWN_CACHE = "STACK_TESTS_INDUCTOR_CACHE"
 """The cache this test run made (its workers make theirs inside it), as opposed to one the user exported."""
 SERIAL = "serial"
+"""The marker of a test that must run alone (`@pytest.mark.serial`): only such tests, not their files, so that the
+rest of a file (its logic, its refusals) runs in the parallel part."""
 SERIAL_REASON = ("judges measured time or shares the one-node SLURM cluster: `make test` runs it alone, after the "
                  "parallel run (`pytest -n`), so another test's load cannot decide it")
-SERIAL_FILES = {"deploy/test_cli_deploy.py", "train/test_preemption.py", "train/test_launch.py",
-                "train/test_checkpoints_async.py", "train/test_step_stats.py"}
-"""Test files marked `serial`, relative to tests/ (a single test is marked with `@pytest.mark.serial`)."""
 
 
 def pytest_configure(config):
@@ -84,10 +83,7 @@ def pytest_report_header(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    tests = Path(__file__).resolve().parent
     for item in items:
-        if item.path.relative_to(tests).as_posix() in SERIAL_FILES:
-            item.add_marker(SERIAL)
         for marker, reason_for in MARKER_SKIP_REASONS.items():
             if marker in item.keywords:
                 reason = reason_for()

@@ -96,6 +96,7 @@ def test_export_again_into_its_own_previous_output(tiny):
     assert read_metadata(out / "model.onnx")["pipeline_hash"] not in (before, None)
 
 
+@pytest.mark.serial
 def test_deploy_ci_cpu_measures_and_an_untrained_network_is_not_for_deployment(tiny):
     """An untrained network passes every INT8-against-fp32 gate and the FPS gate, and is still below the quality
     bar: with --allow-below-bar the bundle is built (exit 0), marked NOT FOR DEPLOYMENT, and the runtime refuses it."""
@@ -179,6 +180,7 @@ def test_calibration_set_too_small(tiny):
                      "calibration set too small", "export.calibration_samples")
 
 
+@pytest.mark.serial
 def test_bench_infer_scores_and_times_fp32_and_both_int8_flavours(tiny, tmp_path):
     import shutil
 

@@ -74,6 +74,7 @@ def slow_disk(monkeypatch):
     return writes
 
 
+@pytest.mark.serial
 def test_training_goes_on_while_a_checkpoint_is_written_and_ends_with_the_same_weights(tmp_path, monkeypatch,
                                                                                      standin_recipe_run):
     """The first checkpoint's (step 4) write is held until training has ended step 6: with a save that
@@ -128,6 +129,7 @@ class SaveBlockingAt(pl.Callback):
             self.seen = (path.name, latest, complete(path), load_sharded_checkpoint(path)["global_step"])
 
 
+@pytest.mark.serial
 def test_a_blocking_save_is_latest_and_complete_when_it_returns(tmp_path, slow_disk, monkeypatch):
     saver = SaveBlockingAt(step=6)
     run(tmp_path, watch=saver, monkeypatch=monkeypatch)
@@ -158,6 +160,7 @@ def test_a_crafted_checkpoint_folder_is_refused_without_running_its_code(tmp_pat
     assert not marker.exists()
 
 
+@pytest.mark.serial
 def test_the_checkpoint_bench_misses_its_goal_when_the_save_blocks(tmp_path, monkeypatch, capsys):
     """`stack bench checkpoint` exits 1 when the 'asynchronous' save stalls the loop for the whole write, as a
     writer that waits inside `start` (a synchronous save under another name) does."""

@@ -48,6 +48,7 @@ def test_torchrun_command_uses_a_c10d_rendezvous():
     assert command[-4:] == ["-m", "stack", "train", "train.launcher=local"]
 
 
+@pytest.mark.serial
 @pytest.mark.slow
 @pytest.mark.skipif(bool(missing_tools()), reason=f"needs SLURM and munge (make slurm); missing: {missing_tools()}")
 def test_two_task_job_on_a_one_node_slurm_cluster(tmp_path):
@@ -72,6 +73,7 @@ def test_two_task_job_on_a_one_node_slurm_cluster(tmp_path):
     assert len([r for r in csv.DictReader(open(out / "csv" / "metrics.csv")) if r.get("train/loss_total")]) == 3
 
 
+@pytest.mark.serial
 @pytest.mark.skipif(bool(missing_tools()), reason=f"needs SLURM and munge (make slurm); missing: {missing_tools()}")
 def test_sbatch_reads_a_hostile_out_dir_as_one_path(tmp_path):
     """A real sbatch parses the quoted #SBATCH --output: the log lands in the folder named by a path with

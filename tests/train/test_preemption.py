@@ -267,6 +267,7 @@ def _start_now_when_requeued(cluster: OneNodeCluster, job: str, restarts: int, l
     subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=cluster.env, check=True)
 
 
+@pytest.mark.serial
 @pytest.mark.slow
 @pytest.mark.skipif(bool(missing_tools()), reason=f"needs SLURM and munge (make slurm); missing: {missing_tools()}")
 def test_a_signalled_and_requeued_job_resumes_by_itself_to_the_uninterrupted_weights(tmp_path):
@@ -317,6 +318,7 @@ def test_a_signalled_and_requeued_job_resumes_by_itself_to_the_uninterrupted_wei
     assert all(torch.equal(mine[k], theirs[k]) for k in mine), [k for k in mine if not torch.equal(mine[k], theirs[k])]
 
 
+@pytest.mark.serial
 @pytest.mark.slow
 def test_sigusr1_under_slurm_checkpoints_at_a_step_boundary_and_requeues(tmp_path):
     """Without a cluster: the job's environment variables, a recording `scontrol`, and SIGUSR1 sent to the rank

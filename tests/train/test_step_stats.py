@@ -37,6 +37,7 @@ def slow_validation(pipeline):
     return loaders
 
 
+@pytest.mark.serial
 def test_validation_between_epochs_is_not_data_wait(tmp_path):
     pipeline = tiny_pipeline("train.max_epochs=3", "train.log_every_n_steps=1", "train.seed=7",
                              f"train.out_dir={tmp_path}")
@@ -137,6 +138,7 @@ def test_a_configured_peak_below_the_achieved_rate_is_clamped_and_warned_once(mo
     assert "MFU >100% (train.peak_tflops too low)" in lines[0] and "MFU 50.0%" in lines[1]
 
 
+@pytest.mark.serial
 def test_mfu_of_a_real_run_with_a_too_low_first_peak(monkeypatch, tmp_path):
     calls = peaks_measured(monkeypatch, 1e-9, 1e3)
     pipeline = tiny_pipeline("train.max_steps=4", "train.log_every_n_steps=2", f"train.out_dir={tmp_path}")
@@ -158,6 +160,7 @@ def test_a_grouped_convolution_step_counts_three_forwards():
 
 # MFU counts the model's FLOPs, HFU what the hardware runs (recomputation included).
 
+@pytest.mark.serial
 def test_activation_checkpointing_raises_hfu_not_mfu(tmp_path):
     runs = {}
     for name, extra in (("plain", []), ("recomputed", ["train.activation_checkpointing=[backbone.*]"])):
