@@ -92,7 +92,17 @@ class FeaturePyramid(nn.Module):
 
 
 class ImageEncoder(nn.Module):
-    """uint8/float images (B*N, 3, H, W) → (fine features, lift features), ImageNet-normalised inside."""
+    """uint8/float images (B*N, 3, H, W) → (fine features, lift features), ImageNet-normalised inside.
+
+    The normalised images enter the backbone channels-last (NHWC strides, same shape): a convolution whose input is
+    channels-last runs oneDNN's and cuDNN's NHWC kernels and keeps its output NHWC, so the whole backbone and neck
+    skip the layout reorders NCHW costs (PyTorch's channels-last guide; cuDNN's tensor-core convolutions are NHWC).
+    `stack bench train-step` measures it against NCHW side by side (BENCHMARKS, training step). The weights keep
+    their layout, so checkpoints, DDP/FSDP2 sharding and ONNX export (which has no memory format) are unchanged.
+    """
+
+    channels_last = True
+    """Whether images enter the backbone channels-last (the bench's NCHW case sets it False on its instance)."""
 
     def __init__(self, name: str, checkpoint: str | None, channels: int, fine_stride: int, lift_stride: int):
         super().__init__()
@@ -108,4 +118,6 @@ class ImageEncoder(nn.Module):
 
     def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         x = (images.float() - self.mean) / self.std
+        if self.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
         return self.neck(self.backbone(x))

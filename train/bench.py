@@ -2,7 +2,8 @@
 
 - train-step: one training step of the pipeline's network (synthetic batches from
   `stack.models.testing.random_batch`, so data loading is out of the picture) at fp32
-  vs bf16-mixed, with and without activation checkpointing. The four configurations
+  vs bf16-mixed, with and without activation checkpointing, and at fp32 with the images
+  entering the backbone NCHW instead of channels-last (`ImageEncoder`). The five configurations
   run in one process, interleaved step by step (round robin), so they share whatever
   else the machine is doing; the median of each is reported with its floor (FLOPs of
   the step from `torch.utils.flop_counter` with `stack.train.callbacks.step_flop_counter`'s
@@ -35,11 +36,12 @@ import torch
 from stack.benchrecord import figures_of
 from stack.pipeline import Pipeline
 
-STEP_CASES = [("32-true", []), ("bf16-mixed", []), ("32-true", ["image_encoder", "bev_encoder"]),
-              ("bf16-mixed", ["image_encoder", "bev_encoder"])]
+STEP_CASES = [("32-true", [], True), ("bf16-mixed", [], True), ("32-true", ["image_encoder", "bev_encoder"], True),
+              ("bf16-mixed", ["image_encoder", "bev_encoder"], True), ("32-true", [], False)]
+"""(precision, activation-checkpointed components, images channels-last): the network's own layout is True."""
 
 
-def _case_step(pipeline: Pipeline, precision: str, checkpointed: list[str], batch):
+def _case_step(pipeline: Pipeline, precision: str, checkpointed: list[str], channels_last: bool, batch):
     """A closure running one training step of a fresh network in this configuration."""
     from stack.models import build_model
     from stack.train.callbacks import PRECISION_DTYPES
@@ -47,6 +49,7 @@ def _case_step(pipeline: Pipeline, precision: str, checkpointed: list[str], batc
 
     torch.manual_seed(0)
     model = build_model(pipeline).train()
+    model.image_encoder.channels_last = channels_last
     if checkpointed:
         apply_activation_checkpointing(model, checkpointed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -69,15 +72,16 @@ def step_cases(pipeline: Pipeline, rounds: int = 6) -> list[dict]:
     from stack.train.callbacks import PRECISION_DTYPES, measure_peak_tflops, step_flop_counter
 
     batch = random_batch(pipeline, pipeline.data.batch_size, seed=0)
-    steps = [_case_step(pipeline, precision, checkpointed, batch) for precision, checkpointed in STEP_CASES]
+    steps = [_case_step(pipeline, *case, batch) for case in STEP_CASES]
     rows = []
-    for (precision, checkpointed), step in zip(STEP_CASES, steps):
+    for (precision, checkpointed, channels_last), step in zip(STEP_CASES, steps):
         step()  # warm-up (allocator, oneDNN primitives)
         saved: list = []
         step(saved)
         with step_flop_counter() as counter:  # grouped convolutions' weight gradients counted once
             step()
-        rows.append({"precision": precision, "checkpointing": checkpointed, "gflop": counter.get_total_flops() / 1e9,
+        rows.append({"precision": precision, "checkpointing": checkpointed,
+                     "images": "channels-last" if channels_last else "NCHW", "gflop": counter.get_total_flops() / 1e9,
                      "saved_for_backward_mb": sum(saved) / 2**20, "times": [], "peaks": []})
     for _ in range(rounds):
         for row, step in zip(rows, steps):
@@ -123,24 +127,26 @@ def record_step_figures(figures, rows: list[dict]) -> None:
     (`floor_cell`)."""
     for row in rows:
         floor = row["floor_ms"] / 1e3 if row["floor_ms"] <= row["step_ms"] else None
-        figures.add(f"step: {row['precision']}, checkpointing {', '.join(row['checkpointing']) or 'none'}",
+        images = ", NCHW images" if row["images"] == "NCHW" else ""  # the network's own layout keeps its old name
+        figures.add(f"step: {row['precision']}, checkpointing {', '.join(row['checkpointing']) or 'none'}{images}",
                     row["times"], "s", floor=floor)
 
 
 def run_step(pipeline: Pipeline, args) -> int:
-    """`stack bench train-step`: fp32 vs bf16, with and without activation checkpointing, interleaved."""
+    """`stack bench train-step`: fp32 vs bf16, with and without activation checkpointing, channels-last vs NCHW
+    images, interleaved."""
     rows = step_cases(pipeline)
     record_step_figures(figures_of(args), rows)
-    base, plain_bf16 = rows[0], rows[1]
-    print("| precision | activation checkpointing | step ms (median) | speed vs fp32 | floor ms (GFLOP / peak) | "
-          "saved for backward MiB |\n|---|---|---|---|---|---|")
+    base, plain_bf16, nchw = rows[0], rows[1], rows[4]
+    print("| precision | activation checkpointing | images | step ms (median) | speed vs fp32 | floor ms (GFLOP / peak) | "
+          "saved for backward MiB |\n|---|---|---|---|---|---|---|")
     for row in rows:
-        print(f"| {row['precision']} | {', '.join(row['checkpointing']) or 'none'} | {row['step_ms']:.0f} | "
+        print(f"| {row['precision']} | {', '.join(row['checkpointing']) or 'none'} | {row['images']} | {row['step_ms']:.0f} | "
               f"{base['step_ms'] / row['step_ms']:.2f}x | {floor_cell(row)} | {row['saved_for_backward_mb']:.0f} |")
     print(f"bf16 vs fp32: {base['step_ms'] / plain_bf16['step_ms']:.2f}x; activation checkpointing costs "
           f"{rows[2]['step_ms'] / base['step_ms']:.2f}x (fp32) / {rows[3]['step_ms'] / plain_bf16['step_ms']:.2f}x "
           f"(bf16) step time for {rows[2]['saved_for_backward_mb'] / base['saved_for_backward_mb']:.2f}x the "
-          f"saved activations")
+          f"saved activations; channels-last images vs NCHW (fp32): {nchw['step_ms'] / base['step_ms']:.2f}x")
     return 0
 
 
