@@ -1,4 +1,4 @@
-"""The CUDA kernels are built for every GPU family the project names in setup.py (CUDA_ARCHS), plus PTX."""
+"""The CUDA kernels carry a cubin for each architecture setup.py names (CUDA_ARCHS: 8.0 covers 8.x), PTX for the newest."""
 
 import re
 import shutil
