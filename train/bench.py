@@ -138,10 +138,11 @@ def run_step(pipeline: Pipeline, args) -> int:
     rows = step_cases(pipeline)
     record_step_figures(figures_of(args), rows)
     base, plain_bf16, nchw = rows[0], rows[1], rows[4]
-    print("| precision | activation checkpointing | images | step ms (median) | speed vs fp32 | floor ms (GFLOP / peak) | "
-          "saved for backward MiB |\n|---|---|---|---|---|---|---|")
+    print("| precision | activation checkpointing | images | step ms (median) | speed vs fp32 | "
+          "floor ms (GFLOP / peak) | saved for backward MiB |\n|---|---|---|---|---|---|---|")
     for row in rows:
-        print(f"| {row['precision']} | {', '.join(row['checkpointing']) or 'none'} | {row['images']} | {row['step_ms']:.0f} | "
+        print(f"| {row['precision']} | {', '.join(row['checkpointing']) or 'none'} | {row['images']} | "
+              f"{row['step_ms']:.0f} | "
               f"{base['step_ms'] / row['step_ms']:.2f}x | {floor_cell(row)} | {row['saved_for_backward_mb']:.0f} |")
     print(f"bf16 vs fp32: {base['step_ms'] / plain_bf16['step_ms']:.2f}x; activation checkpointing costs "
           f"{rows[2]['step_ms'] / base['step_ms']:.2f}x (fp32) / {rows[3]['step_ms'] / plain_bf16['step_ms']:.2f}x "

@@ -87,24 +87,28 @@ def test_channels_last_images_compute_what_nchw_computes_and_keep_the_weights_la
     turn into ~1e-3 of the whole gradient, and up to 2% in a zero-initialised residual BN scale whose
     gradient cancels. A wrong layout (a kernel reading NHWC memory as NCHW) moves the outputs by O(1)."""
     p, model, batch = tiny
-    results = {}
-    for channels_last in (True, False):
-        model.image_encoder.channels_last = channels_last
-        model.zero_grad()
-        fine, lift = model.image_encoder(batch.images.flatten(0, 1))
-        assert lift.is_contiguous(memory_format=torch.channels_last) == channels_last
-        outputs = model.forward_batch(batch)
-        loss = model.loss(outputs, batch)["total"]
-        loss.backward()
-        grads = {name: param.grad.clone() for name, param in model.named_parameters() if param.grad is not None}
-        results[channels_last] = outputs, loss.detach(), grads
-    model.image_encoder.channels_last = True
+    results, lifted = {}, []
+    hook = model.image_encoder.register_forward_hook(lambda module, args, out: lifted.append(out[1]))
+    try:
+        for channels_last in (True, False):
+            model.image_encoder.channels_last = channels_last
+            model.zero_grad()
+            outputs = model.forward_batch(batch)
+            assert lifted.pop().is_contiguous(memory_format=torch.channels_last) == channels_last
+            loss = model.loss(outputs, batch)["total"]
+            loss.backward()
+            grads = {name: param.grad.clone() for name, param in model.named_parameters() if param.grad is not None}
+            results[channels_last] = outputs, loss.detach(), grads
+    finally:  # the module's network is shared with the other tests
+        hook.remove()
+        model.image_encoder.channels_last = True
     (out_nhwc, loss_nhwc, grad_nhwc), (out_nchw, loss_nchw, grad_nchw) = results[True], results[False]
     for name in out_nchw:
         torch.testing.assert_close(out_nhwc[name], out_nchw[name], rtol=1e-4, atol=1e-4, msg=name)
     torch.testing.assert_close(loss_nhwc, loss_nchw, rtol=1e-5, atol=1e-5)
     assert grad_nhwc.keys() == grad_nchw.keys()
-    whole_nhwc, whole_nchw = (torch.cat([grads[name].flatten() for name in grad_nchw]) for grads in (grad_nhwc, grad_nchw))
+    whole_nhwc, whole_nchw = (torch.cat([grads[name].flatten() for name in grad_nchw])
+                              for grads in (grad_nhwc, grad_nchw))
     assert (whole_nhwc - whole_nchw).norm() / whole_nchw.norm() < 1e-2
     conv = model.image_encoder.backbone.stem.conv
     assert conv.weight.is_contiguous() and grad_nhwc["image_encoder.backbone.stem.conv.weight"].is_contiguous()

@@ -1,4 +1,5 @@
-"""The CUDA kernels carry a cubin for each architecture setup.py names (CUDA_ARCHS: 8.0 covers 8.x), PTX for the newest."""
+"""The CUDA kernels carry a cubin for each architecture setup.py names (CUDA_ARCHS; 8.0 covers 8.x), PTX for the
+newest."""
 
 import re
 import shutil
