@@ -81,7 +81,8 @@ class BevNet(nn.Module):
             self.planning_head = PathSpeedPlanningHead(
                 model.bev_channels, len(model.detection_classes), self.grid, (tuple(bev.x_range), tuple(bev.y_range)),
                 list(model.planning_accelerations), model.planning_steps, len(COMMANDS), model.path_points,
-                model.path_spacing_m, model.planning_layers, model.planning_width, model.planning_collision_weight)
+                model.path_spacing_m, model.planning_layers, model.planning_width, model.planning_collision_weight,
+                model.planning_velocity)
         else:
             self.planning_head = PlanningHead(model.bev_channels, self.grid, model.planning_modes,
                                               model.planning_steps, len(COMMANDS), model.planning_layers,
@@ -121,7 +122,7 @@ class BevNet(nn.Module):
         if self.temporal_frames:
             outputs["bev_memory"] = memory
         if isinstance(self.planning_head, PathSpeedPlanningHead):
-            outputs.update(self.planning_head(bev, heatmap, ego_status, command, bev_rotation))
+            outputs.update(self.planning_head(bev, heatmap, ego_status, command, bev_rotation, box_regression))
         else:
             trajectories, scores = self.planning_head(bev, ego_status, command, bev_rotation)
             outputs.update(plan_trajectories=trajectories, plan_scores=scores)

@@ -21,6 +21,13 @@ stacks. Each factor gets the form that learns it:
   Each candidate is scored from the BEV features and detection heatmap sampled where it will
   be, as cost-volume planners score trajectories (NMP, Zeng et al., CVPR 2019): whether braking
   is needed is a question about the cells ahead, not about the mean of all tokens.
+- **Motion of others** (`model.planning_velocity`): one frame cannot tell a stopped car from a lead
+  car (BENCHMARKS, "One frame cannot tell a stopped car from a lead car": at 15-35 m the expert
+  brakes 2-2.5x as often for the stopped one). A temporal network's detection head regresses each
+  road user's velocity; the scorer then also reads, at every sampled point, that velocity resolved
+  along and across the path there, gated by the occupancy: "something ahead on my path that moves
+  at 1 m/s" is one feature, not a pattern the scorer must find in 32 BEV channels. The velocity is
+  read without a gradient, so it keeps the meaning the detection loss gives it.
 
 Outputs keep the network's contract (`stack.models.outputs`): `plan_trajectories` (B, K, T, 2)
 are the K speed candidates along the path, `plan_scores` (B, K) their combined log-scores, so
@@ -42,6 +49,10 @@ SAMPLES_PER_STEP = 2
 closer than a car is long)."""
 SAMPLE_FEATURES = 16
 """Channels each sampled BEV point is projected to before the candidate scorer."""
+VELOCITY_SCALE_MPS = 10.0
+"""Velocities enter the scorer divided by this (the world's speeds are 0-15 m/s)."""
+PATH_TANGENT_M = 0.5
+"""Arc step of the finite difference that gives the path's direction at each sampled point."""
 SCORER_HIDDEN = 128
 MAX_REFINEMENT_M = 2.0
 """Largest shift of a candidate's waypoint along the path: anchor + refinement (as anchor-based planners refine
@@ -64,10 +75,11 @@ class PathSpeedPlanningHead(PlanningTrunk):
 
     def __init__(self, bev_channels: int, heatmap_channels: int, grid: tuple[int, int], bev_ranges: tuple,
                  accelerations: list[float], steps: int, commands: int, path_points: int, path_spacing_m: float,
-                 layers: int = 2, width: int = 0, collision_weight: float = 1.0):
+                 layers: int = 2, width: int = 0, collision_weight: float = 1.0, sample_velocity: bool = False):
         super().__init__(bev_channels, grid, modes=1, commands=commands, layers=layers, width=width)
         self.steps, self.spacing = steps, path_spacing_m
         self.collision_weight = collision_weight
+        self.sample_velocity = sample_velocity
         self.x_range, self.y_range = bev_ranges
         self.register_buffer("accelerations", torch.tensor(accelerations, dtype=torch.float32), persistent=False)
         channels = width or bev_channels
@@ -75,7 +87,7 @@ class PathSpeedPlanningHead(PlanningTrunk):
         nn.init.zeros_(self.path.weight)  # starts straight ahead
         nn.init.zeros_(self.path.bias)
         self.drivable = nn.Conv2d(bev_channels, 1, 1)
-        self.sample_projection = nn.Linear(bev_channels + heatmap_channels + 1, SAMPLE_FEATURES)
+        self.sample_projection = nn.Linear(bev_channels + heatmap_channels + 1 + 2 * sample_velocity, SAMPLE_FEATURES)
         samples = steps * SAMPLES_PER_STEP
         self.scorer = nn.Sequential(nn.Linear(samples * SAMPLE_FEATURES + 3 + channels, SCORER_HIDDEN),
                                     nn.ReLU(inplace=True), nn.Linear(SCORER_HIDDEN, SCORER_HIDDEN),
@@ -84,7 +96,12 @@ class PathSpeedPlanningHead(PlanningTrunk):
         nn.init.zeros_(self.scorer[-1].bias[2:])
 
     def forward(self, bev: torch.Tensor, heatmap: torch.Tensor, ego_status: torch.Tensor, command: torch.Tensor,
-                bev_rotation: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+                bev_rotation: torch.Tensor | None = None,
+                box_regression: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        """`box_regression` (B, 10, X, Y): the detection head's, read for its velocity when `sample_velocity`."""
+        if self.sample_velocity and box_regression is None:
+            raise ValueError("this planner samples the detection head's velocity (model.planning_velocity): pass "
+                             "box_regression")
         query = self.queries(bev, ego_status, command, bev_rotation)[:, 0]  # (B, C)
         device_type = "cpu" if query.device.type == "meta" else query.device.type
         with torch.autocast(device_type=device_type, enabled=False):  # metres: fp32 (see PlanningHead)
@@ -96,7 +113,12 @@ class PathSpeedPlanningHead(PlanningTrunk):
             occupancy = F.max_pool2d(heatmap.float(), 3, stride=1, padding=1).sigmoid()
             drivable = self.drivable(bev.float())
             features = torch.cat([bev.float(), occupancy, drivable.sigmoid()], dim=1)
-            sampled = self._sample(features, along_path(path.detach(), self.spacing, fine_arcs))
+            points = along_path(path.detach(), self.spacing, fine_arcs)  # (B, K, S, 2)
+            sampled = self._read(features, points)  # (B, K, S, F)
+            if self.sample_velocity:
+                tangent = along_path(path.detach(), self.spacing, fine_arcs + PATH_TANGENT_M) - points
+                sampled = torch.cat([sampled, self._path_velocity(box_regression, heatmap, points, tangent)], -1)
+            sampled = F.relu(self.sample_projection(sampled)).flatten(2)
             k = self.accelerations.shape[0]
             own = torch.stack([self.accelerations.view(1, k).expand(len(speed), k) / 5.0,
                                (speed / 10.0)[:, None].expand(-1, k),
@@ -116,11 +138,29 @@ class PathSpeedPlanningHead(PlanningTrunk):
         body = torch.stack([torch.cos(heading), torch.sin(heading)], dim=-1).cumsum(dim=1) * self.spacing
         return body if bev_rotation is None else rotate_trajectories(body, bev_rotation)
 
-    def _sample(self, features: torch.Tensor, points: torch.Tensor) -> torch.Tensor:
-        """(B, K, S * SAMPLE_FEATURES): `features` (B, F, X, Y) bilinearly sampled at `points` (B, K, S, 2) metres."""
+    def _path_velocity(self, box_regression: torch.Tensor, heatmap: torch.Tensor, points: torch.Tensor,
+                       tangent: torch.Tensor) -> torch.Tensor:
+        """(B, K, S, 2): the detected velocity at each point, along and across the path's direction there, times
+        the occupancy there.
+
+        The velocity regression is trained at each box's centre cell only (CenterPoint), so it is spread over the
+        3x3 cells the max-pooled occupancy covers as a heatmap-weighted mean: the centre's peak dominates, and
+        the cells of empty road (occupancy ~0) carry ~0 whatever their regression says."""
+        peak = heatmap.detach().float().sigmoid().amax(dim=1, keepdim=True)  # (B, 1, X, Y)
+        weighted = F.avg_pool2d(box_regression[:, 8:10].detach().float() * peak, 3, stride=1, padding=1)
+        velocity = weighted / F.avg_pool2d(peak, 3, stride=1, padding=1).clamp(min=1e-6)
+        gate = F.max_pool2d(peak, 3, stride=1, padding=1)
+        sampled = self._read(velocity * gate, points) / VELOCITY_SCALE_MPS  # (B, K, S, 2)
+        direction = tangent / tangent.norm(dim=-1, keepdim=True).clamp(min=1e-6)
+        along = (sampled * direction).sum(-1)
+        across = sampled[..., 1] * direction[..., 0] - sampled[..., 0] * direction[..., 1]
+        return torch.stack([along, across], dim=-1)
+
+    def _read(self, features: torch.Tensor, points: torch.Tensor) -> torch.Tensor:
+        """(B, K, S, F): `features` (B, F, X, Y) bilinearly sampled at `points` (B, K, S, 2) metres."""
         # grid_sample's grid is (x → last axis, y → first spatial axis); our BEV is (X, Y): Y is the width.
         gx = (points[..., 1] - self.y_range[0]) / (self.y_range[1] - self.y_range[0]) * 2 - 1
         gy = (points[..., 0] - self.x_range[0]) / (self.x_range[1] - self.x_range[0]) * 2 - 1
         sampled = F.grid_sample(features, torch.stack([gx, gy], dim=-1), mode="bilinear", padding_mode="zeros",
                                 align_corners=False)  # (B, F, K, S)
-        return F.relu(self.sample_projection(sampled.permute(0, 2, 3, 1))).flatten(2)
+        return sampled.permute(0, 2, 3, 1)

@@ -149,6 +149,14 @@ class ModelConfig:
     planning_collision_weight: float = 1.0
     """w in the path-speed planner's score log p(expert) + w log p(no collision): above 1, a candidate the
     scorer doubts is given up for a slower one sooner."""
+    planning_stop_deceleration: float = 0.0
+    """m/s^2. 0: a path-speed candidate's collision label looks at its 3-s horizon only. Otherwise the candidate
+    must also leave room to stop at this rate after it (`stack.models.losses._stop_after_horizon`): one that
+    cannot stop before a stopped car it has not reached yet is labelled a collision already."""
+    planning_velocity: bool = False
+    """The path-speed planner's scorer also reads the detection head's velocity of whatever lies on each candidate's
+    path, resolved along and across it (`stack.models.path_speed_head`). Needs temporal_frames = 1: one frame holds
+    no motion, so its velocity regression is a guess."""
     temporal_frames: int = 0
     """Previous key frames fused into the BEV (BEVDet4D, Huang & Huang 2022): 0, one frame (today's network), or
     1: the key frame 0.5 s earlier is lifted by the same network (no gradient, as BEVDet4D trains it), warped into
@@ -186,12 +194,19 @@ class ModelConfig:
             if bad or len(set(self.planning_accelerations)) != len(self.planning_accelerations):
                 found.append(("planning_accelerations", f"got {list(self.planning_accelerations)}; give distinct "
                                                         f"accelerations in m/s^2 within [-12, 6] (a car's range)"))
+            if not 0 <= self.planning_stop_deceleration <= 12:
+                found.append(("planning_stop_deceleration", f"got {self.planning_stop_deceleration}; give 0 (the "
+                                                            f"horizon only) or a braking rate in m/s^2 up to 12"))
             if not self.planning_collision_weight >= 0:
                 found.append(("planning_collision_weight", f"got {self.planning_collision_weight}; must be >= 0"))
             if self.planning_modes != 1:
                 found.append(("planning_modes", f"got {self.planning_modes} with planning_accelerations set; the "
                                                 f"path-speed planner plans one path: set planning_modes: 1"))
         in_range(found, "temporal_frames", self.temporal_frames, 0, 1)
+        if self.planning_velocity and not (self.planning_accelerations and self.temporal_frames):
+            found.append(("planning_velocity", "got true; the path-speed planner reads velocities that a temporal "
+                                               "network regresses: set planning_accelerations and temporal_frames: 1, "
+                                               "or planning_velocity: false"))
         if self.planning_width < 0 or self.planning_width % 4:
             found.append(("planning_width", f"got {self.planning_width}; use 0 (bev_channels) or a positive multiple "
                                             f"of 4 (the planner's attention heads)"))

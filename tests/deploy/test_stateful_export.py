@@ -53,6 +53,28 @@ def test_the_graph_takes_the_memory_and_returns_the_next_one_as_pytorch_does(exp
     assert MEMORY_OUTPUT in {row.output for row in rows}
 
 
+def test_a_path_speed_planner_that_reads_detected_velocities_exports_as_pytorch_plans(tmp_path):
+    """model.planning_velocity: the scorer reads the detection head's velocity along each candidate's path
+    (pooling, a division, grid_sample): the deployed graph plans what PyTorch plans."""
+    warnings.filterwarnings("ignore")
+    torch.manual_seed(0)
+    pipeline = load_pipeline(TINY + ["configs/presets/tiny-drive.yaml"],
+                             ["model.temporal_frames=1", "model.planning_velocity=true", "export.batch_size=1"])
+    model = build_model(pipeline)
+    with torch.no_grad():  # a scorer that reads the velocity features, not the zeros of an untrained head
+        model.planning_head.sample_projection.weight[:, -2:].normal_(std=1.0)
+        model.detection_head.regression[-1].bias[8:10] = torch.tensor([3.0, -1.0])
+    network = export_network(pipeline, model.state_dict())
+    path = tmp_path / "model.onnx"
+    export_onnx(network.net, network.example, network.output_names, path, pipeline.export.opset, network.metadata)
+    shape = tuple(network.example[STATE_INPUTS[0]].shape)
+    feeds = [with_memory(_frame(pipeline, seed), torch_runner(network.net), shape) for seed in (1, 2)]
+    rows = check_parity(network.net, path, feeds, network.output_names, pipeline.export.parity_atol,
+                        pipeline.export.parity_rtol)
+    assert all(row.passed for row in rows), [r for r in rows if not r.passed]
+    assert "plan_scores" in {row.output for row in rows}
+
+
 def test_previous_valid_zero_is_the_sequence_start_and_one_fuses_the_memory(exported):
     pipeline, network, path = exported
     from stack.deploy.runtime import ort_session

@@ -155,3 +155,90 @@ def test_the_tiny_drive_preset_trains_the_path_speed_planner_in_folders_of_its_o
         assert getattr(getattr(drive, section), key) != getattr(getattr(tiny, section), key), section
     with torch.device("meta"):
         assert type(build_model(drive).planning_head).__name__ == "PathSpeedPlanningHead"
+
+
+def _car_ahead(p, speed_x: float, speed_y: float = 0.0, cell: tuple = (52, 32)):
+    """A BEV with one confident car at `cell` (x 20.5 m, y 0.5 m by default) whose detected velocity is given."""
+    x, y = (round((r[1] - r[0]) / p.model.bev.cell_size) for r in (p.model.bev.x_range, p.model.bev.y_range))
+    heatmap = torch.full((1, len(p.model.detection_classes), x, y), -10.0)
+    regression = torch.randn(1, 10, x, y)  # untrained regression everywhere: must not leak onto empty road
+    heatmap[0, 0, cell[0], cell[1]] = 6.0
+    regression[0, 8:10, cell[0], cell[1]] = torch.tensor([speed_x, speed_y])
+    return heatmap, regression
+
+
+def test_the_scorer_reads_what_moves_on_the_path_along_and_across_it():
+    """Motion of others (model.planning_velocity): a car 20 m ahead on a straight path reads as its own speed along
+    the path at the points that reach it and 0 elsewhere; on a path that turns towards y, the same car's sideways
+    motion reads as along."""
+    p = path_speed_pipeline("model.temporal_frames=1", "model.planning_velocity=true")
+    head = build_model(p).planning_head
+    arcs = torch.linspace(0.0, 30.0, 61)[None, None]  # (1, 1, S)
+    straight = torch.stack([torch.arange(1, 17) * 2.5, torch.full((16,), 0.5)], dim=-1)[None]  # y = 0.5 m
+    points = along_path(straight, 2.5, arcs)
+    tangent = along_path(straight, 2.5, arcs + 0.5) - points
+    for speed in (0.0, 8.0):
+        heatmap, regression = _car_ahead(p, speed)
+        features = head._path_velocity(regression, heatmap, points, tangent)[0, 0]  # (S, 2)
+        at_car = (points[0, 0, :, 0] - 20.5).abs() < 0.3
+        assert features[at_car, 0].mean() == pytest.approx(speed / 10.0, abs=0.05)
+        assert features[at_car, 1].abs().max() < 0.05
+        far = (points[0, 0, :, 0] - 20.5).abs() > 2.5
+        assert features[far].abs().max() < 1e-3
+    sideways = torch.stack([torch.full((16,), 20.5), torch.arange(1, 17) * 2.5 - 20.0], dim=-1)[None]  # along +y
+    points = along_path(sideways, 2.5, arcs)
+    tangent = along_path(sideways, 2.5, arcs + 0.5) - points
+    heatmap, regression = _car_ahead(p, 0.0, 6.0)
+    features = head._path_velocity(regression, heatmap, points, tangent)[0, 0]
+    at_car = (points[0, 0, :, 1] - 0.5).abs() < 0.3
+    assert features[at_car, 0].mean() == pytest.approx(0.6, abs=0.05)
+
+
+def test_the_planner_reads_the_detected_velocity_without_training_it():
+    """The planning loss must not bend the velocity regression toward what suits the scorer: the detection loss
+    alone gives it its meaning (metres per second)."""
+    p = path_speed_pipeline("model.temporal_frames=1", "model.planning_velocity=true")
+    torch.manual_seed(0)
+    model = build_model(p)
+    batch = random_batch(p, batch_size=2, seed=0)
+    terms = model.loss(model.forward_batch(batch), batch)
+    (terms["plan_speed"] + terms["plan_collision"]).backward()
+    projection = model.planning_head.sample_projection.weight.grad
+    assert projection[:, -2:].abs().sum() > 0  # the velocity features reach the scorer
+    regression = model.detection_head.regression[-1].weight.grad
+    assert regression is None or regression.abs().sum() == 0
+
+
+def test_velocity_for_the_planner_needs_a_network_that_sees_motion():
+    from stack.errors import StackError
+
+    with pytest.raises(StackError, match="planning_velocity"):
+        path_speed_pipeline("model.planning_velocity=true")  # temporal_frames 0: one frame has no motion
+    with pytest.raises(StackError, match="planning_velocity"):
+        load_pipeline(["configs/pipeline.yaml", "configs/presets/tiny.yaml"],
+                      ["model.temporal_frames=1", "model.planning_velocity=true"])  # the regression planner
+
+
+def test_a_candidate_that_cannot_stop_before_a_stopped_car_is_labelled_a_collision_before_it_gets_there(tiny):
+    """model.planning_stop_deceleration: past the 3-s horizon each candidate brakes to a stop at that rate. A car
+    parked 40 m ahead (rear bumper 37.75 m on) at 10 m/s: holding speed ends the horizon 4 m short of it, but at
+    10 m/s it needs 14 m more to stop at 3.5 m/s^2; -1 m/s^2 ends at 7 m/s and stops 1.6 m short. The same car
+    driving on at 10 m/s is never reached."""
+    batch = random_batch(tiny[0], batch_size=2, seed=1)
+    batch.ego_status[:] = torch.tensor([10.0, 0.0, 0.0])
+    batch.bev_rotation[:] = 0.0
+    batch.future_valid[:] = True
+    batch.future_trajectory[:] = torch.stack([5.0 * torch.arange(1, 7), torch.zeros(6)], dim=-1)
+    batch.boxes[:] = 0
+    batch.box_labels[:] = -1
+    batch.boxes[:, 0] = torch.tensor([40.0, 0.0, 0.8, 4.5, 1.9, 1.6, 0.0, 0.0, 0.0])
+    batch.box_labels[:, 0] = 0
+    assert speed_candidate_targets(batch, ACCELERATIONS)[1][0].tolist() == [False, False, False, False, True]
+    after = speed_candidate_targets(batch, ACCELERATIONS, stop_deceleration=3.5)[1]
+    assert after[0].tolist() == [False, False, False, True, True]
+    batch.boxes[:, 0, 7] = 10.0  # a lead car at the ego's speed
+    assert not speed_candidate_targets(batch, ACCELERATIONS, stop_deceleration=3.5)[1].any()
+    batch.future_valid[:, -1] = False  # an expert future cut short says nothing beyond it
+    batch.boxes[:, 0, 7] = 0.0
+    assert speed_candidate_targets(batch, ACCELERATIONS, stop_deceleration=3.5)[1][0].tolist() == \
+        speed_candidate_targets(batch, ACCELERATIONS)[1][0].tolist()
