@@ -43,6 +43,7 @@ class CheckpointPolicy(NetworkPolicy):
         from stack.checkpoint.model_file import load_network
 
         _, self.net = load_network(spec.source, needs_planner=True)
+        self.pipeline = pipeline
         self.geometry = rig_geometry(self.net, pipeline.data.rig)
         if self.net.temporal_frames and pipeline.drive.replan_hz != 2.0:
             raise StackError(f"{spec.source} fuses the key frame 0.5 s earlier (model.temporal_frames=1), so it must "
@@ -62,7 +63,7 @@ class CheckpointPolicy(NetworkPolicy):
             self._pose = previous_pose(past_positions(observation.world))
         return super().plan(observation)
 
-    def infer(self, images: np.ndarray, ego_status: np.ndarray, command: np.ndarray) -> tuple:
+    def infer(self, images: np.ndarray, ego_status: np.ndarray, command: np.ndarray) -> dict:
         import torch
 
         pose = None if self._memory is None else torch.from_numpy(self._pose)[None]
@@ -70,7 +71,10 @@ class CheckpointPolicy(NetworkPolicy):
             out = self.net(torch.from_numpy(images), torch.from_numpy(ego_status), torch.from_numpy(command),
                            self.geometry, None, self._memory, pose)
         self._memory = out.get("bev_memory")
-        return out["plan_trajectories"].float().numpy(), out["plan_scores"].float().numpy()
+        return {name: out[name].float().numpy() for name in GUARD_READS}
+
+    def choose(self, outputs: dict) -> np.ndarray:
+        return guarded_plan(outputs, self.pipeline)
 
 
 class BundlePolicy(NetworkPolicy):
@@ -93,6 +97,7 @@ class BundlePolicy(NetworkPolicy):
         else:
             self.net = DeployedNetwork.from_model(spec.model, threads=1)
         self.calibration = Calibration.from_rig(pipeline.data.rig)
+        self.pipeline = pipeline
         if self.net.state:
             replans_per_period = self.net.state["period_s"] * pipeline.drive.replan_hz
             if abs(replans_per_period - round(replans_per_period)) > 1e-6 or round(replans_per_period) < 1:
@@ -116,9 +121,35 @@ class BundlePolicy(NetworkPolicy):
                            "previous_pose": previous_pose(past_positions(observation.world))[None]}
         return super().plan(observation)
 
-    def infer(self, images: np.ndarray, ego_status: np.ndarray, command: np.ndarray) -> tuple:
-        out = self.net.infer(images, ego_status, command, self.calibration, **self._state)
-        return out["plan_trajectories"], out["plan_scores"]
+    def infer(self, images: np.ndarray, ego_status: np.ndarray, command: np.ndarray) -> dict:
+        return self.net.infer(images, ego_status, command, self.calibration, **self._state)
+
+    def choose(self, outputs: dict) -> np.ndarray:
+        return guarded_plan(outputs, self.pipeline)
+
+
+GUARD_READS = ("plan_trajectories", "plan_scores", "heatmap", "box_regression")
+"""The outputs a network policy chooses its plan from (`guarded_plan`)."""
+
+
+def guarded_plan(outputs: dict, pipeline) -> np.ndarray:
+    """(T, 2) waypoints: the best-scoring candidate, or with `model.plan_guard_score` > 0 the best one that runs into
+    none of the network's own detections scoring at least that (`stack.models.plan_guard`)."""
+    import torch
+
+    from stack.models.decoders import decode_detections
+    from stack.models.plan_guard import guarded_choice
+    from stack.sim.policies import best_plan
+
+    trajectories, scores, model = outputs["plan_trajectories"], outputs["plan_scores"], pipeline.model
+    if not model.plan_guard_score or not (np.isfinite(trajectories).all() and np.isfinite(scores).all()):
+        return best_plan(trajectories, scores)
+    detected = decode_detections({name: torch.from_numpy(np.asarray(outputs[name]))
+                                  for name in ("heatmap", "box_regression")}, pipeline)[0]
+    boxes = detected.boxes[detected.scores >= model.plan_guard_score]
+    best = guarded_choice(torch.from_numpy(trajectories[0]), torch.from_numpy(scores[0]), boxes,
+                          model.plan_guard_deceleration)
+    return np.asarray(trajectories[0, best], np.float64)
 
 
 def rig_geometry(net, rig):

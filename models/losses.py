@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from stack.batch import IGNORE_INDEX, Batch
 from stack.kinematics import WAYPOINT_STEP_S, arc_lengths, resample_by_arc, speed_profile_arcs
 from stack.metrics.collision import FOOTPRINT_DISCS_M, FOOTPRINT_RADIUS_M, penetration
+from stack.models.plan_guard import STOP_STEPS, STOPPED_MPS
 from stack.models.targets import downsample_labels, encode_depth, encode_detections, encode_drivable
 from stack.ops.bev_pool import grid_cells
 from stack.pipeline import Pipeline
@@ -30,11 +31,6 @@ REGRESSION_WEIGHTS = (1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.2, 0.2)
 BOX_LOSS_WEIGHT = 0.25
 COLLISION_LOSS_WEIGHT = 1.0
 SPEED_TEMPERATURE_M = 1.0
-STOP_EXTENSION_STEPS = 8
-"""Waypoints (0.5 s apart) of the stop appended to each speed candidate's horizon when its collision label asks
-whether it could still stop (`model.planning_stop_deceleration`): 4 s, a stop from 14 m/s at 3.5 m/s^2."""
-STOP_MOVING_MPS = 0.5
-"""Below this speed the appended stop counts as stopped: what runs into a standing ego is not the ego's fault."""
 """Soft imitation target of the speed candidates: a candidate 1 m further from the expert's progress (mean over
 the horizon) gets e^-1 of the weight."""
 
@@ -191,10 +187,10 @@ def _stop_after_horizon(batch: Batch, accelerations, deceleration: float
     speed = batch.ego_status[:, 0].float().clamp(min=0.0)
     end = speed_profile_arcs(speed, accelerations, steps)[..., -1:]  # (B, K, 1)
     final = (speed[:, None] + accelerations[None] * steps * WAYPOINT_STEP_S).clamp(min=0.0)[..., None]
-    after = WAYPOINT_STEP_S * torch.arange(1, STOP_EXTENSION_STEPS + 1, device=future.device, dtype=torch.float32)
+    after = WAYPOINT_STEP_S * torch.arange(1, STOP_STEPS + 1, device=future.device, dtype=torch.float32)
     braking = torch.minimum(after, final / deceleration)
     arcs = end + final * braking - 0.5 * deceleration * braking ** 2
-    moving = (final - deceleration * after > STOP_MOVING_MPS) & valid[:, -1, None, None]
+    moving = (final - deceleration * after > STOPPED_MPS) & valid[:, -1, None, None]
     return arcs, moving
 
 

@@ -230,7 +230,6 @@ def drive(pipeline, policies: list[PolicySpec], log=print, sources: dict | None 
     from stack.sim.drive_report import write_report
     from stack.metrics.driving import aggregate, closed_loop_bar
     from stack.sim.policies import BASELINE_KINDS
-    from stack.sim.scenarios import episode_specs
 
     cfg = pipeline.drive
     if Path(cfg.out_dir).exists() and not Path(cfg.out_dir).is_dir():
@@ -238,7 +237,7 @@ def drive(pipeline, policies: list[PolicySpec], log=print, sources: dict | None 
 
         raise StackError(f"drive.out_dir {cfg.out_dir} is a file, not a folder; point drive.out_dir at a folder "
                          f"(the report, drive.json and clips go there); nothing was driven")
-    episodes = episode_specs(list(cfg.scenarios), cfg.episodes, list(cfg.seeds), cfg.episode_seconds)
+    episodes = _episodes_of(pipeline)
     policies = resolve_latencies(pipeline, policies, episodes[0], log)
     started = time.perf_counter()
     rows = evaluate(pipeline, policies, episodes, log)
@@ -249,7 +248,7 @@ def drive(pipeline, policies: list[PolicySpec], log=print, sources: dict | None 
     out.mkdir(parents=True, exist_ok=True)
     clips = _write_clips(pipeline, policies, rows, out, log) if cfg.clips else {}
     meta = {"pipeline": pipeline.name, "sources": sources or {}, "cpu": cpu_model(), "host_cores": os.cpu_count(),
-            "episodes": len(episodes), "seeds": list(cfg.seeds), "scenarios": list(cfg.scenarios),
+            "episodes": len(episodes), "split": cfg.split, "seeds": list(cfg.seeds), "scenarios": list(cfg.scenarios),
             "episode_seconds": cfg.episode_seconds, "sim_hz": cfg.sim_hz, "replan_hz": cfg.replan_hz,
             "latency": {p.name: {"ms": p.latency_s * 1000.0, "how": p.latency_how} for p in policies},
             "policies": {p.name: {"kind": p.kind, "blind": p.kind in ("constant_velocity", "ego_rollout"),
@@ -286,4 +285,4 @@ def _episodes_of(pipeline) -> list:
     from stack.sim.scenarios import episode_specs
 
     cfg = pipeline.drive
-    return episode_specs(list(cfg.scenarios), cfg.episodes, list(cfg.seeds), cfg.episode_seconds)
+    return episode_specs(list(cfg.scenarios), cfg.episodes, list(cfg.seeds), cfg.episode_seconds, cfg.split)

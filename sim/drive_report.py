@@ -167,7 +167,9 @@ def header_lines(rows: list, meta: dict, policies: list) -> list:
     episodes = meta.get("episodes") or len({row.get("index") for row in rows}) or None
     seeds, seconds, families = meta.get("seeds"), _first(meta, "episode_seconds", "duration_s"), \
         _first(meta, "scenarios", "families")
-    scenario = [f"{episodes} held-out episodes per policy" if episodes else None,
+    tuning = meta.get("split") == "tuning"
+    kind = "tuning (not held-out: for choosing settings, not for reporting)" if tuning else "held-out"
+    scenario = [f"{episodes} {kind} episodes per policy" if episodes else None,
                 f"seeds {', '.join(str(s) for s in seeds)}" if seeds else None,
                 f"{seconds:g} s each" if seconds else None]
     if any(scenario):

@@ -130,21 +130,25 @@ class EgoRolloutPolicy(Policy):
 
 
 class NetworkPolicy(Policy):
-    """Base of the policies that run the network: `infer` gives every mode's trajectory and score, `plan`
-    drives the best one (`best_plan`). Subclasses live with the runtime they use (PyTorch, ONNX Runtime)."""
+    """Base of the policies that run the network: `infer` gives the network's outputs, `choose` the plan to drive
+    from them (the best-scoring mode, `best_plan`; a subclass may guard it). Subclasses live with the runtime they
+    use (PyTorch, ONNX Runtime)."""
 
     uses_cameras = True
 
-    def infer(self, images: np.ndarray, ego_status: np.ndarray, command: np.ndarray) -> tuple:
-        """(trajectories (1, K, T, 2), scores (1, K)) as numpy, from images uint8 (1, N, 3, H, W), ego status
-        float32 (1, 3) and command int64 (1,)."""
+    def infer(self, images: np.ndarray, ego_status: np.ndarray, command: np.ndarray) -> dict:
+        """The network's outputs as numpy arrays (at least plan_trajectories (1, K, T, 2) and plan_scores (1, K)),
+        from images uint8 (1, N, 3, H, W), ego status float32 (1, 3) and command int64 (1,)."""
         raise NotImplementedError
+
+    def choose(self, outputs: dict) -> np.ndarray:
+        """(T, 2) waypoints to drive from the network's outputs."""
+        return best_plan(outputs["plan_trajectories"], outputs["plan_scores"])
 
     def plan(self, observation: Observation) -> np.ndarray:
         images = np.ascontiguousarray(observation.images.transpose(0, 3, 1, 2))[None]
-        trajectories, scores = self.infer(images, observation.ego_status[None].astype(np.float32),
-                                          np.array([observation.command], np.int64))
-        return best_plan(trajectories, scores)
+        return self.choose(self.infer(images, observation.ego_status[None].astype(np.float32),
+                                      np.array([observation.command], np.int64)))
 
 
 def best_plan(trajectories: np.ndarray, scores: np.ndarray) -> np.ndarray:

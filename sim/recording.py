@@ -187,8 +187,7 @@ def past_positions(world) -> np.ndarray:
 def training_specs(families, episodes: int, duration_s: float) -> list:
     """`episodes` training episodes over the families (seed 0): their worlds never match an evaluation
     episode's nor a recorded scene's (`stack.sim.scenarios.rng_words`)."""
-    return [EpisodeSpec(s.family, s.index, s.seed, s.duration_s, held_out=False)
-            for s in episode_specs(families, episodes, [0], duration_s)]
+    return episode_specs(families, episodes, [0], duration_s, split="training")
 
 
 def record_episode(spec: EpisodeSpec, driver: Policy, pipeline, device="cpu"):

@@ -39,6 +39,10 @@ FAMILIES = DRIVE_SCENARIOS
 HELD_OUT_WORD = 0x5EED_D21E
 TRAINING_WORD = 0x7EA_C4E5
 """Second seed word of closed-loop training episodes: never an evaluation world's (HELD_OUT_WORD)."""
+TUNING_WORD = 0x70_E1A6
+"""Second seed word of tuning episodes (`drive.split: tuning`): worlds of the same families, neither trained on nor
+evaluated on, where settings such as model.plan_guard_score are chosen without looking at the evaluation episodes."""
+SPLIT_WORDS = {"evaluation": HELD_OUT_WORD, "training": TRAINING_WORD, "tuning": TUNING_WORD}
 PARKING_OFFSET = (LANE_WIDTH + ROAD_HALF_WIDTH) / 2 + 0.2 - LANE_WIDTH / 2
 """Parking strip centre, right of the lane centre (as recorded scenes park cars), metres."""
 ZEBRA_BEFORE_ENTRY = 2.0
@@ -51,25 +55,32 @@ class EpisodeSpec:
     index: int
     seed: int
     duration_s: float = 8.0
-    held_out: bool = True
-    """An evaluation episode (True), or a closed-loop training episode of the same family (False)."""
+    split: str = "evaluation"
+    """An evaluation episode (held out), a closed-loop training episode of the same family, or a tuning one
+    (SPLIT_WORDS)."""
+
+    @property
+    def held_out(self) -> bool:
+        return self.split == "evaluation"
 
 
-def episode_specs(families, episodes: int, seeds, duration_s: float = 8.0) -> list:
-    """Episode i drives family families[i % F] with seed seeds[(i // F) % S]."""
+def episode_specs(families, episodes: int, seeds, duration_s: float = 8.0, split: str = "evaluation") -> list:
+    """Episode i drives family families[i % F] with seed seeds[(i // F) % S], in worlds of `split`."""
     families, seeds = list(families), list(seeds)
     unknown = [f for f in families if f not in FAMILIES]
     if unknown or not families or not seeds:
         raise StackError(f"scenario families {families!r} with seeds {seeds!r}: expected a non-empty list among "
                          f"{', '.join(FAMILIES)} and at least one seed; fix drive.scenarios / drive.seeds")
-    return [EpisodeSpec(families[i % len(families)], i, int(seeds[(i // len(families)) % len(seeds)]), float(duration_s))
-            for i in range(episodes)]
+    if split not in SPLIT_WORDS:
+        raise StackError(f"episode split {split!r}: expected one of {', '.join(SPLIT_WORDS)}")
+    return [EpisodeSpec(families[i % len(families)], i, int(seeds[(i // len(families)) % len(seeds)]),
+                        float(duration_s), split) for i in range(episodes)]
 
 
 def rng_words(spec: EpisodeSpec, world_config: WorldConfig) -> list:
     """The world generator's seed words: five, so never a recorded scene's ([seed, scene] or [seed, scene, 1]),
     and the second word keeps evaluation and closed-loop training episodes apart."""
-    purpose = HELD_OUT_WORD if spec.held_out else TRAINING_WORD
+    purpose = SPLIT_WORDS[spec.split]
     return [int(world_config.seed), purpose, FAMILIES.index(spec.family), int(spec.index), int(spec.seed)]
 
 

@@ -45,6 +45,10 @@ class DaggerConfig:
         return found
 
 
+DRIVE_SPLITS = ("evaluation", "tuning")
+"""The worlds `stack drive` can drive (`stack.sim.scenarios.SPLIT_WORDS`; training worlds are recorded, not driven)."""
+
+
 @dataclass
 class DriveConfig:
     """Closed-loop evaluation (`stack drive`): a policy drives the ego in the rendered world."""
@@ -58,6 +62,10 @@ class DriveConfig:
     seeds: List[int] = field(default_factory=lambda: [0, 1, 2])
     """Evaluation seeds: each gives other instances of every family (held out: training scenes never use
     them); results are mean +/- std over seeds."""
+    split: str = "evaluation"
+    """Which worlds: "evaluation", the held-out episodes every reported figure comes from; or "tuning", other
+    worlds of the same families, neither trained nor evaluated on, for choosing settings (such as
+    model.plan_guard_score) without looking at the evaluation episodes."""
     episode_seconds: float = 8.0
     """Simulated length of an episode."""
     sim_hz: float = 10.0
@@ -88,6 +96,8 @@ class DriveConfig:
         unknown = [b for b in self.baselines if b not in DRIVE_BASELINES]
         if unknown:
             found.append(("baselines", f"got {list(self.baselines)!r}; choose from {', '.join(DRIVE_BASELINES)}"))
+        if self.split not in DRIVE_SPLITS:
+            found.append(("split", f"got {self.split!r}; choose {' or '.join(DRIVE_SPLITS)}"))
         if not self.seeds:
             found.append(("seeds", "got an empty list; give at least one evaluation seed"))
         for name in ("episodes", "episode_seconds", "sim_hz", "replan_hz", "blocked_seconds", "route_deviation_m"):

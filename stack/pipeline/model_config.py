@@ -153,6 +153,12 @@ class ModelConfig:
     """m/s^2. 0: a path-speed candidate's collision label looks at its 3-s horizon only. Otherwise the candidate
     must also leave room to stop at this rate after it (`stack.models.losses._stop_after_horizon`): one that
     cannot stop before a stopped car it has not reached yet is labelled a collision already."""
+    plan_guard_score: float = 0.0
+    """0: the network drives its planner's best-scoring candidate. Otherwise the best one whose footprint runs into
+    none of the network's own detections scoring at least this, moved at their detected velocities
+    (`stack.models.plan_guard`, InterFuser's safety controller on our outputs); closed loop only."""
+    plan_guard_deceleration: float = 3.5
+    """m/s^2: the plan guard also drops a candidate that could not stop at this rate after its horizon."""
     planning_velocity: bool = False
     """The path-speed planner's scorer also reads the detection head's velocity of whatever lies on each candidate's
     path, resolved along and across it (`stack.models.path_speed_head`). Needs temporal_frames = 1: one frame holds
@@ -203,6 +209,12 @@ class ModelConfig:
                 found.append(("planning_modes", f"got {self.planning_modes} with planning_accelerations set; the "
                                                 f"path-speed planner plans one path: set planning_modes: 1"))
         in_range(found, "temporal_frames", self.temporal_frames, 0, 1)
+        if not 0 <= self.plan_guard_score < 1:
+            found.append(("plan_guard_score", f"got {self.plan_guard_score}; give 0 (no guard) or a detection score "
+                                              f"in (0, 1), e.g. 0.3"))
+        if not 0 < self.plan_guard_deceleration <= 12:
+            found.append(("plan_guard_deceleration", f"got {self.plan_guard_deceleration}; give a braking rate in "
+                                                     f"m/s^2 within (0, 12], e.g. 3.5"))
         if self.planning_velocity and not (self.planning_accelerations and self.temporal_frames):
             found.append(("planning_velocity", "got true; the path-speed planner reads velocities that a temporal "
                                                "network regresses: set planning_accelerations and temporal_frames: 1, "

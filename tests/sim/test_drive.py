@@ -166,6 +166,20 @@ def test_stack_drive_runs_a_checkpoint_beside_the_baselines_and_an_untrained_one
     assert (out / "drive.json").is_file() and (out / "drive.png").stat().st_size > 1000
 
 
+def test_tuning_episodes_are_driven_on_request_and_reported_as_not_held_out(checkpoint, tmp_path):
+    """drive.split=tuning: the worlds for choosing settings (model.plan_guard_score) without looking at the
+    evaluation episodes; the report says they are not the held-out set."""
+    import json
+
+    out = tmp_path / "tune"
+    code = main(["drive", str(checkpoint), "--episodes", "1", "--scenarios", "route", f"drive.out_dir={out}",
+                 "drive.seeds=[0]", "drive.latency_ms=0", "drive.episode_seconds=2.0", "drive.split=tuning",
+                 "drive.baselines=[expert]"])
+    assert code in (0, 1)
+    assert json.loads((out / "drive.json").read_text())["meta"]["split"] == "tuning"
+    assert "1 tuning (not held-out" in (out / "drive.md").read_text()
+
+
 def test_bad_input_exits_2_with_a_clear_message(checkpoint, tmp_path, capsys):
     from stack.checkpoint.model_file import save_model_checkpoint
     from stack.models import build_model

@@ -27,12 +27,15 @@ def noisy_expert(pipeline):
 
 def test_training_episodes_never_share_a_world_with_evaluation_episodes_or_recorded_scenes():
     """Whatever the counts and seeds asked for, the generator's seed words of a training episode differ from
-    every evaluation episode's and every recorded scene's ([seed, scene] and [seed, scene, 1])."""
+    every evaluation episode's and every recorded scene's ([seed, scene] and [seed, scene, 1]); the tuning
+    episodes (`drive.split: tuning`) are a third set, apart from both."""
     world = load_pipeline([], []).data.world
     train = {tuple(rng_words(s, world)) for s in training_specs(FAMILIES, 700, 8.0)}
     held_out = {tuple(rng_words(s, world)) for s in episode_specs(FAMILIES, 700, range(20), 8.0)}
+    tuning = {tuple(rng_words(s, world)) for s in episode_specs(FAMILIES, 700, range(20), 8.0, "tuning")}
     assert len(train) == 700 and not train & held_out
-    assert all(len(words) == 5 for words in train | held_out)
+    assert len(tuning) == 700 and not tuning & held_out and not tuning & train
+    assert all(len(words) == 5 for words in train | held_out | tuning)
     assert not any(spec.held_out for spec in training_specs(FAMILIES, 14, 8.0))
     first, other = training_specs(["lead_brake"], 1, 8.0)[0], EpisodeSpec("lead_brake", 0, 0, 8.0)
     assert not np.allclose(build_world(first, world).ego_state(), build_world(other, world).ego_state()), \
