@@ -42,6 +42,11 @@ MODEL_SECTIONS = ("model", "data.rig")
 between a checkpoint and the pipeline it is deployed with."""
 
 
+READ_OUT_KEYS = ("model.plan_guard_score", "model.plan_guard_deceleration")
+"""Keys of the model section that say how a network's outputs are read when it drives, not what it computes: a
+checkpoint drives with any value of them."""
+
+
 class CheckpointError(StackError):
     """A checkpoint is missing, unreadable, or does not fit the pipeline."""
 
@@ -196,7 +201,7 @@ def model_differences(a: Pipeline, b: Pipeline) -> list[tuple[str, Any, Any]]:
     for section in MODEL_SECTIONS:
         left, right = _section(dataclasses.asdict(a), section), _section(dataclasses.asdict(b), section)
         found.extend(_diff(left, right, section))
-    return found
+    return [difference for difference in found if difference[0] not in READ_OUT_KEYS]
 
 
 # ------------------------------------------------------------------- helpers

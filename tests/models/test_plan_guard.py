@@ -91,3 +91,15 @@ def test_bad_guard_settings_are_refused_with_the_key_named():
                      ("model.plan_guard_deceleration=0", "plan_guard_deceleration")):
         with pytest.raises(StackError, match=key):
             load_pipeline(["configs/pipeline.yaml", "configs/presets/tiny.yaml"], [bad])
+
+
+def test_a_checkpoint_drives_with_any_guard_setting_but_not_with_another_network():
+    from stack.checkpoint.model_file import model_differences
+
+    files = ["configs/pipeline.yaml", "configs/presets/tiny.yaml", "configs/presets/tiny-drive.yaml"]
+    trained = load_pipeline(files, ["model.temporal_frames=1"])
+    guarded = load_pipeline(files, ["model.temporal_frames=1", "model.plan_guard_score=0.3",
+                                    "model.plan_guard_deceleration=5"])
+    assert model_differences(trained, guarded) == []
+    other = load_pipeline(files, ["model.temporal_frames=1", "model.planning_velocity=true"])
+    assert [key for key, _, _ in model_differences(trained, other)] == ["model.planning_velocity"]
