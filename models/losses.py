@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from stack.batch import IGNORE_INDEX, Batch
 from stack.kinematics import WAYPOINT_STEP_S, arc_lengths, resample_by_arc, speed_profile_arcs
 from stack.metrics.collision import FOOTPRINT_DISCS_M, FOOTPRINT_RADIUS_M, penetration
-from stack.models.plan_guard import STOP_STEPS, STOPPED_MPS
+from stack.models.plan_guard import braking_to_a_stop
 from stack.models.targets import downsample_labels, encode_depth, encode_detections, encode_drivable
 from stack.ops.bev_pool import grid_cells
 from stack.pipeline import Pipeline
@@ -187,11 +187,8 @@ def _stop_after_horizon(batch: Batch, accelerations, deceleration: float
     speed = batch.ego_status[:, 0].float().clamp(min=0.0)
     end = speed_profile_arcs(speed, accelerations, steps)[..., -1:]  # (B, K, 1)
     final = (speed[:, None] + accelerations[None] * steps * WAYPOINT_STEP_S).clamp(min=0.0)[..., None]
-    after = WAYPOINT_STEP_S * torch.arange(1, STOP_STEPS + 1, device=future.device, dtype=torch.float32)
-    braking = torch.minimum(after, final / deceleration)
-    arcs = end + final * braking - 0.5 * deceleration * braking ** 2
-    moving = (final - deceleration * after > STOPPED_MPS) & valid[:, -1, None, None]
-    return arcs, moving
+    arcs, moving = braking_to_a_stop(end, final, deceleration)
+    return arcs, moving & valid[:, -1, None, None]
 
 
 def _speed_labels(batch: Batch, anchors: torch.Tensor, expert: torch.Tensor,

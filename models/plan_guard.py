@@ -37,14 +37,19 @@ def candidate_arcs(trajectories: torch.Tensor) -> torch.Tensor:
     return steps.cumsum(dim=1)
 
 
+def braking_to_a_stop(end: torch.Tensor, final: torch.Tensor, deceleration: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(..., E) distance travelled and (..., E) bool "still moving" at STOP_STEPS waypoints after a horizon that
+    ends at distance `end` (..., 1) with speed `final` (..., 1), braking at `deceleration` m/s^2 to a stop. The
+    label rule (`stack.models.losses._stop_after_horizon`) and the guard (`stop_after`) both use it."""
+    after = WAYPOINT_STEP_S * torch.arange(1, STOP_STEPS + 1, dtype=end.dtype, device=end.device)
+    braking = torch.minimum(after, final / deceleration)
+    return end + final * braking - 0.5 * deceleration * braking ** 2, final - deceleration * after > STOPPED_MPS
+
+
 def stop_after(arcs: torch.Tensor, deceleration: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(K, E) distance and (K, E) bool "still moving" while each candidate brakes to a stop at `deceleration`
     after its horizon, from its final speed (its last interval's mean speed)."""
-    final = (arcs[:, -1] - arcs[:, -2]) / WAYPOINT_STEP_S
-    after = WAYPOINT_STEP_S * torch.arange(1, STOP_STEPS + 1, dtype=arcs.dtype, device=arcs.device)
-    braking = torch.minimum(after, final[:, None] / deceleration)
-    extra = final[:, None] * braking - 0.5 * deceleration * braking ** 2
-    return arcs[:, -1:] + extra, final[:, None] - deceleration * after > STOPPED_MPS
+    return braking_to_a_stop(arcs[:, -1:], (arcs[:, -1:] - arcs[:, -2:-1]) / WAYPOINT_STEP_S, deceleration)
 
 
 def colliding_candidates(trajectories: torch.Tensor, boxes: torch.Tensor, deceleration: float) -> torch.Tensor:
