@@ -18,8 +18,13 @@ from pathlib import Path
 
 import numpy as np
 
+from typing import TYPE_CHECKING
+
 from stack.errors import StackError
 from stack.sim.policies import NetworkPolicy, PolicySpec
+
+if TYPE_CHECKING:
+    from stack.models.plan_guard import Odometry, PlanGuard
 
 
 def checkpoint_spec(name: str, path: str, **latency) -> PolicySpec:
@@ -49,10 +54,12 @@ class CheckpointPolicy(NetworkPolicy):
             raise StackError(f"{spec.source} fuses the key frame 0.5 s earlier (model.temporal_frames=1), so it must "
                              f"replan at 2 Hz; got drive.replan_hz={pipeline.drive.replan_hz}: set drive.replan_hz=2")
         self._memory, self._pose, self._episode = None, None, None
+        self.guard, self._odometry = plan_guard(pipeline), None
 
     def plan(self, observation) -> np.ndarray:
         """A temporal network carries its BEV memory from one replanning instant to the next (0.5 s apart) within an
         episode, and the ego's motion in between from odometry (the past trajectory, as training reads it)."""
+        self._odometry = odometry(observation)
         if self.net.temporal_frames:
             from stack.kinematics import previous_pose
             from stack.sim.recording import past_positions
@@ -74,7 +81,7 @@ class CheckpointPolicy(NetworkPolicy):
         return {name: out[name].float().numpy() for name in GUARD_READS}
 
     def choose(self, outputs: dict) -> np.ndarray:
-        return guarded_plan(outputs, self.pipeline)
+        return guarded_plan(outputs, self.pipeline, self.guard, self._odometry)
 
 
 class BundlePolicy(NetworkPolicy):
@@ -105,10 +112,12 @@ class BundlePolicy(NetworkPolicy):
                                  f"s earlier, which replanning at drive.replan_hz={pipeline.drive.replan_hz} never "
                                  f"gives it: set drive.replan_hz to a multiple of {1 / self.net.state['period_s']:g}")
         self._episode, self._state = None, {}
+        self.guard, self._odometry = plan_guard(pipeline), None
 
     def plan(self, observation) -> np.ndarray:
         """A stateful graph's memory is carried by DeployedNetwork, forgotten at an episode's start; the ego's
         motion since the key frame 0.5 s earlier comes from odometry, as the checkpoint's does."""
+        self._odometry = odometry(observation)
         if self.net.state:
             from stack.kinematics import previous_pose
             from stack.sim.recording import past_positions
@@ -125,16 +134,18 @@ class BundlePolicy(NetworkPolicy):
         return self.net.infer(images, ego_status, command, self.calibration, **self._state)
 
     def choose(self, outputs: dict) -> np.ndarray:
-        return guarded_plan(outputs, self.pipeline)
+        return guarded_plan(outputs, self.pipeline, self.guard, self._odometry)
 
 
 GUARD_READS = ("plan_trajectories", "plan_scores", "heatmap", "box_regression")
 """The outputs a network policy chooses its plan from (`guarded_plan`)."""
 
 
-def guarded_plan(outputs: dict, pipeline) -> np.ndarray:
+def guarded_plan(outputs: dict, pipeline, guard: PlanGuard | None = None,
+                 odometry: Odometry | None = None) -> np.ndarray:
     """(T, 2) waypoints: the best-scoring candidate, or with `model.plan_guard_score` > 0 the best one that runs into
-    none of the network's own detections scoring at least that (`stack.models.plan_guard`)."""
+    none of the network's own detections scoring at least that (`stack.models.plan_guard`). A policy passes its
+    drive's `guard` and the ego's `odometry` for the rules that look across replans (confirmation, restart)."""
     import torch
 
     from stack.models.decoders import decode_detections
@@ -146,10 +157,29 @@ def guarded_plan(outputs: dict, pipeline) -> np.ndarray:
         return best_plan(trajectories, scores)
     detected = decode_detections({name: torch.from_numpy(np.asarray(outputs[name]))
                                   for name in ("heatmap", "box_regression")}, pipeline)[0]
-    boxes = detected.boxes[detected.scores >= model.plan_guard_score]
-    best = guarded_choice(torch.from_numpy(trajectories[0]), torch.from_numpy(scores[0]), boxes,
-                          model.plan_guard_deceleration)
+    candidates, candidate_scores = torch.from_numpy(trajectories[0]), torch.from_numpy(scores[0])
+    if guard is None or odometry is None:
+        boxes = detected.boxes[detected.scores >= model.plan_guard_score]
+        best = guarded_choice(candidates, candidate_scores, boxes, model.plan_guard_deceleration)
+    else:
+        best = guard.choose(candidates, candidate_scores, detected.boxes, detected.scores, odometry)
     return np.asarray(trajectories[0, best], np.float64)
+
+
+def plan_guard(pipeline) -> PlanGuard:
+    """The plan guard of a drive with `pipeline`'s `model.plan_guard_*` settings, one per policy."""
+    from stack.models.plan_guard import PlanGuard
+
+    return PlanGuard.from_model(pipeline.model)
+
+
+def odometry(observation) -> Odometry:
+    """The ego's pose and speed at a replanning instant, from the simulated car's odometry (its exact pose in the
+    world frame, as the past trajectory a temporal network reads comes from it too)."""
+    from stack.models.plan_guard import Odometry
+
+    x, y, yaw = observation.world.ego_state()[:3]
+    return Odometry(float(observation.time_s), float(x), float(y), float(yaw), float(observation.ego_status[0]))
 
 
 def rig_geometry(net, rig):

@@ -159,6 +159,12 @@ class ModelConfig:
     (`stack.models.plan_guard`, InterFuser's safety controller on our outputs); closed loop only."""
     plan_guard_deceleration: float = 3.5
     """m/s^2: the plan guard also drops a candidate that could not stop at this rate after its horizon."""
+    plan_guard_confirm_below: float = 0.0
+    """0: the plan guard brakes for a detection at once. Otherwise one scoring below this only once the previous
+    replan saw it too, where its velocity and the ego's odometry put it (`stack.models.plan_guard`); 1: every one."""
+    plan_guard_restart_s: float = 0.0
+    """0: off. Otherwise, once the ego has stood this many seconds and the guarded choice would still not move it,
+    the best-scoring candidate that moves on and runs into no detection drives (the inertia problem)."""
     planning_velocity: bool = False
     """The path-speed planner's scorer also reads the detection head's velocity of whatever lies on each candidate's
     path, resolved along and across it (`stack.models.path_speed_head`). Needs temporal_frames = 1: one frame holds
@@ -215,6 +221,15 @@ class ModelConfig:
         if not 0 < self.plan_guard_deceleration <= 12:
             found.append(("plan_guard_deceleration", f"got {self.plan_guard_deceleration}; give a braking rate in "
                                                      f"m/s^2 within (0, 12], e.g. 3.5"))
+        if self.plan_guard_confirm_below and not self.plan_guard_score < self.plan_guard_confirm_below <= 1:
+            found.append(("plan_guard_confirm_below", f"got {self.plan_guard_confirm_below}; give 0 (off) or a score "
+                                                      f"above plan_guard_score ({self.plan_guard_score}) and up to 1"))
+        if not 0 <= self.plan_guard_restart_s <= 10:
+            found.append(("plan_guard_restart_s", f"got {self.plan_guard_restart_s}; give 0 (off) or seconds of "
+                                                  f"standing within (0, 10], e.g. 1"))
+        if (self.plan_guard_confirm_below or self.plan_guard_restart_s) and not self.plan_guard_score:
+            found.append(("plan_guard_score", "got 0 with plan_guard_confirm_below or plan_guard_restart_s set; "
+                                              "both are rules of the plan guard: give a detection score, e.g. 0.2"))
         if self.planning_velocity and not (self.planning_accelerations and self.temporal_frames):
             found.append(("planning_velocity", "got true; the path-speed planner reads velocities that a temporal "
                                                "network regresses: set planning_accelerations and temporal_frames: 1, "

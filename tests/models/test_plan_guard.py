@@ -8,7 +8,7 @@ import torch
 
 from stack.config import load_pipeline
 from stack.kinematics import along_path, speed_profile_arcs
-from stack.models.plan_guard import colliding_candidates, guarded_choice
+from stack.models.plan_guard import Odometry, PlanGuard, colliding_candidates, guarded_choice
 
 ACCELERATIONS = [-7.0, -3.0, -1.0, 0.0, 1.5]
 CAR = [4.5, 1.9, 1.6]
@@ -87,10 +87,13 @@ def test_a_network_policy_drives_the_guarded_plan_only_when_asked_and_only_for_w
 def test_bad_guard_settings_are_refused_with_the_key_named():
     from stack.errors import StackError
 
-    for bad, key in (("model.plan_guard_score=1.5", "plan_guard_score"),
-                     ("model.plan_guard_deceleration=0", "plan_guard_deceleration")):
+    for bad, key in ((["model.plan_guard_score=1.5"], "plan_guard_score"),
+                     (["model.plan_guard_deceleration=0"], "plan_guard_deceleration"),
+                     (["model.plan_guard_score=0.2", "model.plan_guard_confirm_below=0.1"], "plan_guard_confirm_below"),
+                     (["model.plan_guard_score=0.2", "model.plan_guard_restart_s=-1"], "plan_guard_restart_s"),
+                     (["model.plan_guard_restart_s=1"], "plan_guard_score")):
         with pytest.raises(StackError, match=key):
-            load_pipeline(["configs/pipeline.yaml", "configs/presets/tiny.yaml"], [bad])
+            load_pipeline(["configs/pipeline.yaml", "configs/presets/tiny.yaml"], bad)
 
 
 def test_a_checkpoint_drives_with_any_guard_setting_but_not_with_another_network():
@@ -99,7 +102,85 @@ def test_a_checkpoint_drives_with_any_guard_setting_but_not_with_another_network
     files = ["configs/pipeline.yaml", "configs/presets/tiny.yaml", "configs/presets/tiny-drive.yaml"]
     trained = load_pipeline(files, ["model.temporal_frames=1"])
     guarded = load_pipeline(files, ["model.temporal_frames=1", "model.plan_guard_score=0.3",
-                                    "model.plan_guard_deceleration=5"])
+                                    "model.plan_guard_deceleration=5", "model.plan_guard_confirm_below=0.4",
+                                    "model.plan_guard_restart_s=1.5"])
     assert model_differences(trained, guarded) == []
     other = load_pipeline(files, ["model.temporal_frames=1", "model.planning_velocity=true"])
     assert [key for key, _, _ in model_differences(trained, other)] == ["model.planning_velocity"]
+
+
+NOTHING = torch.zeros(0, 9)
+
+
+def at(time_s: float, x: float = 0.0, y: float = 0.0, yaw: float = 0.0, speed: float = 8.0) -> Odometry:
+    return Odometry(time_s, x, y, yaw, speed)
+
+
+def seen(guard: PlanGuard, trajectories: torch.Tensor, scores: torch.Tensor, boxes: torch.Tensor, odometry: Odometry,
+         score: float = 0.3) -> int:
+    """The guard's choice with every box in `boxes` detected at `score`."""
+    return guard.choose(trajectories, scores, boxes, torch.full((len(boxes),), score), odometry)
+
+
+def test_a_low_scoring_detection_is_braked_for_once_the_previous_replan_saw_it_where_it_was_headed():
+    guard, trajectories = PlanGuard(0.2, 3.5, confirm_below=0.5), candidates(8.0)
+    assert seen(guard, trajectories, PREFERS_HOLDING_SPEED, box(30.0), at(0.0)) == 2  # a drive's first look counts
+    assert seen(guard, trajectories, PREFERS_HOLDING_SPEED, NOTHING, at(0.5)) == 3
+    assert seen(guard, trajectories, PREFERS_HOLDING_SPEED, box(30.0), at(1.0)) == 3  # seen once: a flicker
+    assert seen(guard, trajectories, PREFERS_HOLDING_SPEED, box(30.0), at(1.5)) == 2  # seen again: braked for
+    assert seen(guard, trajectories, PREFERS_HOLDING_SPEED, box(30.0, y=1.0), at(2.0)) == 2  # within the gate
+    assert seen(guard, trajectories, PREFERS_HOLDING_SPEED, box(26.0, y=1.0), at(2.5)) == 3  # jumped 4 m
+    assert seen(guard, trajectories, PREFERS_HOLDING_SPEED, box(30.0), at(3.0), score=0.6) == 2  # sure: at once
+    assert seen(guard, trajectories, PREFERS_HOLDING_SPEED, box(30.0), at(3.5), score=0.1) == 3  # under the guard
+
+
+def test_confirmation_follows_the_ego_odometry_and_the_detected_velocity():
+    guard, trajectories = PlanGuard(0.2, 3.5, confirm_below=1.0), candidates(8.0)
+    seen(guard, trajectories, PREFERS_HOLDING_SPEED, NOTHING, at(0.0))
+    seen(guard, trajectories, PREFERS_HOLDING_SPEED, box(30.0), at(0.5))
+    # the car standing at odometry (30, 0), seen from (30, -26) facing +y, is 26 m straight ahead: 4 m from where
+    # it was in the ego frame before, so only the odometry confirms it
+    assert seen(guard, trajectories, PREFERS_HOLDING_SPEED, box(26.0), at(1.0, 30.0, -26.0, math.pi / 2)) == 1
+    oncoming = PlanGuard(0.2, 3.5, confirm_below=1.0)
+    seen(oncoming, trajectories, PREFERS_HOLDING_SPEED, NOTHING, at(0.0, speed=0.0))
+    seen(oncoming, trajectories, PREFERS_HOLDING_SPEED, box(30.0, vx=-8.0), at(0.5, speed=0.0))
+    assert seen(oncoming, trajectories, PREFERS_HOLDING_SPEED, box(26.0, vx=-8.0), at(1.0, speed=0.0)) == 0
+
+
+def test_a_new_drive_forgets_the_last_one():
+    guard, trajectories = PlanGuard(0.2, 3.5, confirm_below=1.0), candidates(8.0)
+    seen(guard, trajectories, PREFERS_HOLDING_SPEED, NOTHING, at(7.5))
+    assert seen(guard, trajectories, PREFERS_HOLDING_SPEED, box(30.0), at(0.0)) == 2
+
+
+FROM_STANDSTILL_STAYS = torch.tensor([-3.0, -2.0, -1.0, 0.0, -0.5])
+"""From standstill only the 1.5 m/s^2 candidate (index 4) moves; the planner prefers standing (index 3)."""
+
+
+def test_after_standing_restart_s_the_best_candidate_that_moves_on_drives_if_nothing_is_in_its_way():
+    guard, standing = PlanGuard(0.2, 3.5, restart_s=1.0), candidates(0.0)
+    choices = [seen(guard, standing, FROM_STANDSTILL_STAYS, NOTHING, at(t, speed=0.0)) for t in (0.0, 0.5, 1.0)]
+    assert choices == [3, 3, 4]
+    assert seen(guard, standing, FROM_STANDSTILL_STAYS, box(6.0), at(1.5, speed=0.0)) == 3  # a car 6 m ahead
+    seen(guard, candidates(3.0), FROM_STANDSTILL_STAYS, NOTHING, at(2.0, speed=3.0))  # moving again: timer reset
+    assert seen(guard, standing, FROM_STANDSTILL_STAYS, NOTHING, at(2.5, speed=0.0)) == 3
+    assert seen(PlanGuard(0.2, 3.5), standing, FROM_STANDSTILL_STAYS, NOTHING, at(9.0, speed=0.0)) == 3  # rule off
+
+
+def test_a_restart_is_checked_against_every_detection_confirmed_or_not():
+    guard, standing = PlanGuard(0.2, 3.5, confirm_below=1.0, restart_s=1.0), candidates(0.0)
+    for t in (0.0, 0.5):
+        seen(guard, standing, FROM_STANDSTILL_STAYS, NOTHING, at(t, speed=0.0))
+    assert seen(guard, standing, FROM_STANDSTILL_STAYS, box(6.0), at(1.0, speed=0.0)) == 3
+
+
+def test_a_network_policy_carries_its_guard_across_replans():
+    from stack.deploy.network_policies import guarded_plan, plan_guard
+
+    pipeline = load_pipeline(["configs/pipeline.yaml", "configs/presets/tiny.yaml", "configs/presets/tiny-drive.yaml"],
+                             ["model.plan_guard_score=0.2", "model.plan_guard_confirm_below=0.5"])
+    guard, faint, nothing = plan_guard(pipeline), _outputs(pipeline, -1.0), _outputs(pipeline, -10.0)  # score 0.27
+    plans = [guarded_plan(outputs, pipeline, guard, at(t)) for t, outputs in
+             ((0.0, nothing), (0.5, faint), (1.0, faint))]
+    for plan, expected in zip(plans, (3, 3, 2)):
+        np.testing.assert_allclose(plan, faint["plan_trajectories"][0, expected])
