@@ -253,7 +253,8 @@ def drive(pipeline, policies: list[PolicySpec], log=print, sources: dict | None 
             "latency": {p.name: {"ms": p.latency_s * 1000.0, "how": p.latency_how} for p in policies},
             "policies": {p.name: {"kind": p.kind, "blind": p.kind in ("constant_velocity", "ego_rollout"),
                                   "privileged": p.kind == "expert"} for p in policies},
-            "wall_seconds": driving_seconds, "workers": cfg.workers, "clips": clips, "bar": bars}
+            "wall_seconds": driving_seconds, "workers": cfg.workers, "clips": clips, "bar": bars,
+            "plan_guard": plan_guard_settings(pipeline.model)}
     public = [{k: v for k, v in r.items() if k != "trace"} for r in rows]
     files = write_report(out, summary, public, meta)
     log(f"drove {len(rows)} episodes in {driving_seconds:.0f} s; report: {out / 'drive.md'}")
@@ -279,6 +280,12 @@ def _write_clips(pipeline, policies: list[PolicySpec], rows: list[dict], out: Pa
     for policy, name, score, index in names:
         clips.setdefault(policy, []).append({"file": f"clips/{name}", "driving_score": score, "index": index})
     return clips
+
+
+def plan_guard_settings(model) -> dict:
+    """How the network policies of this drive read their outputs (`model.plan_guard_*`), for the report."""
+    return {"score": model.plan_guard_score, "deceleration": model.plan_guard_deceleration,
+            "confirm_below": model.plan_guard_confirm_below, "restart_s": model.plan_guard_restart_s}
 
 
 def _episodes_of(pipeline) -> list:

@@ -185,9 +185,26 @@ def header_lines(rows: list, meta: dict, policies: list) -> list:
             f"{wall:.0f} s wall" if wall else None]
     if any(host):
         lines.append("- Host: " + ", ".join(str(p) for p in host if p))
+    guard = meta.get("plan_guard")
+    baselines = [p for p in policies if _policy_meta(meta, p).get("blind") or _policy_meta(meta, p).get("privileged")]
+    if guard is not None and len(baselines) < len(policies):
+        lines.append(f"- Network policies drive {plan_guard_text(guard)}")
     lines += ["- Latency in the loop (a plan reaches the controller only this long after its camera frame):"]
     lines += [f"  - {policy_label(meta, policy)}: {latency_text(rows, meta, policy)}" for policy in policies]
     return lines
+
+
+def plan_guard_text(guard: dict) -> str:
+    """The plan guard's settings in words (`stack.models.plan_guard`)."""
+    if not guard.get("score"):
+        return "the planner's best-scoring candidate (no plan guard)"
+    rules = [f"detections scoring >= {guard['score']:g}",
+             f"stopping at {guard['deceleration']:g} m/s^2 after the horizon"]
+    if guard.get("confirm_below"):
+        rules.append(f"those under {guard['confirm_below']:g} only once seen by the previous replan too")
+    if guard.get("restart_s"):
+        rules.append(f"moving on after {guard['restart_s']:g} s standing if the way is clear")
+    return "through the plan guard (" + "; ".join(rules) + ")"
 
 
 def latency_text(rows: list, meta: dict, policy: str) -> str:
