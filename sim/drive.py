@@ -237,7 +237,7 @@ def drive(pipeline, policies: list[PolicySpec], log=print, sources: dict | None 
 
         raise StackError(f"drive.out_dir {cfg.out_dir} is a file, not a folder; point drive.out_dir at a folder "
                          f"(the report, drive.json and clips go there); nothing was driven")
-    episodes = _episodes_of(pipeline)
+    episodes = episodes_of(pipeline)
     policies = resolve_latencies(pipeline, policies, episodes[0], log)
     started = time.perf_counter()
     rows = evaluate(pipeline, policies, episodes, log)
@@ -267,7 +267,7 @@ def _write_clips(pipeline, policies: list[PolicySpec], rows: list[dict], out: Pa
     by_name.setdefault("expert", PolicySpec("expert", "expert"))
     tasks, names = [], []
     for row in worst_episodes(rows, pipeline.drive.clips):
-        spec = next(e for e in _episodes_of(pipeline) if (e.family, e.seed, e.index) ==
+        spec = next(e for e in episodes_of(pipeline) if (e.family, e.seed, e.index) ==
                     (row["family"], row["seed"], row["index"]))
         label = re.sub(r"[^\w.-]+", "_", row["policy"])
         name = f"{label}-{row['family']}-seed{row['seed']}-ep{row['index']:03d}.mp4"
@@ -288,7 +288,8 @@ def plan_guard_settings(model) -> dict:
             "confirm_below": model.plan_guard_confirm_below, "restart_s": model.plan_guard_restart_s}
 
 
-def _episodes_of(pipeline) -> list:
+def episodes_of(pipeline) -> list:
+    """The `EpisodeSpec`s a drive with `pipeline.drive` drives, in order."""
     from stack.sim.scenarios import episode_specs
 
     cfg = pipeline.drive
