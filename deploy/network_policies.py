@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-
-from typing import TYPE_CHECKING
 
 from stack.errors import StackError
 from stack.sim.policies import NetworkPolicy, PolicySpec
@@ -38,28 +37,41 @@ def bundle_spec(name: str, bundle: str = "", model: str | None = None, **latency
     return PolicySpec(name, "bundle", str(bundle), model, builder=BundlePolicy, **latency)
 
 
-class CheckpointPolicy(NetworkPolicy):
+class GuardedNetworkPolicy(NetworkPolicy):
+    """A network policy that drives its plan through the pipeline's plan guard (`guarded_plan`), one guard per
+    policy, fed the ego's odometry at each replan."""
+
+    def __init__(self, spec: PolicySpec, steps: int, pipeline):
+        super().__init__(spec, steps)
+        self.pipeline, self.guard, self._odometry = pipeline, plan_guard(pipeline), None
+
+    def plan(self, observation) -> np.ndarray:
+        self._odometry = odometry(observation)
+        return super().plan(observation)
+
+    def choose(self, outputs: dict) -> np.ndarray:
+        return guarded_plan(outputs, self.pipeline, self.guard, self._odometry)
+
+
+class CheckpointPolicy(GuardedNetworkPolicy):
     """The trained network in PyTorch, pooling with the rig's geometry (as in training and `stack eval`)."""
 
     runtime = "PyTorch"
 
     def __init__(self, spec: PolicySpec, steps: int, pipeline):
-        super().__init__(spec, steps)
+        super().__init__(spec, steps, pipeline)
         from stack.checkpoint.model_file import load_network
 
         _, self.net = load_network(spec.source, needs_planner=True)
-        self.pipeline = pipeline
         self.geometry = rig_geometry(self.net, pipeline.data.rig)
         if self.net.temporal_frames and pipeline.drive.replan_hz != 2.0:
             raise StackError(f"{spec.source} fuses the key frame 0.5 s earlier (model.temporal_frames=1), so it must "
                              f"replan at 2 Hz; got drive.replan_hz={pipeline.drive.replan_hz}: set drive.replan_hz=2")
         self._memory, self._pose, self._episode = None, None, None
-        self.guard, self._odometry = plan_guard(pipeline), None
 
     def plan(self, observation) -> np.ndarray:
         """A temporal network carries its BEV memory from one replanning instant to the next (0.5 s apart) within an
         episode, and the ego's motion in between from odometry (the past trajectory, as training reads it)."""
-        self._odometry = odometry(observation)
         if self.net.temporal_frames:
             from stack.kinematics import previous_pose
             from stack.sim.recording import past_positions
@@ -80,11 +92,8 @@ class CheckpointPolicy(NetworkPolicy):
         self._memory = out.get("bev_memory")
         return {name: out[name].float().numpy() for name in GUARD_READS}
 
-    def choose(self, outputs: dict) -> np.ndarray:
-        return guarded_plan(outputs, self.pipeline, self.guard, self._odometry)
 
-
-class BundlePolicy(NetworkPolicy):
+class BundlePolicy(GuardedNetworkPolicy):
     """A deployed model on ONNX Runtime, fed the calibration of the rig the world renders."""
 
     runtime = "ONNX Runtime"
@@ -94,7 +103,7 @@ class BundlePolicy(NetworkPolicy):
         return bundle_latency(spec.source) if spec.source else None
 
     def __init__(self, spec: PolicySpec, steps: int, pipeline):
-        super().__init__(spec, steps)
+        super().__init__(spec, steps, pipeline)
         from stack.deploy.calibration import Calibration
         from stack.deploy.runner import DeployedNetwork
 
@@ -104,7 +113,6 @@ class BundlePolicy(NetworkPolicy):
         else:
             self.net = DeployedNetwork.from_model(spec.model, threads=1)
         self.calibration = Calibration.from_rig(pipeline.data.rig)
-        self.pipeline = pipeline
         if self.net.state:
             replans_per_period = self.net.state["period_s"] * pipeline.drive.replan_hz
             if abs(replans_per_period - round(replans_per_period)) > 1e-6 or round(replans_per_period) < 1:
@@ -112,12 +120,10 @@ class BundlePolicy(NetworkPolicy):
                                  f"s earlier, which replanning at drive.replan_hz={pipeline.drive.replan_hz} never "
                                  f"gives it: set drive.replan_hz to a multiple of {1 / self.net.state['period_s']:g}")
         self._episode, self._state = None, {}
-        self.guard, self._odometry = plan_guard(pipeline), None
 
     def plan(self, observation) -> np.ndarray:
         """A stateful graph's memory is carried by DeployedNetwork, forgotten at an episode's start; the ego's
         motion since the key frame 0.5 s earlier comes from odometry, as the checkpoint's does."""
-        self._odometry = odometry(observation)
         if self.net.state:
             from stack.kinematics import previous_pose
             from stack.sim.recording import past_positions
@@ -132,9 +138,6 @@ class BundlePolicy(NetworkPolicy):
 
     def infer(self, images: np.ndarray, ego_status: np.ndarray, command: np.ndarray) -> dict:
         return self.net.infer(images, ego_status, command, self.calibration, **self._state)
-
-    def choose(self, outputs: dict) -> np.ndarray:
-        return guarded_plan(outputs, self.pipeline, self.guard, self._odometry)
 
 
 GUARD_READS = ("plan_trajectories", "plan_scores", "heatmap", "box_regression")
