@@ -190,6 +190,7 @@ class AsyncCheckpointWriter:
         fsync_dir(self.directory)
         write_atomically(self.directory / LATEST, final.name + "\n")
         self._prune(final)
+        fail_point("checkpoint-committed")
 
     def _prune(self, newest: Path) -> None:
         done = sorted(p for p in self.directory.glob("step-*.ckpt") if p != newest)

@@ -1,6 +1,7 @@
 """SIGKILL at named points of `stack train` (stack.failpoints): the previous checkpoint stays intact and a
 resume from it reproduces the uninterrupted run's losses, with every log row kept once. The checkpoint points
-fire in the background writer while training has gone on (checkpoints are written asynchronously)."""
+fire in the background writer while training has gone on (checkpoints are written asynchronously); a kill in a
+training step waits for the writer's commit of the checkpoint it expects (`&`: stack.failpoints)."""
 
 import csv
 import os
@@ -43,8 +44,10 @@ def uninterrupted(standin_recipe_run):
 
 @pytest.mark.slow  # two Lightning processes per kill point (~40 s on 2 busy cores)
 @pytest.mark.parametrize("point, kept", [
-    ("train-step:7", "step-0000004.ckpt"),        # epoch 1, first batch: one checkpoint behind
-    ("train-step:11", "step-0000008.ckpt"),       # epoch 1, mid-epoch
+    # a training step, once the writer has committed the checkpoint before it: without `&`, a busy machine's
+    # writer may not have finished step 4 by step 7, and `latest` would not exist yet
+    ("train-step:7&checkpoint-committed:1", "step-0000004.ckpt"),   # epoch 1, first batch: one checkpoint behind
+    ("train-step:11&checkpoint-committed:2", "step-0000008.ckpt"),  # epoch 1, mid-epoch
     ("checkpoint-write:2", "step-0000004.ckpt"),   # step 8's shards written, DCP's .metadata not yet
     ("checkpoint-commit:2", "step-0000004.ckpt"),  # step 8 complete and durable, not yet renamed into place
 ])
