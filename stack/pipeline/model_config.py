@@ -154,9 +154,10 @@ class ModelConfig:
     must also leave room to stop at this rate after it (`stack.models.losses._stop_after_horizon`): one that
     cannot stop before a stopped car it has not reached yet is labelled a collision already."""
     plan_guard_score: float = 0.0
-    """0: the network drives its planner's best-scoring candidate. Otherwise the best one whose footprint runs into
-    none of the network's own detections scoring at least this, moved at their detected velocities
-    (`stack.models.plan_guard`, InterFuser's safety controller on our outputs); closed loop only."""
+    """0: the network drives its planner's best-scoring candidate (the guard is off, and its rules below with it: a
+    preset's guard is switched off by this one key). Otherwise the best one whose footprint runs into none of the
+    network's own detections scoring at least this, moved at their detected velocities (`stack.models.plan_guard`,
+    InterFuser's safety controller on our outputs); closed loop only."""
     plan_guard_deceleration: float = 3.5
     """m/s^2: the plan guard also drops a candidate that could not stop at this rate after its horizon."""
     plan_guard_confirm_below: float = 0.0
@@ -227,9 +228,6 @@ class ModelConfig:
         if not 0 <= self.plan_guard_restart_s <= 10:
             found.append(("plan_guard_restart_s", f"got {self.plan_guard_restart_s}; give 0 (off) or seconds of "
                                                   f"standing within (0, 10], e.g. 1"))
-        if (self.plan_guard_confirm_below or self.plan_guard_restart_s) and not self.plan_guard_score:
-            found.append(("plan_guard_score", "got 0 with plan_guard_confirm_below or plan_guard_restart_s set; "
-                                              "both are rules of the plan guard: give a detection score, e.g. 0.2"))
         if self.planning_velocity and not (self.planning_accelerations and self.temporal_frames):
             found.append(("planning_velocity", "got true; the path-speed planner reads velocities that a temporal "
                                                "network regresses: set planning_accelerations and temporal_frames: 1, "

@@ -90,10 +90,20 @@ def test_bad_guard_settings_are_refused_with_the_key_named():
     for bad, key in ((["model.plan_guard_score=1.5"], "plan_guard_score"),
                      (["model.plan_guard_deceleration=0"], "plan_guard_deceleration"),
                      (["model.plan_guard_score=0.2", "model.plan_guard_confirm_below=0.1"], "plan_guard_confirm_below"),
-                     (["model.plan_guard_score=0.2", "model.plan_guard_restart_s=-1"], "plan_guard_restart_s"),
-                     (["model.plan_guard_restart_s=1"], "plan_guard_score")):
+                     (["model.plan_guard_score=0.2", "model.plan_guard_restart_s=-1"], "plan_guard_restart_s")):
         with pytest.raises(StackError, match=key):
             load_pipeline(["configs/pipeline.yaml", "configs/presets/tiny.yaml"], bad)
+
+
+def test_a_guard_score_of_0_switches_a_presets_guard_off_with_its_rules():
+    from stack.sim.drive import plan_guard_settings
+    from stack.sim.drive_report import plan_guard_text
+
+    files = ["configs/pipeline.yaml", "configs/presets/tiny.yaml", "configs/presets/tiny-drive.yaml"]
+    guarded, off = load_pipeline(files), load_pipeline(files, ["model.plan_guard_score=0"])
+    assert guarded.model.plan_guard_score > 0 and off.model.plan_guard_restart_s == guarded.model.plan_guard_restart_s
+    assert plan_guard_text(plan_guard_settings(guarded.model)).startswith("through the plan guard")
+    assert plan_guard_text(plan_guard_settings(off.model)) == "the planner's best-scoring candidate (no plan guard)"
 
 
 def test_a_checkpoint_drives_with_any_guard_setting_but_not_with_another_network():
