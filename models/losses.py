@@ -26,8 +26,6 @@ from stack.models.targets import downsample_labels, encode_depth, encode_detecti
 from stack.ops.bev_pool import grid_cells
 from stack.pipeline import Pipeline
 
-REGRESSION_WEIGHTS = (1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.2, 0.2)
-"""Per-field L1 weights of the box regression (CenterPoint's code_weights)."""
 BOX_LOSS_WEIGHT = 0.25
 COLLISION_LOSS_WEIGHT = 1.0
 SPEED_TEMPERATURE_M = 1.0
@@ -55,6 +53,13 @@ def masked_cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Te
     return summed / (target != IGNORE_INDEX).sum().clamp(min=1)
 
 
+def regression_weights(velocity: float) -> tuple[float, ...]:
+    """L1 weights of the 10 box-regression fields (`stack.models.targets.encode_detections`: offset x/y, z, log
+    size x3, sin/cos yaw, vx, vy): CenterPoint's code_weights, the two velocity fields at
+    `model.loss_weights.velocity`."""
+    return (1.0,) * 8 + (velocity, velocity)
+
+
 def detection_loss(outputs, batch: Batch, pipeline: Pipeline) -> dict[str, torch.Tensor]:
     model = pipeline.model
     targets = encode_detections(batch.boxes, batch.box_labels, len(model.detection_classes), model.bev,
@@ -63,7 +68,7 @@ def detection_loss(outputs, batch: Batch, pipeline: Pipeline) -> dict[str, torch
     regression = outputs["box_regression"].float().flatten(2)  # (B, 10, X*Y)
     index = targets.cell_index[:, None, :].expand(-1, regression.shape[1], -1)
     predicted = regression.gather(2, index).transpose(1, 2)  # (B, M, 10)
-    weights = predicted.new_tensor(REGRESSION_WEIGHTS)
+    weights = predicted.new_tensor(regression_weights(model.loss_weights.velocity))
     error = (predicted - targets.regression).abs() * weights * targets.valid[..., None]
     box = error.sum() / targets.valid.sum().clamp(min=1)
     return {"det_heatmap": heatmap, "det_box": box, "detection": heatmap + BOX_LOSS_WEIGHT * box}

@@ -168,11 +168,13 @@ class BevNet(nn.Module):
 
         self.view_transform.fixed = None if geometry is None else FixedBevPool(geometry).to(geometry.device)
 
-    def forward_batch(self, batch: Batch) -> dict[str, torch.Tensor]:
-        """`forward` on a Batch, with its geometry computed from the batch's cameras."""
+    def forward_batch(self, batch: Batch, fuse_previous: bool = True) -> dict[str, torch.Tensor]:
+        """`forward` on a Batch, with its geometry computed from the batch's cameras. `fuse_previous=False` gives a
+        temporal network the input of a sequence's first frame (the frame fused with itself) instead of the batch's
+        previous key frame (`stack.metrics.motion`)."""
         geometry = None if self.view_transform.fixed is not None else self.geometry(batch.intrinsics, batch.cam_to_ego)
         previous = None
-        if self.temporal_frames:
+        if self.temporal_frames and fuse_previous:
             if batch.previous_images is None:
                 raise StackError("this network fuses the previous key frame (model.temporal_frames=1) but the batch "
                                  "carries none: load it with the torch loader of a pipeline with model.temporal_frames=1")

@@ -27,21 +27,29 @@ from stack.pipeline import Pipeline
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, pipeline: Pipeline, batches, device: torch.device,
              limit: int | None = None) -> dict:
-    """TaskMetrics of `model` over `batches` (at most `limit` batches)."""
+    """TaskMetrics of `model` over `batches` (at most `limit` batches); for a temporal network also what it reads
+    from the previous key frame (`motion/` keys, `stack.metrics.motion`: a second forward pass per batch)."""
+    from stack.metrics.motion import MotionMetric
     from stack.metrics.suite import TaskMetrics
     from stack.models.decoders import decode_all
 
     metrics = TaskMetrics(pipeline)
     model = model.to(device).eval()
     run = getattr(model, "forward_batch", None) or model
+    motion = MotionMetric(pipeline.model.bev) if pipeline.model.temporal_frames and run is not model else None
     count = 0
     for batch in batches:
         if limit is not None and count >= limit:
             break
         batch = batch.to(device)
-        metrics.update(decode_all(run(batch), pipeline), batch.to("cpu"))
+        outputs = run(batch)
+        metrics.update(decode_all(outputs, pipeline), batch.to("cpu"))
+        if motion is not None:
+            alone = run(batch, fuse_previous=False)["box_regression"]
+            motion.update(outputs["box_regression"].cpu(), alone.cpu(), batch.boxes.cpu(), batch.box_labels.cpu())
         count += 1
-    return {**metrics.compute(), "eval/batches": float(count)}
+    found = {f"motion/{key}": value for key, value in motion.compute().items()} if motion is not None else {}
+    return {**metrics.compute(), **found, "eval/batches": float(count)}
 
 
 def evaluate_checkpoint(checkpoint: Path, pipeline: Pipeline | None, progress: bool = True,

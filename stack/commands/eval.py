@@ -7,9 +7,10 @@ network is rebuilt from the pipeline it carries, and the data comes from the -c 
 overrides given (or, with none, from that pipeline with the overrides): a pipeline of another
 network (model or rig) is refused up front, as export and deploy refuse it. Exit code 0 when every head clears its
 bar, 1 when one does not. Below the table, the detection head's nuScenes NDS and its five TP errors, as information
-(no bar; `stack.metrics.detection.summary` says which the network does not predict). Writes eval/metrics.json and eval/heads.png beside it
-(eval-train/ for `--split train`: the same table on frames the network trained on, so a
-gap between the two splits shows memorisation rather than learning).
+(no bar; `stack.metrics.detection.summary` says which the network does not predict), and for a temporal network
+what it reads from the previous key frame (`stack.metrics.motion`). Writes eval/metrics.json and eval/heads.png
+beside it (eval-train/ for `--split train`: the same table on frames the network trained on, so a gap between the
+two splits shows memorisation rather than learning).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ def run(args: argparse.Namespace) -> int:
     from stack.commands.export import take_checkpoint
     from stack.metrics.bars import verdicts
     from stack.metrics.detection import summary
+    from stack.metrics.motion import summary as motion_summary
     from stack.train.evaluate import evaluate_checkpoint
 
     checkpoint = take_checkpoint(args)
@@ -45,6 +47,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"| {row.head} | {row.metric} | {row.value:.3f} | {row.baseline:.3f} | {row.bar} | "
               f"{'pass' if row.passed else 'FAIL'} |")
     print(f"detection (information, no bar): {summary(metrics)}")
+    if "motion/moving_boxes" in metrics:
+        print(f"temporal fusion (information, no bar): {motion_summary(metrics)}")
     for row in rows:
         if row.note:
             print(f"{row.head}: {row.value / row.baseline if row.baseline else float('nan'):.2f}x the baseline; "

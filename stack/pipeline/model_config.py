@@ -73,10 +73,14 @@ class LossWeights:
     """Per-pixel semantic cross entropy."""
     planning: float = 1.0
     """Winner-takes-all L2 + mode classification + collision term."""
+    velocity: float = 0.2
+    """L1 weight of each of the two velocity fields inside the box regression, beside 1.0 for every other field
+    (CenterPoint's code_weights). A temporal network (temporal_frames > 0) has motion to read; a heavier weight
+    trades box fit for velocity, which the plan guard moves detections at."""
 
     def problems(self) -> Problems:
         found: Problems = []
-        for name in ("detection", "depth", "segmentation", "planning"):
+        for name in ("detection", "depth", "segmentation", "planning", "velocity"):
             value = getattr(self, name)
             if value < 0:
                 found.append((name, f"got {value}; loss weights must be >= 0"))

@@ -128,6 +128,22 @@ def test_loss_terms_are_finite_and_weighted(tiny):
     torch.testing.assert_close(terms3["total"] - terms["total"], 2 * terms["depth"])
 
 
+def test_the_velocity_weight_scales_only_the_velocity_error_of_the_box_regression(tiny):
+    p, model, batch = tiny
+    outputs = model.forward_batch(batch)
+    box = {w: build_model(pipeline("tiny", f"model.loss_weights.velocity={w}")).loss(outputs, batch)["det_box"]
+           for w in (0.0, 0.2, 1.0)}
+    velocity_part = box[0.2] - box[0.0]
+    assert velocity_part > 0  # the random batch's boxes move, and an untrained head does not know how
+    torch.testing.assert_close(box[1.0] - box[0.0], 5 * velocity_part)
+    still = random_batch(p, batch_size=2, seed=1)
+    still.boxes[..., 7:9] = outputs["box_regression"].new_zeros(())  # targets without motion...
+    outputs["box_regression"] = outputs["box_regression"].detach().clone()
+    outputs["box_regression"][:, 8:10] = 0  # ...and a head that predicts none: the weight changes nothing
+    heavy = build_model(pipeline("tiny", "model.loss_weights.velocity=3.0"))
+    torch.testing.assert_close(heavy.loss(outputs, still)["det_box"], model.loss(outputs, still)["det_box"])
+
+
 def test_loss_survives_empty_and_unlabelled_batches(tiny):
     p, model, batch = tiny
     empty = random_batch(p, batch_size=2, seed=3)

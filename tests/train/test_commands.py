@@ -94,3 +94,19 @@ def test_evaluate_reports_every_head_and_its_baseline():
     # an untrained planner (residual layer at zero) is its prior, the ego-status rollout: it must fail the bar
     assert rows["planning"].value == pytest.approx(rows["planning"].baseline, rel=1e-4)
     assert not rows["planning"].passed
+    assert not any(key.startswith("motion/") for key in metrics)  # one frame: nothing to read motion from
+
+
+@pytest.mark.slow
+def test_evaluate_says_what_a_temporal_network_reads_from_the_previous_key_frame():
+    from stack.models import build_model
+    from stack.models.testing import random_batch
+
+    pipeline = tiny_pipeline("model.temporal_frames=1", "model.bev_channels=16", "model.depth.bins=8")
+    torch.manual_seed(0)
+    batches = [random_batch(pipeline, 2, seed=s) for s in (1, 2)]
+    metrics = evaluate(build_model(pipeline), pipeline, batches, torch.device("cpu"))
+    moving = sum(int(((b.box_labels >= 0) & (b.boxes[..., 7:9].norm(dim=-1) > 1.0)).sum()) for b in batches)
+    assert metrics["motion/moving_boxes"] == moving > 0
+    # an untrained network's previous frame changes its outputs, so the two passes differ
+    assert metrics["motion/velocity_error"] != metrics["motion/velocity_error_alone"]
