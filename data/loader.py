@@ -243,7 +243,7 @@ class FrameSamples(IterableDataset):
             check_jpeg_sizes(before, cameras, self.manifest["image_size"], where[0])
             images = np.stack([decode_jpeg(before[f"{c}.jpg"], where[0], before["__key__"], f"{c}.jpg") for c in cameras])
             row["previous_images"] = torch.from_numpy(images).permute(0, 3, 1, 2)
-            pose = previous_pose(row["past_trajectory"].numpy(), float(row["ego_status"][2]))
+            pose = previous_pose(row["past_trajectory"].numpy())
         row["previous_pose"] = torch.from_numpy(pose)
 
     def _rows(self, samples: list, rng: np.random.Generator):

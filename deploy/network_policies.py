@@ -79,7 +79,7 @@ class CheckpointPolicy(GuardedNetworkPolicy):
             episode = tuple(observation.world.seed_words)
             if episode != self._episode or observation.time_s == 0.0:
                 self._memory, self._episode = None, episode
-            self._pose = previous_pose(past_positions(observation.world), float(observation.ego_status[2]))
+            self._pose = previous_pose(past_positions(observation.world))
         return super().plan(observation)
 
     def infer(self, images: np.ndarray, ego_status: np.ndarray, command: np.ndarray) -> dict:
@@ -133,8 +133,7 @@ class BundlePolicy(GuardedNetworkPolicy):
                 self.net.reset()
                 self._episode = episode
             self._state = {"time_s": float(observation.time_s),
-                           "previous_pose": previous_pose(past_positions(observation.world),
-                                                          float(observation.ego_status[2]))[None]}
+                           "previous_pose": previous_pose(past_positions(observation.world))[None]}
         return super().plan(observation)
 
     def infer(self, images: np.ndarray, ego_status: np.ndarray, command: np.ndarray) -> dict:

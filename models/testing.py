@@ -94,7 +94,7 @@ def random_batch(pipeline: Pipeline, batch_size: int = 2, seed: int = 0) -> Batc
         from stack.kinematics import previous_pose
 
         temporal = {"previous_images": torch.as_tensor(np.clip(np.roll(images, 2, axis=-1), 0, 255).astype(np.uint8)),
-                    "previous_pose": torch.as_tensor(np.stack([previous_pose(p, s[2]) for p, s in zip(past, status)]))}
+                    "previous_pose": torch.as_tensor(np.stack([previous_pose(p) for p in past]))}
     return Batch(
         images=torch.as_tensor(np.clip(images, 0, 255).astype(np.uint8)),
         intrinsics=torch.as_tensor(ks, **as_float).expand(batch_size, n, 3, 3).contiguous(),

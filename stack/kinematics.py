@@ -102,18 +102,17 @@ def _segments(points: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, 
     return segments, segments.norm(dim=-1) * valid.float()
 
 
-def previous_pose(past: np.ndarray, yaw_rate: float) -> np.ndarray:
-    """float32 (3,) x, y, yaw of the ego one waypoint step (0.5 s) ago in the current ego frame: the position is the
-    last row of the past trajectory (P, 2), the heading the ego status's yaw rate (rad/s) held over the step (a car
-    turning left headed right of today's heading then). The previous key frame's pose that a temporal network
+def previous_pose(past: np.ndarray) -> np.ndarray:
+    """float32 (3,) x, y, yaw of the ego one waypoint step (0.5 s) ago in the current ego frame, from the past
+    trajectory (P, 2) whose last row is that position: the previous key frame's pose that a temporal network
     (stack.models.temporal) warps its BEV memory by, in training (the loader) and in the closed loop alike.
 
-    Why the yaw rate: the heading read from the position alone (twice the chord's angle, exact along an arc of
-    constant curvature) was wrong by 0.018 rad (median; p90 0.037) on the tiny-drive frames, where the heading
-    changes by 0.003 rad (median) in a step, measured against the labelled headings of standing road users: the
-    ego's steering corrections within a step are not arcs. Such an error moves the warped BEV 25 m ahead by about
-    0.5-1 m, a cell of the tiny grid, everywhere, and the motion a temporal network should read is lost in it. The
-    yaw rate held over the step is off by under 0.0001 rad (median; p90 0.005): the vehicle model holds its
-    steering between replanning instants (BENCHMARKS.md, closed loop, "Where the network's velocity comes
-    from")."""
-    return np.array([float(past[-1, 0]), float(past[-1, 1]), -float(yaw_rate) * WAYPOINT_STEP_S], np.float32)
+    The heading comes from the chord: along an arc of constant curvature (the bicycle model between two
+    key frames), the chord from the earlier point to the current one points along the mean of the two
+    headings, and the current heading is 0 in the ego frame, so the earlier heading is twice the chord's
+    angle. A car that has not moved (under 5 cm) has not turned."""
+    x, y = float(past[-1, 0]), float(past[-1, 1])
+    if math.hypot(x, y) < 0.05:
+        return np.array([x, y, 0.0], np.float32)
+    chord = math.atan2(-y, -x)
+    return np.array([x, y, 2.0 * chord], np.float32)
