@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from stack.batch import IGNORE_INDEX, Batch
 from stack.kinematics import WAYPOINT_STEP_S, arc_lengths, resample_by_arc, speed_profile_arcs
 from stack.metrics.collision import FOOTPRINT_DISCS_M, FOOTPRINT_RADIUS_M, penetration
+from stack.models.bev_heads import REGRESSION_FIELDS
 from stack.models.plan_guard import braking_to_a_stop
 from stack.models.targets import downsample_labels, encode_depth, encode_detections, encode_drivable
 from stack.ops.bev_pool import grid_cells
@@ -54,10 +55,9 @@ def masked_cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Te
 
 
 def regression_weights(velocity: float) -> tuple[float, ...]:
-    """L1 weights of the 10 box-regression fields (`stack.models.targets.encode_detections`: offset x/y, z, log
-    size x3, sin/cos yaw, vx, vy): CenterPoint's code_weights, the two velocity fields at
-    `model.loss_weights.velocity`."""
-    return (1.0,) * 8 + (velocity, velocity)
+    """L1 weight of each box-regression field (REGRESSION_FIELDS): CenterPoint's code_weights, 1 for every field
+    but vx and vy, which get `model.loss_weights.velocity`."""
+    return tuple(velocity if field in ("vx", "vy") else 1.0 for field in REGRESSION_FIELDS)
 
 
 def detection_loss(outputs, batch: Batch, pipeline: Pipeline) -> dict[str, torch.Tensor]:

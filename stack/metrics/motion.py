@@ -24,7 +24,8 @@ import torch
 MOVING_MPS = 1.0
 """A road user moving faster than this over ground is counted (a parked car's velocity is 0 from one frame)."""
 VELOCITY_FIELDS = slice(8, 10)
-"""vx, vy in the detection head's box regression (`stack.models.targets.encode_detections`)."""
+"""vx, vy in the detection head's box regression (`stack.models.bev_heads.REGRESSION_FIELDS`; the metrics do not
+import the models)."""
 
 
 class MotionMetric:
