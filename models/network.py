@@ -4,9 +4,10 @@ Data flow (per frame, N cameras):
 
     images ─► timm backbone + FPN ─┬─► segmentation head (stride segmentation_stride)
                                    └─► depth/context head (stride feature_stride)
-    softmax(depth) x context ─► bev_pool (lift-splat, stack.ops) ─► BEV encoder
-        (model.temporal_frames = 1: the previous key frame's BEV, warped by the ego motion, is
-         concatenated before the encoder: stack.models.temporal, BEVDet4D)
+    softmax(depth) x context ─► bev_pool (lift-splat, stack.ops) ─► BEV pre-encoder ─► BEV encoder
+        (model.temporal_frames = 1: the previous key frame's pre-encoded BEV, warped by the ego motion, is
+         concatenated before the encoder: stack.models.temporal, BEVDet4D; the pre-encoder has
+         model.temporal_pre_blocks residual blocks, none by default)
     BEV ─┬─► CenterPoint heatmap + box regression
          └─► planning head (ego query attends BEV tokens) ─► K trajectories + scores
              (planned in the body frame, turned by the batch's BEV-augmentation yaw, if any)
@@ -32,10 +33,11 @@ from stack.models.bev_heads import BevEncoder, DetectionHead, PlanningHead
 from stack.models.path_speed_head import PathSpeedPlanningHead
 from stack.models.temporal import warp_previous_bev
 from stack.models.image_heads import DepthContextHead, SegmentationHead
+from stack.models.layers import ResidualBlock
 from stack.ops.bev_pool import BevPoolGeometry, bev_geometry, bev_pool, grid_cells
 from stack.pipeline import LossWeights, Pipeline
 
-COMPONENTS = ("image_encoder", "depth_head", "segmentation_head", "view_transform", "bev_encoder",
+COMPONENTS = ("image_encoder", "depth_head", "segmentation_head", "view_transform", "bev_pre_encoder", "bev_encoder",
               "detection_head", "planning_head")
 """Top-level submodules in data-flow order (benchmarks and activation checkpointing name them)."""
 
@@ -74,6 +76,8 @@ class BevNet(nn.Module):
         self.segmentation_head = SegmentationHead(channels, len(model.segmentation_classes))
         self.view_transform = ViewTransform()
         self.temporal_frames = model.temporal_frames
+        self.bev_pre_encoder = nn.Sequential(*(ResidualBlock(channels, channels)
+                                               for _ in range(model.temporal_pre_blocks)))
         self.bev_encoder = BevEncoder(channels * (1 + self.temporal_frames), model.bev_channels)
         self.detection_head = DetectionHead(model.bev_channels, len(model.detection_classes))
         if model.planning_accelerations:
@@ -106,7 +110,7 @@ class BevNet(nn.Module):
         seg_logits = self.segmentation_head(fine)
         depth_logits = depth_logits.unflatten(0, (batch, cameras))
         context = context.unflatten(0, (batch, cameras))
-        bev = self.view_transform(depth_logits.softmax(dim=2), context, geometry)
+        bev = self.bev_pre_encoder(self.view_transform(depth_logits.softmax(dim=2), context, geometry))
         memory = bev
         if self.temporal_frames:
             aligned = self._aligned_previous(bev, previous_bev, previous_pose, bev_rotation)
@@ -140,13 +144,13 @@ class BevNet(nn.Module):
         return warp_previous_bev(previous_bev, previous_pose, bev_rotation, tuple(ranges.x_range), tuple(ranges.y_range))
 
     def memory(self, images: torch.Tensor, geometry: BevPoolGeometry | None) -> torch.Tensor:
-        """The view transform's BEV of one frame without the heads: the previous key frame's `bev_memory`, computed
-        in training without a gradient (BEVDet4D)."""
+        """The pre-encoded BEV of one frame without the heads: the previous key frame's `bev_memory`, computed in
+        training without a gradient (BEVDet4D)."""
         batch, cameras = images.shape[:2]
         _, lift = self.image_encoder(images.flatten(0, 1))
         depth_logits, context = self.depth_head(lift)
-        return self.view_transform(depth_logits.unflatten(0, (batch, cameras)).softmax(dim=2),
-                                   context.unflatten(0, (batch, cameras)), geometry)
+        return self.bev_pre_encoder(self.view_transform(depth_logits.unflatten(0, (batch, cameras)).softmax(dim=2),
+                                                        context.unflatten(0, (batch, cameras)), geometry))
 
     def geometry(self, intrinsics: torch.Tensor, cam_to_ego: torch.Tensor) -> BevPoolGeometry:
         """Pooling tables for this batch's cameras (B, N, 3, 3) and (B, N, 4, 4)."""

@@ -179,6 +179,11 @@ class ModelConfig:
     1: the key frame 0.5 s earlier is lifted by the same network (no gradient, as BEVDet4D trains it), warped into
     the current ego frame by the ego motion and concatenated before the BEV encoder, so the heads see how things
     moved. The torch loader reads it from the shards (`stack.data.sequences`); the closed loop carries it as state."""
+    temporal_pre_blocks: int = 0
+    """Residual blocks run on each frame's BEV before the temporal fusion, so that the memory carried to the next key
+    frame is this small encoder's output rather than the view transform's sparse splat (BEVDet4D's `pre_process`
+    net, two blocks in its configs: the paper finds fusing after a BEV encoder better). 0: the splat is fused as
+    is. Only with temporal_frames = 1."""
     path_points: int = 16
     """Points of the path-speed planner's path (one every path_spacing_m, from the ego)."""
     path_spacing_m: float = 2.5
@@ -220,6 +225,11 @@ class ModelConfig:
                 found.append(("planning_modes", f"got {self.planning_modes} with planning_accelerations set; the "
                                                 f"path-speed planner plans one path: set planning_modes: 1"))
         in_range(found, "temporal_frames", self.temporal_frames, 0, 1)
+        in_range(found, "temporal_pre_blocks", self.temporal_pre_blocks, 0, 8)
+        if self.temporal_pre_blocks and not self.temporal_frames:
+            found.append(("temporal_pre_blocks", f"got {self.temporal_pre_blocks} with temporal_frames 0; the blocks "
+                                                 f"encode each frame before the temporal fusion: set temporal_frames: "
+                                                 f"1, or temporal_pre_blocks: 0"))
         if not 0 <= self.plan_guard_score < 1:
             found.append(("plan_guard_score", f"got {self.plan_guard_score}; give 0 (no guard) or a detection score "
                                               f"in (0, 1), e.g. 0.3"))

@@ -75,6 +75,24 @@ def test_a_path_speed_planner_that_reads_detected_velocities_exports_as_pytorch_
     assert "plan_scores" in {row.output for row in rows}
 
 
+def test_a_pre_encoded_memory_exports_as_pytorch_computes_it(tmp_path):
+    """model.temporal_pre_blocks: the memory is the BEV pre-encoder's output; the graph returns and fuses the same
+    memory PyTorch does, with the shape the deployed runner allocates."""
+    warnings.filterwarnings("ignore")
+    torch.manual_seed(0)
+    pipeline = load_pipeline(TINY, ["model.temporal_frames=1", "model.temporal_pre_blocks=2", "export.batch_size=1"])
+    network = export_network(pipeline, build_model(pipeline).state_dict())
+    path = tmp_path / "model.onnx"
+    export_onnx(network.net, network.example, network.output_names, path, pipeline.export.opset, network.metadata)
+    shape = tuple(network.example[STATE_INPUTS[0]].shape)
+    assert shape == (1, pipeline.model.neck_channels, 64, 64)
+    feeds = [with_memory(_frame(pipeline, seed), torch_runner(network.net), shape) for seed in (1, 2)]
+    rows = check_parity(network.net, path, feeds, network.output_names, pipeline.export.parity_atol,
+                        pipeline.export.parity_rtol)
+    assert all(row.passed for row in rows), [r for r in rows if not r.passed]
+    assert {MEMORY_OUTPUT, "heatmap"} <= {row.output for row in rows}
+
+
 def test_previous_valid_zero_is_the_sequence_start_and_one_fuses_the_memory(exported):
     pipeline, network, path = exported
     from stack.deploy.runtime import ort_session

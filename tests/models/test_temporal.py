@@ -72,3 +72,30 @@ def test_the_temporal_network_fuses_the_previous_frame_and_returns_its_memory():
     changed = [n for n in temporal if widths.get(n) != temporal[n]]
     assert widths.keys() <= temporal.keys() and changed, "k = 1 only widens the BEV encoder's input"
     assert all(n.startswith("bev_encoder.stem.") for n in changed), changed
+
+
+def test_the_pre_encoder_encodes_each_frame_and_its_output_is_the_memory_the_next_frame_fuses():
+    """model.temporal_pre_blocks (BEVDet4D's pre-process net): the memory handed to the next key frame is the
+    pre-encoded BEV, the same whether the frame ran whole or only up to the memory (as the previous frame does in
+    training), and as wide as the view transform's BEV, so the stateful graph's memory input keeps its shape."""
+    torch.manual_seed(0)
+    pipeline = load_pipeline(TINY, ["model.temporal_frames=1", "model.temporal_pre_blocks=2"])
+    net = build_model(pipeline).eval()
+    batch = random_batch(pipeline, batch_size=2, seed=0)
+    geometry = net.geometry(batch.intrinsics, batch.cam_to_ego)
+    with torch.no_grad():
+        memory = net(batch.images, batch.ego_status, batch.command, geometry)["bev_memory"]
+        assert torch.allclose(memory, net.memory(batch.images, geometry), atol=1e-5)
+        encoder, net.bev_pre_encoder = net.bev_pre_encoder, torch.nn.Sequential()
+        splat = net.memory(batch.images, geometry)
+        net.bev_pre_encoder = encoder
+    assert memory.shape == splat.shape == (2, pipeline.model.neck_channels, 64, 64)
+    assert not torch.allclose(memory, splat, atol=1e-3), "the memory is the encoder's output, not the splat"
+    assert len(encoder) == 2 and sum(p.numel() for p in encoder.parameters()) > 0
+
+
+def test_a_pre_encoder_without_temporal_fusion_is_refused():
+    from stack.config import ConfigError
+
+    with pytest.raises(ConfigError, match="temporal_pre_blocks.*temporal_frames: 1"):
+        load_pipeline(TINY, ["model.temporal_pre_blocks=2"])

@@ -35,6 +35,12 @@ def test_a_network_that_reads_motion_scores_it_and_one_that_guesses_does_not():
     assert out["velocity_error"] == 0 and out["velocity_error_alone"] == pytest.approx(6.0)
     assert out["previous_frame_share"] == pytest.approx(1.0)
     assert out["speed_ratio"] == pytest.approx(1.0) and out["speed_ratio_alone"] == pytest.approx(16 / 100)
+    lead_along = 10.2 / math.hypot(10.2, 0.5)  # the lead car's 6 m/s shortfall, mostly along its ray
+    oncoming_along = 5.5 / math.hypot(5.5, 3.0)
+    assert out["along_ray_error_alone"] == pytest.approx((6.0 * lead_along + 6.0 * oncoming_along) / 2, rel=1e-5)
+    assert out["across_ray_error_alone"] == pytest.approx(
+        (6.0 * 0.5 / math.hypot(10.2, 0.5) + 6.0 * 3.0 / math.hypot(5.5, 3.0)) / 2, rel=1e-5)
+    assert out["along_ray_error"] == out["across_ray_error"] == 0
     guessing = MotionMetric(BEV)
     guessing.update(alone, alone, boxes, labels)
     assert guessing.compute()["previous_frame_share"] == 0
@@ -48,3 +54,4 @@ def test_no_moving_road_user_gives_nan_figures_not_a_crash():
     metric.update(regression_with({}), regression_with({}), torch.zeros(1, 0, 9), torch.zeros(1, 0, dtype=torch.long))
     out = metric.compute()
     assert out["moving_boxes"] == 0 and math.isnan(out["velocity_error"]) and math.isnan(out["previous_frame_share"])
+    assert math.isnan(out["along_ray_error_alone"]) and "along the ray" in summary({"motion/moving_boxes": 0.0})
