@@ -15,8 +15,9 @@ Data flow (per frame, N cameras):
 Geometry enters as data, outside the traced graph: training computes a
 `BevPoolGeometry` per batch from its intrinsics/cam_to_ego (`BevNet.geometry`),
 while export calls `fix_geometry` once, which bakes the fixed rig's pooling tables
-into the module as constants (`stack.ops.FixedBevPool`, standard ONNX ops), after
-which `forward` ignores its `geometry` argument. `forward` has no data-dependent
+into the module as constants (`stack.ops.FixedBevPool`, standard ONNX ops), and for a
+camera-aware depth head (model.depth.camera_aware) the rig's camera vectors beside them,
+after which `forward` ignores its `geometry` argument. `forward` has no data-dependent
 Python control flow and, for a fixed rig, static shapes. Outputs are named
 (`stack.models.outputs.OUTPUTS`).
 """
@@ -32,7 +33,7 @@ from stack.models.backbone import ImageEncoder
 from stack.models.bev_heads import BevEncoder, DetectionHead, PlanningHead
 from stack.models.path_speed_head import PathSpeedPlanningHead
 from stack.models.temporal import warp_previous_bev
-from stack.models.image_heads import DepthContextHead, SegmentationHead
+from stack.models.image_heads import DepthContextHead, SegmentationHead, camera_vector
 from stack.models.layers import ResidualBlock
 from stack.ops.bev_pool import BevPoolGeometry, bev_geometry, bev_pool, grid_cells
 from stack.pipeline import LossWeights, Pipeline
@@ -72,7 +73,9 @@ class BevNet(nn.Module):
         channels = model.neck_channels
         self.image_encoder = ImageEncoder(model.backbone, model.backbone_checkpoint, channels,
                                           model.segmentation_stride, model.feature_stride)
-        self.depth_head = DepthContextHead(channels, model.depth.bins)
+        self.depth_head = DepthContextHead(channels, model.depth.bins, model.depth.camera_aware)
+        self.fixed_cameras: torch.Tensor | None = None
+        """The rig's `camera_vector` baked by `fix_geometry` for a camera-aware depth head (export)."""
         self.segmentation_head = SegmentationHead(channels, len(model.segmentation_classes))
         self.view_transform = ViewTransform()
         self.temporal_frames = model.temporal_frames
@@ -106,7 +109,7 @@ class BevNet(nn.Module):
         sequence: the exported stateful graph's way of saying None per sample (stack.deploy.exportable)."""
         batch, cameras = images.shape[:2]
         fine, lift = self.image_encoder(images.flatten(0, 1))
-        depth_logits, context = self.depth_head(lift)
+        depth_logits, context = self.depth_head(lift, self._cameras(geometry))
         seg_logits = self.segmentation_head(fine)
         depth_logits = depth_logits.unflatten(0, (batch, cameras))
         context = context.unflatten(0, (batch, cameras))
@@ -148,9 +151,22 @@ class BevNet(nn.Module):
         training without a gradient (BEVDet4D)."""
         batch, cameras = images.shape[:2]
         _, lift = self.image_encoder(images.flatten(0, 1))
-        depth_logits, context = self.depth_head(lift)
+        depth_logits, context = self.depth_head(lift, self._cameras(geometry))
         return self.bev_pre_encoder(self.view_transform(depth_logits.unflatten(0, (batch, cameras)).softmax(dim=2),
                                                         context.unflatten(0, (batch, cameras)), geometry))
+
+    def _cameras(self, geometry: BevPoolGeometry | None) -> torch.Tensor | None:
+        """The camera vectors a camera-aware depth head reads (None for the plain head): baked at export, otherwise
+        from the cameras the batch's geometry was built from."""
+        if self.depth_head.camera_gates is None:
+            return None
+        if self.fixed_cameras is not None:
+            return self.fixed_cameras
+        if geometry is None or geometry.intrinsics is None or geometry.cam_to_ego is None:
+            raise StackError("this network's depth head reads each camera's calibration (model.depth.camera_aware): "
+                             "pass the geometry model.geometry(batch.intrinsics, batch.cam_to_ego) builds, or bake a "
+                             "fixed rig with model.fix_geometry(model.rig_geometry(batch_size))")
+        return camera_vector(geometry.intrinsics, geometry.cam_to_ego, self.image_size)
 
     def geometry(self, intrinsics: torch.Tensor, cam_to_ego: torch.Tensor) -> BevPoolGeometry:
         """Pooling tables for this batch's cameras (B, N, 3, 3) and (B, N, 4, 4)."""
@@ -171,6 +187,9 @@ class BevNet(nn.Module):
         from stack.ops.bev_pool_onnx import FixedBevPool
 
         self.view_transform.fixed = None if geometry is None else FixedBevPool(geometry).to(geometry.device)
+        self.fixed_cameras = None
+        if geometry is not None and self.depth_head.camera_gates is not None:
+            self.fixed_cameras = camera_vector(geometry.intrinsics, geometry.cam_to_ego, self.image_size)
 
     def forward_batch(self, batch: Batch, fuse_previous: bool = True) -> dict[str, torch.Tensor]:
         """`forward` on a Batch, with its geometry computed from the batch's cameras. `fuse_previous=False` gives a

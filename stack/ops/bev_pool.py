@@ -59,6 +59,12 @@ class BevPoolGeometry:
     feat_w: int
     grid_x: int
     grid_y: int
+    # The cameras the tables were built from, for a network that conditions on them (camera-aware depth); the
+    # kernels never read them. None where the geometry was made otherwise.
+    intrinsics: torch.Tensor | None = None
+    """(B, N, 3, 3) pixels."""
+    cam_to_ego: torch.Tensor | None = None
+    """(B, N, 4, 4)."""
 
     @property
     def num_points(self) -> int:
@@ -123,7 +129,7 @@ def bev_geometry(intrinsics: torch.Tensor, cam_to_ego: torch.Tensor, image_size:
         ranks_depth=ranks_depth.to(i32), ranks_feat=ranks_feat.to(i32), ranks_bev=ranks_bev.to(i32),
         interval_starts=starts.to(i32), interval_lengths=lengths.to(i32),
         batch=batch, cameras=cameras, depth_bins=depth.bins, feat_h=feat_h, feat_w=feat_w,
-        grid_x=grid_x, grid_y=grid_y,
+        grid_x=grid_x, grid_y=grid_y, intrinsics=intrinsics, cam_to_ego=cam_to_ego,
     )
 
 

@@ -51,6 +51,10 @@ class DepthBinsConfig:
     """Depth of the last bin's upper edge, metres."""
     bins: int = 48
     """Number of uniform bins between min_m and max_m."""
+    camera_aware: bool = False
+    """The depth head also reads its camera's intrinsics, height and tilt through an MLP that gates its depth and
+    context features (BEVDepth's camera-aware DepthNet, `stack.models.image_heads`): one network for cameras whose
+    calibration differs from vehicle to vehicle. Export bakes the rig's camera into the graph with its pooling."""
 
     def problems(self) -> Problems:
         found: Problems = []

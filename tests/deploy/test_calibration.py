@@ -218,6 +218,34 @@ def test_parity_reference_is_the_training_path_of_the_calibration(micro, exporte
     assert not next(r for r in wrong if r.output == "heatmap").passed
 
 
+def test_a_camera_aware_network_is_exported_with_the_camera_of_its_calibration(tmp_path):
+    """model.depth.camera_aware: the depth head's camera vector is baked from the calibration the bundle is built
+    for, as the pooling is: ORT of the graph built for the moved rig = PyTorch given that rig's cameras."""
+    from stack.deploy.runtime import ort_session
+    from stack.models import build_model
+
+    pipeline = micro_pipeline("model.depth.camera_aware=true")
+    torch.manual_seed(0)
+    net = build_model(pipeline)
+    with torch.no_grad():
+        net.depth_head.camera_gates.gates.weight.normal_(std=1.0)  # gates that depend on the camera
+    state_dict = net.state_dict()
+    nominal = Calibration.from_rig(pipeline.data.rig)
+    calibration = moved(nominal)
+    export(pipeline, state_dict, calibration, tmp_path / "aware.onnx")
+    session = ort_session(tmp_path / "aware.onnx")
+    for sample in frames(pipeline, 1, seed=3):
+        reference = per_call_outputs(pipeline, state_dict, calibration, sample)
+        got = dict(zip(reference, session.run(list(reference), sample)))
+        for output in ("depth_logits", "heatmap"):
+            expected = reference[output].numpy()
+            tolerance = pipeline.export.parity_atol + pipeline.export.parity_rtol * np.abs(expected).max()
+            assert np.abs(got[output] - expected).max() <= tolerance, output
+        other = per_call_outputs(pipeline, state_dict, nominal, sample)["depth_logits"].numpy()
+        tolerance = pipeline.export.parity_atol + pipeline.export.parity_rtol * np.abs(other).max()
+        assert np.abs(got["depth_logits"] - other).max() > 2 * tolerance, "the nominal camera's depth is another"
+
+
 # ----------------------------------------------------------------------------- the runtime interface
 
 def write_bundle(folder: Path, onnx_path: Path, calibration: Calibration, shipped: str = "model.onnx") -> Path:
