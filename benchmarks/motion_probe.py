@@ -48,7 +48,7 @@ def patches(net, pipeline, split: str) -> dict[str, np.ndarray]:
             previous = net.memory(batch.previous_images, geometry)
             previous = F.pad(warp_previous_bev(previous, batch.previous_pose, None, *ranges), (r, r, r, r))
         starts = torch.tensor([torch.equal(now, then) for now, then in zip(batch.images, batch.previous_images)])
-        cells = MotionMetric(bev)._cells(batch.boxes)
+        cells = MotionMetric(bev).centre_cells(batch.boxes)
         moving = batch.boxes[..., 7:9].norm(dim=-1) > MOVING_MPS
         for j, k in ((batch.box_labels >= 0) & moving & (cells[..., 0] >= 0) & ~starts[:, None]).nonzero().tolist():
             x, y = cells[j, k].tolist()

@@ -105,3 +105,17 @@ def random_batch(pipeline: Pipeline, batch_size: int = 2, seed: int = 0) -> Batc
         past_trajectory=torch.as_tensor(past), future_trajectory=torch.as_tensor(future),
         future_valid=torch.as_tensor(valid), bev_rotation=torch.zeros(batch_size, dtype=torch.float32), **temporal,
     )
+
+
+def fixed_and_per_batch_outputs(model, batch: Batch) -> tuple[dict, dict]:
+    """(outputs with the rig baked by `fix_geometry`, outputs with geometry from the batch's cameras) of `model` in
+    eval mode: export's graph and training's path, which must agree for the pipeline's own rig."""
+    model.eval()
+    with torch.no_grad():
+        per_batch = model.forward_batch(batch)
+        model.fix_geometry(model.rig_geometry(batch=batch.images.shape[0]))
+        try:
+            fixed = model(batch.images, batch.ego_status, batch.command)
+        finally:
+            model.fix_geometry(None)
+    return fixed, per_batch

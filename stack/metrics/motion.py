@@ -43,7 +43,7 @@ class MotionMetric:
     def update(self, fused: torch.Tensor, alone: torch.Tensor, boxes: torch.Tensor, labels: torch.Tensor) -> None:
         """`fused` and `alone`: box regressions (B, 10, X, Y) with the previous frame and with the frame fused with
         itself; `boxes` (B, M, 9) ground truth in the ego frame (BOX_FIELDS), `labels` (B, M), -1 for padding."""
-        cells = self._cells(boxes)
+        cells = self.centre_cells(boxes)
         counted = (labels >= 0) & (boxes[..., 7:9].norm(dim=-1) > MOVING_MPS) & (cells[..., 0] >= 0)
         batch = torch.arange(len(boxes))[:, None].expand_as(labels)[counted]
         x, y = cells[counted].unbind(-1)
@@ -53,7 +53,7 @@ class MotionMetric:
         for kept, regression in ((self.fused, fused), (self.alone, alone)):
             kept.append(regression[:, VELOCITY_FIELDS].float().permute(0, 2, 3, 1)[batch, x, y])
 
-    def _cells(self, boxes: torch.Tensor) -> torch.Tensor:
+    def centre_cells(self, boxes: torch.Tensor) -> torch.Tensor:
         """(B, M, 2) long grid cell of each box centre; -1 for centres off the grid."""
         (x0, x1), (y0, y1), size = self.bev.x_range, self.bev.y_range, self.bev.cell_size
         xy = boxes[..., :2].float()
@@ -77,9 +77,10 @@ class MotionMetric:
         along = torch.cat(self.rays)
         across = torch.stack([-along[:, 1], along[:, 0]], dim=-1)
         for name, kept in (("", self.fused), ("_alone", self.alone)):
-            error = torch.cat(kept) - true
+            predicted = torch.cat(kept)
+            error = predicted - true
             out[f"velocity_error{name}"] = float(error.norm(dim=-1).mean())
-            out[f"speed_ratio{name}"] = float(((error + true) * true).sum() / (true * true).sum())
+            out[f"speed_ratio{name}"] = float((predicted * true).sum() / (true * true).sum())
             out[f"along_ray_error{name}"] = float((error * along).sum(dim=-1).abs().mean())
             out[f"across_ray_error{name}"] = float((error * across).sum(dim=-1).abs().mean())
         out["previous_frame_share"] = 1.0 - out["velocity_error"] / out["velocity_error_alone"]

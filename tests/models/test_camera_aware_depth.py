@@ -11,7 +11,7 @@ from stack.config import load_pipeline
 from stack.errors import StackError
 from stack.models import build_model
 from stack.models.image_heads import camera_vector
-from stack.models.testing import random_batch
+from stack.models.testing import fixed_and_per_batch_outputs, random_batch
 
 warnings.filterwarnings("ignore", message="bev_pool: the extension")
 TINY = ["configs/pipeline.yaml", "configs/presets/tiny.yaml"]
@@ -87,12 +87,7 @@ def test_export_bakes_the_rig_camera_as_it_bakes_the_pooling(aware):
     net = build_model(pipeline).eval()
     with torch.no_grad():
         net.depth_head.camera_gates.gates.weight.normal_(std=0.5)  # a camera that matters
-        dynamic = net.forward_batch(batch)
-        net.fix_geometry(net.rig_geometry(batch=2))
-        try:
-            fixed = net(batch.images, batch.ego_status, batch.command)
-        finally:
-            net.fix_geometry(None)
+    fixed, dynamic = fixed_and_per_batch_outputs(net, batch)
     for name in dynamic:
         torch.testing.assert_close(fixed[name], dynamic[name], atol=1e-4, rtol=1e-4)
     with pytest.raises(StackError, match="camera_aware"):

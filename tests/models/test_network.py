@@ -8,7 +8,7 @@ import torch
 from stack.config import load_pipeline
 from stack.models import build_model
 from stack.models.outputs import OUTPUTS, output_layout, output_shapes
-from stack.models.testing import random_batch
+from stack.models.testing import fixed_and_per_batch_outputs, random_batch
 from stack.testing import device_params
 
 warnings.filterwarnings("ignore", message="bev_pool: the extension")
@@ -182,14 +182,7 @@ def test_collision_term_pushes_a_plan_out_of_a_box(tiny):
 
 def test_fixed_geometry_matches_per_batch_geometry(tiny):
     p, model, batch = tiny
-    model.eval()
-    with torch.no_grad():
-        dynamic = model.forward_batch(batch)
-        model.fix_geometry(model.rig_geometry(batch=2))
-        try:
-            fixed = model(batch.images, batch.ego_status, batch.command)
-        finally:
-            model.fix_geometry(None)
+    fixed, dynamic = fixed_and_per_batch_outputs(model, batch)
     for name in dynamic:
         torch.testing.assert_close(fixed[name], dynamic[name], atol=1e-4, rtol=1e-4)
 
