@@ -168,7 +168,17 @@ def _fit_in_out_dir(pipeline: Pipeline, model, loaders, progress: bool, first_ra
         raise
     if trainer.interrupted:
         raise TrainingInterrupted(_interrupted_message(pipeline, module))
+    if resume_step is not None and trainer.global_step == resume_step:
+        _write_weights_of_a_finished_checkpoint(trainer, module)
     return module, trainer, stats
+
+
+def _write_weights_of_a_finished_checkpoint(trainer: pl.Trainer, module: TrainModule) -> None:
+    """model.pt from a resumed checkpoint that had already reached train.max_steps (or max_epochs): Lightning restores
+    its weights, then skips the fit loop and with it `on_train_end`, which writes model.pt. A run stopped after its
+    last checkpoint but before model.pt (a time limit, a crash) is finished this way, as the CLI says it is."""
+    rolling = next(c for c in trainer.callbacks if isinstance(c, RollingCheckpoints))
+    rolling.write_model_weights(trainer, module)
 
 
 def _launching_rank_zero() -> bool:

@@ -14,7 +14,10 @@ Two formats are read:
   `pipeline_hash`) in the checkpoint dict (`on_save_checkpoint`) or in its
   `hyper_parameters`; the `model.` prefix of its state-dict keys is stripped.
 
-Both are read with `torch.load(weights_only=True)` and nothing else: a pickle can name
+A resumable checkpoint folder (`checkpoints/step-*.ckpt`, `stack.checkpoint.sharded`) is read as the Lightning
+format, so a run stopped before it wrote model.pt is evaluated, exported and deployed from its newest checkpoint.
+
+All are read with `torch.load(weights_only=True)` and nothing else: a pickle can name
 any callable (`os.system` in `__reduce__`) and unpickling runs it, so a file that needs
 more than tensors, numbers, strings and containers is refused, never retried unsafely
 (https://pytorch.org/docs/stable/notes/serialization.html#weights-only). Everything
@@ -208,14 +211,19 @@ def model_differences(a: Pipeline, b: Pipeline) -> list[tuple[str, Any, Any]]:
 # ------------------------------------------------------------------- helpers
 
 
+WHAT_TRAIN_WROTE = ("Give what `stack train` wrote under train.out_dir: model.pt (the weights when training ends) "
+                    "or a checkpoints/step-*.ckpt folder (any resumable checkpoint).")
+
+
 def _read(path: Path) -> dict:
     import pickle
 
     import torch
 
+    if path.is_dir() and (path / "meta.pt").is_file():  # stack.checkpoint.sharded.META
+        return _read_checkpoint_folder(path)
     if not path.is_file():
-        raise CheckpointError(missing_file_message(
-            "checkpoint", path, "Give the .ckpt/.pt file that `stack train` wrote (under train.out_dir)."))
+        raise CheckpointError(missing_file_message("checkpoint", path, WHAT_TRAIN_WROTE))
     try:
         raw = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
@@ -240,6 +248,22 @@ def _read(path: Path) -> dict:
             f"Give the file that `stack train` wrote."
         )
     return raw
+
+
+def _read_checkpoint_folder(path: Path) -> dict:
+    """A resumable checkpoint folder (`stack.checkpoint.sharded`: meta.pt plus DCP shards), every tensor whole on the
+    CPU, read without unpickling code: a run stopped before model.pt (a time limit, a crash) is still evaluated,
+    exported and deployed from its newest checkpoint."""
+    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException, not an Exception
+
+    from stack.checkpoint.sharded import first_line, load_sharded_checkpoint
+
+    try:
+        return load_sharded_checkpoint(path)
+    except (Exception, CheckpointException) as exc:  # noqa: BLE001 - any failure to read is the same answer
+        raise CheckpointError(f"checkpoint folder {str(path)!r} cannot be read ({first_line(exc)[:300]}): it is "
+                              f"truncated, corrupt or not written by `stack train`. Give another checkpoint of its "
+                              f"folder, or model.pt.") from None
 
 
 WEIGHTS_KEYS = ("state_dict_ema", "model_ema", "state_dict", "model")

@@ -166,7 +166,7 @@ class AsyncCheckpointWriter:
             self._pending = None
             if raise_errors:
                 raise CheckpointWriteFailed(
-                    f"checkpoint {final} could not be written ({type(exc).__name__}: {_first_line(exc)}); "
+                    f"checkpoint {final} could not be written ({type(exc).__name__}: {first_line(exc)}); "
                     f"checkpoints/{LATEST} still names the previous complete one. Free disk space or fix the "
                     "folder's permissions, then resume from it") from exc
             return None
@@ -305,7 +305,7 @@ def _integer_parameter_ids(optimizer_state: dict) -> dict:
     return optimizer_state
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
     """The root cause's first line (DCP wraps each rank's failure in a CheckpointException)."""
     from torch.distributed.checkpoint.api import CheckpointException
 
@@ -333,7 +333,7 @@ def read_checkpoint_safely(path: Path) -> dict:
     try:
         return load_sharded_checkpoint(path)
     except (Exception, CheckpointException) as exc:  # noqa: BLE001 - any failure to read is the same answer
-        detail = _first_line(exc)
+        detail = first_line(exc)
         raise StackError(f"train.resume: {path} is not a readable training checkpoint ({detail[:300]}); it is "
                          "truncated, corrupt or not written by `stack train`. Resume from another checkpoint in "
                          "its folder, or start fresh without train.resume") from exc

@@ -69,7 +69,7 @@ class RollingCheckpoints(pl.Callback):
         if trainer.global_step != self._saved_step:
             self.save(trainer, pl_module, blocking=True)
         self.wait()
-        self._write_model_weights(trainer, pl_module)
+        self.write_model_weights(trainer, pl_module)
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
         """Ctrl-C or an error: let the write in flight finish (it becomes `latest` if it completes)."""
@@ -114,7 +114,8 @@ class RollingCheckpoints(pl.Callback):
             trainer.strategy.barrier("checkpoint-done")
         return final
 
-    def _write_model_weights(self, trainer, pl_module) -> None:
+    def write_model_weights(self, trainer, pl_module) -> None:
+        """model.pt: the full network weights with the pipeline that built them (collective under FSDP2)."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         from stack.checkpoint.model_file import save_model_checkpoint

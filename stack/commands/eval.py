@@ -21,7 +21,8 @@ import argparse
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     # CHECKPOINT arrives through the shared `overrides` positional, as for `stack export`.
     parser.usage = "stack eval [options] CHECKPOINT [key=value ...]"
-    parser.epilog = "CHECKPOINT: the model.pt (or Lightning .ckpt) that `stack train` wrote."
+    parser.epilog = ("CHECKPOINT: the model.pt that `stack train` wrote, or one of its checkpoints/step-*.ckpt folders "
+                     "(a run stopped before it ended).")
     parser.add_argument("--split", choices=("val", "train"), default="val",
                         help="eval: the split to score (default val; train, unaugmented, shows overfitting)")
 

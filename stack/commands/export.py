@@ -16,8 +16,8 @@ from __future__ import annotations
 import argparse
 
 
-CHECKPOINT_HELP = ("CHECKPOINT: the .ckpt/.pt file `stack train` wrote, given before or among the key=value "
-                   "overrides (the first word without '=').")
+CHECKPOINT_HELP = ("CHECKPOINT: the model.pt or a checkpoints/step-*.ckpt folder `stack train` wrote, given before or "
+                   "among the key=value overrides (the first word without '=').")
 CALIBRATION_HELP = ("camera calibration (YAML/JSON, as `stack data calibration` writes) to bake into the network; "
                     "default: the pipeline's nominal data.rig. The validation samples must have been recorded with it.")
 

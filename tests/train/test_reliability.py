@@ -15,6 +15,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from standin import STANDIN_RECIPE, TinyMultiTask, synthetic_loaders, tiny_pipeline  # noqa: E402
 
+from stack.checkpoint.model_file import CheckpointError, load_model_checkpoint
 from stack.errors import StackError
 from stack.checkpoint.sharded import load_sharded_checkpoint
 from stack.train.fit import fit
@@ -114,6 +115,41 @@ def test_resuming_in_the_same_out_dir_keeps_every_earlier_log_row(finished, tmp_
     assert steps == list(range(12))  # 0-7 from the first run, 8-11 once, from the resumed one
     assert [loss for _, loss in rows(out)] == pytest.approx([loss for _, loss in rows(finished)], rel=1e-5)
     assert len(list((out / "tensorboard").glob("events.out.tfevents.*"))) == 2
+
+
+def test_a_run_stopped_before_model_pt_is_finished_by_resuming_its_last_checkpoint(finished, tmp_path):
+    """Training killed (a time limit) after its step-8 checkpoint, then resumed with train.max_steps=8 to keep what
+    it has: Lightning restores the weights, then skips the fit loop, and with it the hook that wrote model.pt, while
+    the CLI printed `weights: model.pt`. model.pt now holds the checkpoint's weights, and no step trains twice."""
+    out = tmp_path / "run"
+    shutil.copytree(finished, out)
+    (out / "model.pt").unlink()
+    checkpoint = out / "checkpoints" / "step-0000008.ckpt"
+    run(out, f"train.resume={checkpoint}", "train.max_steps=8")
+    _, weights, meta = load_model_checkpoint(out / "model.pt")
+    _, stored, _ = load_model_checkpoint(checkpoint)
+    assert meta["extra"]["global_step"] == 8
+    assert weights.keys() == stored.keys() and all(torch.equal(weights[k], stored[k]) for k in stored)
+    assert [step for step, _ in rows(out)] == list(range(8))
+
+
+def test_a_checkpoint_folder_is_read_as_the_network_it_holds(finished, tmp_path):
+    """`stack eval`, `export`, `deploy` and `drive` read a checkpoints/step-*.ckpt folder as they read model.pt; a
+    damaged one, or a folder that is no checkpoint, is one clear refusal."""
+    pipeline, final, _ = load_model_checkpoint(finished / "model.pt")
+    stored_pipeline, stored, meta = load_model_checkpoint(finished / "checkpoints" / "step-0000012.ckpt")
+    assert meta["format"] == "lightning" and meta["extra"]["global_step"] == 12
+    assert stored_pipeline == pipeline
+    assert stored.keys() == final.keys() and all(torch.equal(stored[k], final[k]) for k in final)
+    damaged = tmp_path / "step-0000012.ckpt"
+    shutil.copytree(finished / "checkpoints" / "step-0000012.ckpt", damaged)
+    shard = damaged / "__0_0.distcp"
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    with pytest.raises(CheckpointError, match=r"step-0000012\.ckpt' cannot be read .*truncated, corrupt or not "
+                                              r"written by `stack train`"):
+        load_model_checkpoint(damaged)
+    with pytest.raises(CheckpointError, match=r"'.*checkpoints' is a folder .*a checkpoints/step-\*\.ckpt folder"):
+        load_model_checkpoint(finished / "checkpoints")
 
 
 def _poison_weights_after_update(monkeypatch, update: int):
