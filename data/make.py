@@ -18,6 +18,8 @@ dataset as it was, and only files a manifest lists are ever replaced.
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 import multiprocessing
 from pathlib import Path
@@ -52,7 +54,8 @@ def render_scene(task: tuple) -> list:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # deterministic reductions, and one core per worker
     try:
-        world, rig = pipeline.data.world, pipeline.data.rig
+        world = pipeline.data.world
+        rig = scene_rig(pipeline.data.rig, world, scene_index)
         scene = simulate(np.random.default_rng([world.seed, scene_index]), world.frames_per_scene,
                          world.frame_rate_hz, world.agents_per_scene, world.spawn_radius_m,
                          dict(world.class_mix))
@@ -104,6 +107,19 @@ def render_drive_episode(task: tuple) -> list:
         return samples
     finally:
         torch.set_num_threads(threads)
+
+
+def scene_rig(rig, world, scene_index: int):
+    """`rig` as mounted on the vehicle of scene `scene_index`: each camera's height and pitch moved by up to
+    data.world.mount_jitter_m / mount_jitter_deg (uniform, from the scene's own seed), or `rig` itself without
+    jitter. A vehicle keeps its calibration for the whole scene."""
+    if not (world.mount_jitter_m or world.mount_jitter_deg):
+        return rig
+    rng = np.random.default_rng([world.seed, scene_index, 2])
+    offsets = rng.uniform(-1.0, 1.0, size=(len(rig.cameras), 2)) * [world.mount_jitter_m, world.mount_jitter_deg]
+    cameras = [dataclasses.replace(camera, z=camera.z + float(dz), pitch_deg=camera.pitch_deg + float(dpitch))
+               for camera, (dz, dpitch) in zip(rig.cameras, offsets)]
+    return dataclasses.replace(rig, cameras=cameras)
 
 
 def _render(task: tuple) -> list:

@@ -56,6 +56,11 @@ MAX_IMAGE_SIDE = 8192
 MAX_CAMERAS = 32
 """Most cameras in a rig (surround rigs have 6-12): each is a backbone pass per sample."""
 
+MOUNT_JITTER_MAX_M, MOUNT_JITTER_MAX_DEG = 0.4, 4.0
+"""Largest per-scene mount variation data.world allows: under the tolerances within which a dataset's cameras still
+count as data.rig (stack.data.camera_records.RIG_ATOL_M 0.5 m, RIG_ATOL_DEG 5 degrees)."""
+
+
 @dataclass
 class RigConfig:
     """The camera rig: every camera shares one image size."""
@@ -119,6 +124,14 @@ class WorldConfig:
     the evaluation ones) driven by the expert with injected noise; every replanning instant is written to the
     train split with the expert's plan from there as its planning target (recovery data, stack.sim.recording).
     0: the recorded scenes only. Needs the frames layout."""
+    mount_jitter_m: float = 0.0
+    """Each scene's vehicle carries each camera up to this much higher or lower than data.rig says (uniform, one
+    draw per camera per scene, as vehicles of one model differ): the stored calibration is the one rendered, so
+    the labels stay exact. 0: every scene on the nominal rig. The closed-loop episodes keep the nominal rig."""
+    mount_jitter_deg: float = 0.0
+    """Likewise each camera's pitch, degrees. With mount_jitter_m, the variation a camera-aware depth head
+    (model.depth.camera_aware) must read from the calibration: without it only the resize augmentation's focal
+    length varies in training (BENCHMARKS, camera-aware depth)."""
     expert_sees: str = "everyone"
     """Whom the expert that drives and labels those episodes (and labels DAgger's states) reacts to: `everyone`
     (privileged: every road user, hidden or not) or `cameras` (only road users that have had a visible pixel in
@@ -129,6 +142,8 @@ class WorldConfig:
     def problems(self) -> Problems:
         found: Problems = []
         in_range(found, "drive_episodes", self.drive_episodes, 0, 100_000)
+        in_range(found, "mount_jitter_m", self.mount_jitter_m, 0.0, MOUNT_JITTER_MAX_M)
+        in_range(found, "mount_jitter_deg", self.mount_jitter_deg, 0.0, MOUNT_JITTER_MAX_DEG)
         choice(found, "expert_sees", self.expert_sees, ("everyone", "cameras"))
         bounded(found, self, (
             ("scenes", 100_000, "scenes (a million rendered frames and more); e.g. 40"),

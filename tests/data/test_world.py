@@ -215,3 +215,41 @@ def test_bad_class_mix_is_refused_with_the_classes_it_accepts():
 
     with pytest.raises(ConfigError, match=r"class_mix.*expected non-negative weights.*'truck'"):
         load_pipeline([], ["data.world.class_mix.car=-1"])
+
+
+@pytest.mark.slow
+def test_mount_jitter_moves_each_scenes_cameras_and_the_labels_follow(tmp_path, small_pipeline):
+    """Each scene's vehicle carries its cameras at its own height (one draw per camera per scene); the stored
+    calibration is the rendered one, so the ground's depth follows the moved camera, and the data still counts as
+    data.rig's (train and eval accept it)."""
+    from stack.data.camera_records import check_rig
+    from stack.data.make import make_dataset
+
+    pipeline = small_pipeline(tmp_path, "data.world.mount_jitter_m=0.3")
+    make_dataset(pipeline, log=lambda *_: None)
+    nominal = rig_matrices(pipeline.data.rig)[1][:, 2, 3]
+    manifest, heights = json.loads((tmp_path / "manifest.json").read_text()), {}
+    members = {name: data for shard in manifest["splits"]["train"] for name, data in
+               _members(tmp_path / shard["path"]).items()}
+    for key in sorted({name.split(".")[0] for name in members}):  # scenes 0 and 1, three frames each
+        sample = {name.split(".", 1)[1]: data for name, data in members.items() if name.startswith(key + ".")}
+        pose = np.load(io.BytesIO(sample["cam_to_ego.npy"]))
+        heights.setdefault(int(json.loads(sample["meta.json"])["scene"]), []).append(pose[:, 2, 3])
+        depth = np.load(io.BytesIO(sample["depth.npy"]))[0, -1].astype(np.float32)
+        semantic = np.load(io.BytesIO(sample["semantic.npy"]))[0, -1]
+        k, road_like = np.load(io.BytesIO(sample["intrinsics.npy"]))[0], np.isin(semantic, [0, 1, 2, 4])
+        expected = k[1, 1] * pose[0, 2, 3] / (pipeline.data.rig.image_height - 0.5 - k[1, 2])
+        assert road_like.mean() > 0.5
+        np.testing.assert_allclose(depth[road_like], expected, rtol=0.01)  # the moved camera's ground, exactly
+    first, second = (np.stack(heights[scene]) for scene in sorted(heights))
+    assert (first == first[0]).all() and (second == second[0]).all()  # one rig per vehicle, all its frames
+    assert 0 < np.abs(first[0] - nominal).max() <= 0.3 and not np.allclose(first[0], second[0])
+    check_rig(pipeline.data.rig, tmp_path, "train", "it would train on")
+
+
+def test_a_mount_jitter_past_the_rig_tolerance_is_refused():
+    from stack.config import load_pipeline
+    from stack.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"mount_jitter_m.*got 0\.6; must be between 0\.0 and 0\.4"):
+        load_pipeline(overrides=["data.world.mount_jitter_m=0.6"])
