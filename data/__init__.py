@@ -11,8 +11,9 @@ Importing this package is cheap; the loaders import torch when first used.
 """
 
 
-def build_loader(pipeline, split, rank=None, world_size=None, shuffle=None, augment=None):
+def build_loader(pipeline, split, rank=None, world_size=None, shuffle=None, augment=None, pin_memory=False):
     """See `stack.data.loader.build_loader`."""
     from stack.data.loader import build_loader as build
 
-    return build(pipeline, split, rank=rank, world_size=world_size, shuffle=shuffle, augment=augment)
+    return build(pipeline, split, rank=rank, world_size=world_size, shuffle=shuffle, augment=augment,
+                 pin_memory=pin_memory)

@@ -293,8 +293,9 @@ class TorchLoader:
     """Iterable of Batch for one rank, with `len()` equal on every rank; each iteration is one epoch."""
 
     def __init__(self, pipeline: Pipeline, split: str, rank: int, world_size: int, shuffle: bool, augment: bool,
-                 verify: bool = True):
+                 verify: bool = True, pin_memory: bool = False):
         self.pipeline, self.split, self.rank, self.world_size = pipeline, split, rank, world_size
+        self.pin_memory = pin_memory
         self.shuffle, self.augment, self.drop_last, self.verify = shuffle, augment, split == "train", verify
         root = pipeline.data.root
         self.manifest = read_manifest(root)
@@ -333,7 +334,7 @@ class TorchLoader:
             workers = self.pipeline.data.num_workers
             self._loader = DataLoader(dataset, batch_size=self.pipeline.data.batch_size, num_workers=workers,
                                       collate_fn=_collate, multiprocessing_context="fork" if workers else None,
-                                      persistent_workers=workers > 0)
+                                      persistent_workers=workers > 0, pin_memory=self.pin_memory)
         return self._loader
 
     def __iter__(self):
@@ -349,13 +350,15 @@ class TorchLoader:
 
 
 def build_loader(pipeline: Pipeline, split: str, rank: int | None = None, world_size: int | None = None,
-                 shuffle: bool | None = None, augment: bool | None = None, verify: bool = True):
+                 shuffle: bool | None = None, augment: bool | None = None, verify: bool = True,
+                 pin_memory: bool = False):
     """An iterable of `stack.batch.Batch` with `len()` for `split` ("train" or "val") on this rank.
 
     shuffle defaults to True for train; augment to `data.augment.enabled` for train
     (never for val). `data.backend` picks the torch or the DALI implementation;
     both yield the same fields, shapes and dtypes. `verify=False` skips the member
-    checksums (only `stack bench data` does, to measure what they cost).
+    checksums (only `stack bench data` does, to measure what they cost). `pin_memory=True` (a CUDA consumer: the
+    trainer on a GPU) hands the torch loader's batches over in page-locked memory; DALI's are on the GPU already.
     """
     rank, world_size = resolve_rank(rank, world_size)
     shuffle = split == "train" if shuffle is None else shuffle
@@ -364,4 +367,4 @@ def build_loader(pipeline: Pipeline, split: str, rank: int | None = None, world_
         from stack.data.dali_loader import DaliLoader
 
         return DaliLoader(pipeline, split, rank, world_size, shuffle, augment, verify)
-    return TorchLoader(pipeline, split, rank, world_size, shuffle, augment, verify)
+    return TorchLoader(pipeline, split, rank, world_size, shuffle, augment, verify, pin_memory)

@@ -101,8 +101,10 @@ def _stack_data_loader(pipeline) -> LoaderFactory:
 def pipeline_loader(pipeline, split: str, rank: int, world_size: int) -> ResumableLoader:
     """The `stack.data` loader for `split` on this rank, as a `ResumableLoader`."""
     from stack.data import build_loader
+    from stack.train.parallel import accelerator_name
 
-    loader = build_loader(pipeline, split, rank=rank, world_size=world_size)
+    loader = build_loader(pipeline, split, rank=rank, world_size=world_size,
+                          pin_memory=accelerator_name(pipeline.train) == "gpu")
 
     def make_epoch(epoch: int):
         loader.set_epoch(epoch)  # the sample order and augmentation follow (seed, epoch)

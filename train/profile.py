@@ -66,7 +66,7 @@ def profile_steps(pipeline: Pipeline, out_dir: Path, model: nn.Module | None = N
     if batches is None:
         from stack.data import build_loader
 
-        batches = build_loader(pipeline, "train", rank=0, world_size=1)
+        batches = build_loader(pipeline, "train", rank=0, world_size=1, pin_memory=device.type == "cuda")
     optimizer = torch.optim.AdamW(model.parameters(), lr=pipeline.train.lr)
     step = _step_function(pipeline, model, optimizer, device)
     iterator = iter(batches)
