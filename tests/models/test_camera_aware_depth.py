@@ -48,7 +48,7 @@ def test_the_camera_vector_holds_focal_height_and_tilt_but_not_the_turn_about_th
 def test_a_new_camera_aware_network_computes_what_the_plain_one_does(aware):
     pipeline, batch = aware
     torch.manual_seed(0)
-    plain = build_model(load_pipeline(TINY)).eval()
+    plain = build_model(load_pipeline(TINY, ["model.depth.camera_aware=false"])).eval()
     net = build_model(pipeline).eval()
     missing, unexpected = net.load_state_dict(plain.state_dict(), strict=False)
     assert unexpected == [] and missing and all(name.startswith("depth_head.camera_gates.") for name in missing)
