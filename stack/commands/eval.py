@@ -32,6 +32,7 @@ def run(args: argparse.Namespace) -> int:
 
     from stack.commands.export import take_checkpoint
     from stack.metrics.bars import verdicts
+    from stack.metrics.depth import summary as depth_summary
     from stack.metrics.detection import summary
     from stack.metrics.motion import summary as motion_summary
     from stack.train.evaluate import evaluate_checkpoint
@@ -48,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"| {row.head} | {row.metric} | {row.value:.3f} | {row.baseline:.3f} | {row.bar} | "
               f"{'pass' if row.passed else 'FAIL'} |")
     print(f"detection (information, no bar): {summary(metrics)}")
+    print(f"depth (information, no bar): {depth_summary(metrics)}")
     if "motion/moving_boxes" in metrics:
         print(f"temporal fusion (information, no bar): {motion_summary(metrics)}")
     for row in rows:

@@ -31,6 +31,17 @@ def depth_errors(gt: torch.Tensor, pred: torch.Tensor) -> torch.Tensor:
     ])
 
 
+def summary(metrics: dict) -> str:
+    """`stack eval`'s depth line: the error on road users' pixels (`TaskMetrics.depth_road_users`) beside the whole
+    image's, since what places a road user in the BEV is the depth of its own few pixels, not the road's."""
+    images = int(metrics.get("depth_road_users/images", 0))
+    if not images:
+        return "no road user's pixel in the split's images"
+    return (f"on road users' pixels AbsRel {metrics['depth_road_users/AbsRel']:.3f}, delta1 "
+            f"{metrics['depth_road_users/delta1']:.3f} (every pixel: {metrics['depth/AbsRel']:.3f}, "
+            f"{metrics['depth/delta1']:.3f}; {images} images show one)")
+
+
 class DepthMetric:
     """Accumulates per-image depth errors; `compute` averages them over images."""
 
@@ -40,14 +51,19 @@ class DepthMetric:
         self.min_depth, self.max_depth = min_depth, max_depth
         self.reset()
 
-    def update(self, pred: torch.Tensor, gt: torch.Tensor) -> None:
-        """Depth maps (..., H, W) in metres; every leading index is one image; gt 0 = no depth."""
-        if pred.shape != gt.shape:
-            raise ValueError(f"pred {tuple(pred.shape)} and gt {tuple(gt.shape)} must match")
+    def update(self, pred: torch.Tensor, gt: torch.Tensor, mask: torch.Tensor | None = None) -> None:
+        """Depth maps (..., H, W) in metres; every leading index is one image; gt 0 = no depth. `mask` (same shape,
+        bool) keeps only its pixels: an image with none of them counts as without valid depth."""
+        if pred.shape != gt.shape or (mask is not None and mask.shape != gt.shape):
+            found = "" if mask is None else f" and mask {tuple(mask.shape)}"
+            raise ValueError(f"pred {tuple(pred.shape)}{found} and gt {tuple(gt.shape)} must match")
         pred = pred.detach().double().cpu().reshape(-1, *pred.shape[-2:])
         gt = gt.detach().double().cpu().reshape(-1, *gt.shape[-2:])
-        for image_pred, image_gt in zip(pred, gt):
+        masks = [None] * len(gt) if mask is None else mask.detach().cpu().bool().reshape(-1, *mask.shape[-2:])
+        for image_pred, image_gt, image_mask in zip(pred, gt, masks):
             valid = (image_gt > self.min_depth) & (image_gt < self.max_depth)
+            if image_mask is not None:
+                valid &= image_mask
             if not valid.any():
                 self.skipped += 1
                 continue

@@ -11,11 +11,17 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+import torch
+
 from stack.metrics.depth import DepthMetric
 from stack.metrics.detection import DetectionMetric, class_ranges
 from stack.metrics.planning import PlanningMetric
 from stack.metrics.segmentation import SegmentationMetric
 from stack.pipeline import Pipeline
+
+TASKS = ("detection", "segmentation", "depth", "depth_road_users", "planning")
+"""The accumulators, each reported under its own prefix; depth_road_users is the depth error on the pixels of the
+classes the detector finds (what places a road user in the BEV), beside the whole image's."""
 
 PREDICTION_KEYS = ("detections", "depth", "segmentation", "plan", "plan_modes")
 """Keys `update` reads: per-sample detections (objects with boxes/scores/labels, optionally attributes), depth (B, N, H, W) m,
@@ -32,6 +38,9 @@ class TaskMetrics:
         self.detection = DetectionMetric(model.detection_classes, ranges=class_ranges(model.detection_classes, grid_radius))
         self.segmentation = SegmentationMetric(model.segmentation_classes)
         self.depth = DepthMetric(min_depth=1e-3, max_depth=model.depth.max_m)
+        self.road_user_classes = [index for index, name in enumerate(model.segmentation_classes)
+                                  if name in model.detection_classes]
+        self.depth_road_users = DepthMetric(min_depth=1e-3, max_depth=model.depth.max_m)
         self.planning = PlanningMetric(steps=model.planning_steps)
 
     def update(self, predictions: Mapping[str, Any], batch) -> None:
@@ -42,20 +51,22 @@ class TaskMetrics:
         self.detection.update_detections(predictions["detections"], batch.boxes, batch.box_labels)
         self.segmentation.update(predictions["segmentation"], batch.semantic)
         self.depth.update(predictions["depth"], batch.depth)
+        road_users = torch.isin(batch.semantic.long(), torch.tensor(self.road_user_classes, device=batch.semantic.device))
+        self.depth_road_users.update(predictions["depth"], batch.depth, road_users)
         self.planning.update(predictions["plan"], batch.future_trajectory, batch.future_valid, batch.boxes,
                              batch.box_labels, batch.past_trajectory, predictions["plan_modes"], batch.ego_status)
 
     def compute(self) -> dict[str, float]:
         out = {}
-        for task in ("detection", "segmentation", "depth", "planning"):
+        for task in TASKS:
             out.update({f"{task}/{key}": value for key, value in getattr(self, task).compute().items()})
         return out
 
     def reset(self) -> None:
-        for task in ("detection", "segmentation", "depth", "planning"):
+        for task in TASKS:
             getattr(self, task).reset()
 
     def merge(self, other: "TaskMetrics") -> None:
         """Fold in another accumulator, e.g. each rank's from `torch.distributed.all_gather_object`."""
-        for task in ("detection", "segmentation", "depth", "planning"):
+        for task in TASKS:
             getattr(self, task).merge(getattr(other, task))

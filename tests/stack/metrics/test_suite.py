@@ -53,3 +53,31 @@ def test_merging_shards_equals_evaluating_the_whole_split():
     assert merged.keys() == expected.keys()
     for key, value in expected.items():
         assert (math.isnan(value) and math.isnan(merged[key])) or merged[key] == pytest.approx(value, rel=1e-12), key
+
+
+def test_depth_on_road_users_pixels_scores_only_the_detected_classes():
+    """`stack eval`'s depth line: the error on the pixels of the classes the detector finds (what places a road user
+    in the BEV), beside the whole image's. A prediction exact everywhere but twice too far on those pixels has
+    AbsRel exactly 1 there and far less over the image."""
+    from stack.metrics.depth import summary
+
+    warnings.filterwarnings("ignore", message="bev_pool: the extension")
+    pipeline = load_pipeline(["configs/pipeline.yaml", "configs/presets/tiny.yaml"])
+    model = build_model(pipeline).eval()
+    batch = random_batch(pipeline, batch_size=2, seed=3)
+    classes = pipeline.model.segmentation_classes
+    batch.semantic[:, :3, 100:120, 30:50] = classes.index("car")  # a car low in three cameras of each sample
+    users = torch.isin(batch.semantic.long(), torch.tensor([classes.index(n) for n in pipeline.model.detection_classes]))
+    assert users.any() and not users.all()
+    with torch.no_grad():
+        decoded = decode_all(model.forward_batch(batch), pipeline)
+    gt = batch.depth.float()
+    decoded["depth"] = torch.where(users, 2 * gt, gt)
+    metrics = TaskMetrics(pipeline)
+    metrics.update(decoded, batch)
+    result = metrics.compute()
+    shown = int(((users & (gt > 1e-3) & (gt < pipeline.model.depth.max_m)).flatten(2).any(-1)).sum())
+    assert result["depth_road_users/images"] == shown > 0
+    assert result["depth_road_users/AbsRel"] == pytest.approx(1.0)
+    assert 0 < result["depth/AbsRel"] < 0.5
+    assert summary(result).startswith("on road users' pixels AbsRel 1.000")
