@@ -19,7 +19,6 @@ dataset as it was, and only files a manifest lists are ever replaced.
 from __future__ import annotations
 
 import dataclasses
-
 import math
 import multiprocessing
 from pathlib import Path
