@@ -17,7 +17,10 @@
   gathers (32-true vs bf16-mixed), beside what the ring algorithms must send at least:
   FSDP2 all-gathers every parameter in forward and again in backward and reduce-scatters
   the fp32 gradients, (2 x gathered bytes + gradient bytes) x (r-1)/r; DDP all-reduces
-  the fp32 gradients, 2 x gradient bytes x (r-1)/r.
+  the fp32 gradients, 2 x gradient bytes x (r-1)/r. Beside the bytes counted at the calls, what
+  each rank put on the wire in the same steps (TCP bytes the kernel counted, `WireBytes`): DDP's
+  agree with the count; FSDP2's exceed it by gloo's reduce-scatter, which sends an all-reduce's
+  bytes (twice the ring figure) on CPU ranks.
 """
 
 from __future__ import annotations
@@ -174,6 +177,14 @@ def comm_cell(comm: dict, kind: str) -> str:
     return f"{sum(r['sent_mb'] for r in rows.values()):.2f} ({', '.join(sorted(rows))})"
 
 
+def wire_cell(row: dict) -> str:
+    """The bytes a rank put on the wire per step, and their ratio to the bytes counted at the calls."""
+    if row.get("wire_mb") is None:
+        return "not readable here"
+    counted = sum(value["sent_mb"] for value in row["comm"].values())
+    return f"{row['wire_mb']:.2f} ({row['wire_mb'] / counted:.2f}x)" if counted else f"{row['wire_mb']:.2f}"
+
+
 def record_memory_figures(figures, rows: dict) -> None:
     """Each case's one run, for --record: state, peak and bytes sent (its floor: what the ring must send)."""
     for (strategy, precision), row in rows.items():
@@ -183,6 +194,9 @@ def record_memory_figures(figures, rows: dict) -> None:
         figures.add(f"{case}: step", [row["step_ms"]], "ms")
         figures.add(f"{case}: sent per rank per step", [sum(v["sent_mb"] for v in row["comm"].values())], "MiB",
                     floor=comm_floor_mb(row, strategy, precision))
+        if row.get("wire_mb") is not None:
+            figures.add(f"{case}: on the wire per rank per step", [row["wire_mb"]], "MiB",
+                        floor=comm_floor_mb(row, strategy, precision))
 
 
 def run_memory(pipeline: Pipeline, args) -> int:
@@ -196,15 +210,15 @@ def run_memory(pipeline: Pipeline, args) -> int:
     record_memory_figures(figures_of(args), rows)
     ddp, fsdp, fsdp_bf16 = (rows[case] for case in MEMORY_CASES)
     print("\n| strategy | precision | params+grads+AdamW per rank MiB | ratio to DDP | peak RSS per rank MiB | "
-          "step ms | sent per rank per step MiB: all-gather / reduce-scatter / all-reduce | total | floor |\n"
-          "|---|---|---|---|---|---|---|---|---|")
+          "step ms | sent per rank per step MiB: all-gather / reduce-scatter / all-reduce | total | on the wire (TCP) | "
+          "floor |\n|---|---|---|---|---|---|---|---|---|---|")
     for (strategy, precision), row in rows.items():
         comm = row["comm"]
         sent = sum(value["sent_mb"] for value in comm.values())
         print(f"| {strategy} | {precision} | {row['train_state_mb']:.1f} | "
               f"{row['train_state_mb'] / ddp['train_state_mb']:.2f} | {row['peak_memory_mb']:.0f} | "
               f"{row['step_ms']:.0f} | {' / '.join(comm_cell(comm, k) for k in ('all_gather', 'reduce_scatter', 'all_reduce'))}"
-              f" | {sent:.2f} | {comm_floor_mb(row, strategy, precision):.2f} |")
+              f" | {sent:.2f} | {wire_cell(row)} | {comm_floor_mb(row, strategy, precision):.2f} |")
     gathered = {key: sum(v["sent_mb"] for k, v in rows[key]["comm"].items() if k.startswith("all_gather/"))
                 for key in MEMORY_CASES[1:]}
     ratio = gathered[MEMORY_CASES[2]] / gathered[MEMORY_CASES[1]]
@@ -230,6 +244,7 @@ def parallel_case(pipeline: Pipeline) -> dict | None:
     last = stats.history[-1]
     return {"train_state_mb": last["perf/train_state_mb"], "peak_memory_mb": last["perf/peak_memory_mb"],
             "step_ms": last["perf/step_ms"], "rank": trainer.global_rank, "comm": last["comm"],
+            "wire_mb": last.get("perf/comm_wire_mb"),
             "params": sum(p.numel() for p in module.model.parameters()),
             "fp32_params": sum(p.numel() for m in fp32_modules(module.model) for p in m.parameters())
             } if trainer.is_global_zero else None

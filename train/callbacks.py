@@ -37,7 +37,9 @@ A utilisation above 100% is never reported:
 
 `perf/achieved_tflops` (the hardware's rate) is logged either way: it needs no peak.
 On more than one rank with `count_comm=True` (train.count_comm_bytes), `perf/comm_sent_mb` is what this rank
-sent in collectives per step (`stack.train.comm`, measured at the calls). Counting is opt-in: it wraps
+sent in collectives per step (`stack.train.comm`, measured at the calls) and `perf/comm_wire_mb` what it put
+on the wire in the same windows (TCP bytes the kernel counted; gloo only, absent where the kernel cannot say).
+Counting is opt-in: it wraps
 torch.distributed's collectives and swaps DDP's C++ gradient all-reduce for torch's Python default comm hook,
 a cost and a change of code path no ordinary training run should carry to log one number.
 """
@@ -250,6 +252,9 @@ class StepStats(pl.Callback):
         self.model_flops: float | None = None  # the model's forward + backward (MFU); step_flops when None
         self._counter: FlopCounterMode | None = None
         self.comm = None  # stack.train.comm.CommBytes on more than one rank, when count_comm
+        self.wire = None  # stack.train.comm.WireBytes beside it
+        self._wire_start: int | None = None
+        self._wire_sent = 0
         self._reset_window()
         self._last_end: float | None = None
         self._start = 0.0
@@ -270,9 +275,10 @@ class StepStats(pl.Callback):
         if pl_module.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(pl_module.device)
         if self.count_comm and trainer.world_size > 1:
-            from stack.train.comm import CommBytes, count_ddp
+            from stack.train.comm import CommBytes, WireBytes, count_ddp
 
             self.comm = CommBytes()
+            self.wire = WireBytes()
             count_ddp(trainer.strategy.model)
 
     def _choose_peak(self, device: torch.device) -> None:
@@ -313,6 +319,7 @@ class StepStats(pl.Callback):
             RECOMPUTE.counting = True  # and forgets earlier counts
         if self.comm is not None:
             self.comm.counting = True
+            self._wire_start = self.wire.total()
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
         if self._counter is not None:  # forward + backward of the first step are counted
@@ -326,6 +333,7 @@ class StepStats(pl.Callback):
         now = time.perf_counter()
         if self.comm is not None:
             self.comm.counting = False
+            self._count_wire()
         self._compute += now - self._start
         self._samples += batch.images.shape[0] if hasattr(batch, "images") else 0
         self._steps += 1
@@ -336,6 +344,14 @@ class StepStats(pl.Callback):
             self._log(trainer, pl_module)
             now = synced
         self._last_end = now
+
+    def _count_wire(self) -> None:
+        """Add the TCP bytes sent since this step started (None from then on if the kernel cannot say)."""
+        end = self.wire.total()
+        if self._wire_start is None or end is None or self._wire_sent is None:
+            self._wire_sent = None
+        else:
+            self._wire_sent += end - self._wire_start
 
     def _log(self, trainer, pl_module) -> None:
         busy = self._wait + self._compute
@@ -360,7 +376,10 @@ class StepStats(pl.Callback):
         if self.comm is not None:
             comm = self.comm.summary(self._steps)
             stats["perf/comm_sent_mb"] = self.comm.sent_bytes() / self._steps / 2**20
+            if self._wire_sent is not None:
+                stats["perf/comm_wire_mb"] = self._wire_sent / self._steps / 2**20
             self.comm.reset()
+            self._wire_sent = 0
         self.history.append({"step": trainer.global_step, **stats, "mfu_text": mfu_text, "comm": comm})
         pl_module.log_dict(stats, on_step=True, on_epoch=False, rank_zero_only=True)
         if self.print_lines and trainer.is_global_zero:

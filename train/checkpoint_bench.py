@@ -13,7 +13,16 @@ the same folder format through `stack.checkpoint.sharded.AsyncCheckpointWriter`:
 Rounds alternate the two (A B, B A, …) so they share whatever else the machine is doing; medians
 are reported. The floors: the disk's sequential write bandwidth (the same bytes, one file, fsync)
 bounds the synchronous stall from below, and a copy of the tensors into existing buffers the
-asynchronous one. Beside each wall-clock stall, the process's CPU time in that window (all threads). Goal (issue 17): asynchronous stall ≤ 0.1× the synchronous stall.
+asynchronous one. Beside each wall-clock stall, the process's CPU time in that window (all threads).
+
+The stall above times the writer alone. What a user waits for is the training loop's pause: Lightning's
+state dump, the finite-weights scan, the staging and hand-off, and, while the asynchronous write runs
+beside the next steps, whatever it takes from them (on a 2-core machine it competes for the cores).
+So the bench also runs the real loop (`stack train`'s Trainer and callbacks, synthetic batches from
+`stack.models.testing.random_batch`) three ways, interleaved over rounds: no checkpoint, asynchronous
+checkpoints, synchronous ones, every `LOOP_EVERY` steps; the cost of a checkpoint is the loop's extra
+wall time over the run without, divided by the checkpoints written. Goal (issue 17): the asynchronous
+checkpoint costs the loop ≤ 0.1× what the synchronous one does (judged on the loop, not the writer).
 """
 
 from __future__ import annotations
@@ -23,8 +32,10 @@ import shutil
 import statistics
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
+import lightning.pytorch as pl
 import torch
 
 from stack.benchrecord import figures_of
@@ -33,6 +44,10 @@ from stack.checkpoint.sharded import AsyncCheckpointWriter
 
 GOAL = 0.1
 ROUNDS = 6
+LOOP_MODES = ("none", "async", "sync")
+LOOP_EVERY = 6
+LOOP_CHECKPOINTS = 4
+LOOP_ROUNDS = 3
 
 
 def training_state(pipeline: Pipeline) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -128,6 +143,70 @@ def measure(pipeline: Pipeline, folder: Path, rounds: int | None = None) -> dict
             "disk_mb_s": size / 2**20 / medians["disk"], "seconds": times}
 
 
+class StepClock(pl.Callback):
+    """Wall seconds from one training step's start to the next one's: the step and every callback after it (a
+    checkpoint's dump, scan, staging and hand-off; the whole write when synchronous; the steps a background write
+    slows down)."""
+
+    def __init__(self):
+        self.starts: list[float] = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self.starts.append(time.perf_counter())
+
+    def step_seconds(self) -> list[float]:
+        return [after - before for before, after in zip(self.starts, self.starts[1:])]
+
+
+def loop_seconds(pipeline: Pipeline, folder: Path, mode: str) -> float:
+    """Wall seconds of `LOOP_EVERY * LOOP_CHECKPOINTS` training steps after a first (untimed) one, checkpointing every
+    `LOOP_EVERY` steps as `mode` says ("none", "async", "sync"); the last checkpoint's write is inside the window."""
+    from stack.checkpoint.training import RollingCheckpoints
+    from stack.models.testing import random_batch
+    from stack.train.datamodule import PipelineData, ResumableLoader
+    from stack.train.fit import _quiet_known_warnings, build_trainer
+    from stack.train.module import TrainModule
+
+    steps = LOOP_EVERY * LOOP_CHECKPOINTS
+    every = LOOP_EVERY if mode != "none" else 10 * steps
+    pipeline = replace(pipeline, train=replace(pipeline.train, out_dir=str(folder), max_steps=steps + 2,
+                                               checkpoint_every_n_steps=every, log_every_n_steps=10 * steps,
+                                               accelerator="cpu", devices=1, tracking_uri="off"))
+    batches = [random_batch(pipeline, pipeline.data.batch_size, seed=i) for i in range(4)]
+
+    def loaders(split: str, rank: int, world: int):
+        return ResumableLoader(lambda epoch: iter(batches), len(batches))
+
+    _quiet_known_warnings()
+    pl.seed_everything(pipeline.train.seed, verbose=False)
+    module = TrainModule(pipeline)
+    trainer, _ = build_trainer(pipeline, progress=False, validate=False)
+    rolling = next(c for c in trainer.callbacks if isinstance(c, RollingCheckpoints))
+    rolling.blocking = mode == "sync"
+    clock = StepClock()
+    trainer.callbacks.append(clock)
+    trainer.fit(module, datamodule=PipelineData(pipeline, loaders))
+    # steps 2 .. steps+1: the checkpoint after step `steps` and its write (awaited by the next save or the end) count
+    return sum(clock.step_seconds()[1:steps + 1])
+
+
+def measure_loop(pipeline: Pipeline, folder: Path, rounds: int = LOOP_ROUNDS) -> dict:
+    """Per mode, the loop's seconds in each round (modes in a rotated order each round, so they share the load)."""
+    seconds: dict[str, list[float]] = {mode: [] for mode in LOOP_MODES}
+    for index in range(rounds):
+        order = LOOP_MODES[index % 3:] + LOOP_MODES[:index % 3]
+        for mode in order:
+            run_folder = folder / f"loop-{index}-{mode}"
+            seconds[mode].append(loop_seconds(pipeline, run_folder, mode))
+            shutil.rmtree(run_folder, ignore_errors=True)
+        print(f"loop round {index + 1}/{rounds}: " + ", ".join(
+            f"{mode} {seconds[mode][-1]:.2f} s" for mode in LOOP_MODES), flush=True)
+    per_checkpoint = {mode: [(seconds[mode][i] - seconds["none"][i]) / LOOP_CHECKPOINTS for i in range(rounds)]
+                      for mode in ("async", "sync")}
+    return {"seconds": seconds, "per_checkpoint": per_checkpoint,
+            "step_ms": statistics.median(seconds["none"]) / (LOOP_EVERY * LOOP_CHECKPOINTS) * 1e3}
+
+
 def record_figures(figures, row: dict) -> None:
     """The stalls of every round, each against its floor (the median disk write, the median copy), for --record."""
     seconds = row["seconds"]
@@ -136,19 +215,31 @@ def record_figures(figures, row: dict) -> None:
     figures.add("asynchronous write (background)", seconds["async_written"], "s", floor=row["disk_ms"] / 1e3)
     figures.add("synchronous stall, CPU time", seconds["sync_cpu"], "s")
     figures.add("asynchronous stall, CPU time", seconds["async_cpu"], "s")
+    loop = row.get("loop")
+    if loop:
+        figures.add("loop without checkpoints", loop["seconds"]["none"], "s")
+        for mode, name in (("async", "asynchronous"), ("sync", "synchronous")):
+            figures.add(f"loop cost per {name} checkpoint", loop["per_checkpoint"][mode], "s",
+                        floor=row["copy_ms"] / 1e3 if mode == "async" else row["disk_ms"] / 1e3)
 
 
 def run(pipeline: Pipeline, args) -> int:
-    """`stack bench checkpoint`: one markdown row for this pipeline's state size; exit 1 if the goal is missed."""
+    """`stack bench checkpoint`: the writer's stalls and the loop's cost per checkpoint for this pipeline's state;
+    exit 1 if the goal (judged on the loop) is missed."""
     parent = Path(pipeline.train.out_dir).parent
     parent.mkdir(parents=True, exist_ok=True)
     folder = Path(tempfile.mkdtemp(prefix="checkpoint-bench-", dir=parent))
     try:
         row = measure(pipeline, folder)
+        row["loop"] = measure_loop(pipeline, folder)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    ratio = row["async_ms"] / row["sync_ms"]
     record_figures(figures_of(args), row)
+    print_stalls(row, parent)
+    return print_loop(row)
+
+
+def print_stalls(row: dict, parent: Path) -> None:
     print(f"\nstate {row['state_mb']:.1f} MiB (weights + AdamW moments), written to {parent} "
           f"(disk floor {row['disk_mb_s']:.0f} MiB/s, fsync'd), {ROUNDS} interleaved rounds, medians; "
           f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs\n")
@@ -156,6 +247,27 @@ def run(pipeline: Pipeline, args) -> int:
           "async write ms (background) | async / sync |\n|---|---|---|---|---|---|---|")
     print(f"| {row['state_mb']:.1f} | {row['sync_ms']:.0f} ({row['sync_cpu_ms']:.0f}) | {row['disk_ms']:.0f} | "
           f"{row['async_ms']:.1f} ({row['async_cpu_ms']:.1f}) | {row['copy_ms']:.1f} | {row['async_written_ms']:.0f} | "
-          f"{ratio:.3f} |")
-    print(f"\nasync stall = {ratio:.3f}x the synchronous stall (goal <= {GOAL}x): {'met' if ratio <= GOAL else 'MISSED'}")
-    return 0 if ratio <= GOAL else 1
+          f"{row['async_ms'] / row['sync_ms']:.3f} |")
+
+
+def print_loop(row: dict) -> int:
+    """The loop's table and the goal's verdict (0 met, 1 missed)."""
+    loop = row["loop"]
+    cost = {mode: statistics.median(values) for mode, values in loop["per_checkpoint"].items()}
+    spread = {mode: (min(values), max(values)) for mode, values in loop["per_checkpoint"].items()}
+    steps = LOOP_EVERY * LOOP_CHECKPOINTS
+    print(f"\nthe training loop (Lightning, synthetic batches, {steps} steps, a checkpoint every {LOOP_EVERY}: "
+          f"{LOOP_CHECKPOINTS} per run; {LOOP_ROUNDS} rounds, modes interleaved; median step "
+          f"{loop['step_ms']:.0f} ms without checkpoints)\n")
+    print("| checkpoints | loop s per run (rounds) | cost per checkpoint ms (median; min..max) |\n|---|---|---|")
+    for mode in LOOP_MODES:
+        runs = " / ".join(f"{value:.2f}" for value in loop["seconds"][mode])
+        paid = "-" if mode == "none" else (f"{cost[mode] * 1e3:.0f} ({spread[mode][0] * 1e3:.0f}.."
+                                           f"{spread[mode][1] * 1e3:.0f})")
+        print(f"| {mode} | {runs} | {paid} |")
+    ratio = cost["async"] / cost["sync"] if cost["sync"] > 0 else float("nan")
+    met = cost["sync"] > 0 and ratio <= GOAL
+    print(f"\nthe loop pays {ratio:.3f}x for an asynchronous checkpoint what it pays for a synchronous one "
+          f"(goal <= {GOAL}x; the writer's own stall: {row['async_ms'] / row['sync_ms']:.3f}x): "
+          f"{'met' if met else 'MISSED'}")
+    return 0 if met else 1

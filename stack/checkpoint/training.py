@@ -47,12 +47,13 @@ class RollingCheckpoints(pl.Callback):
     """Atomic resumable checkpoints every `every` steps, keeping the newest `keep`, written while training runs on.
 
     `save` and `wait` are also what a preemption handler calls: `save(trainer, module, blocking=True)` returns once
-    the checkpoint is `latest`. Both are collective (every rank calls them at the same step)."""
+    the checkpoint is `latest`. Both are collective (every rank calls them at the same step). `blocking=True` makes
+    every periodic checkpoint synchronous too (`stack bench checkpoint` times the loop both ways)."""
 
-    def __init__(self, out_dir: str | Path, every: int, keep: int):
+    def __init__(self, out_dir: str | Path, every: int, keep: int, blocking: bool = False):
         self.out_dir = Path(out_dir)
         self.directory = self.out_dir / "checkpoints"
-        self.every, self.keep = every, keep
+        self.every, self.keep, self.blocking = every, keep, blocking
         self._saved_step = -1
         self.writer = AsyncCheckpointWriter(self.directory, keep)
         self._module = None  # the LightningModule whose last_good_checkpoint names the newest good checkpoint
@@ -63,7 +64,7 @@ class RollingCheckpoints(pl.Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if trainer.global_step % self.every == 0 and trainer.global_step != self._saved_step:
-            self.save(trainer, pl_module)
+            self.save(trainer, pl_module, blocking=self.blocking)
 
     def on_train_end(self, trainer, pl_module) -> None:
         if trainer.global_step != self._saved_step:

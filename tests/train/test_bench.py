@@ -1,5 +1,7 @@
 """`stack bench train-step`: the floor column never reports a bound the step already beats."""
 
+from pathlib import Path
+
 from stack.train.bench import floor_cell
 
 
@@ -18,9 +20,9 @@ def test_floor_cell_refuses_a_bound_slower_than_the_measured_step():
 
 # `stack bench train-memory`: the bf16-gather bar fails a run whose bf16-mixed FSDP2 still gathers fp32.
 
-def memory_row(state_mb: float, comm: dict) -> dict:
+def memory_row(state_mb: float, comm: dict, wire_mb: float | None = None) -> dict:
     return {"train_state_mb": state_mb, "peak_memory_mb": 1500.0, "step_ms": 3000.0, "rank": 0, "comm": comm,
-            "params": 2_615_797, "fp32_params": 23_005}
+            "params": 2_615_797, "fp32_params": 23_005, "wire_mb": wire_mb}
 
 
 def sent(kind_dtype_mb: dict) -> dict:
@@ -36,7 +38,7 @@ def run_memory_with(monkeypatch, bf16_gathers: dict) -> tuple[int, str]:
 
     rows = {"32-true ddp": memory_row(39.9, sent({"all_reduce/float32": 9.98})),
             "32-true fsdp": memory_row(20.0, sent({"all_gather/float32": 10.01, "reduce_scatter/float32": 5.01})),
-            "bf16-mixed fsdp": memory_row(20.0, sent({**bf16_gathers, "reduce_scatter/float32": 5.01}))}
+            "bf16-mixed fsdp": memory_row(20.0, sent({**bf16_gathers, "reduce_scatter/float32": 5.01}), wire_mb=15.09)}
 
     def child(config, overrides, mode):
         keys = dict(o.split("=", 1) for o in overrides if o.startswith("train."))
@@ -53,7 +55,8 @@ def test_train_memory_passes_bf16_gathers_and_fails_fp32_ones(monkeypatch):
     code, text = run_memory_with(monkeypatch, {"all_gather/bfloat16": 4.96, "all_gather/float32": 0.09})
     assert code == 0 and "bf16 gathers send 0.50x the bytes of fp32 gathers" in text
     assert "| fsdp | bf16-mixed | 20.0 | 0.50 | 1500 | 3000 | 5.05 (bfloat16, float32) / 5.01 (float32) / - | " \
-           "10.06 | 10.02 |" in text
+           "10.06 | 15.09 (1.50x) | 10.02 |" in text
+    assert "| ddp | 32-true | 39.9 | 1.00 | 1500 | 3000 | - / - / 9.98 (float32) | 9.98 | not readable here |" in text
     code, text = run_memory_with(monkeypatch, {"all_gather/float32": 10.01})  # no MixedPrecisionPolicy
     assert code == 1 and "1.00x the bytes" in text
 
@@ -72,3 +75,33 @@ def test_a_gpu_fp32_step_counts_against_tf32_while_cudnn_may_use_it(monkeypatch)
     assert torch.get_float32_matmul_precision() == "highest"
     assert precision_key("32-true", cuda) == "fp32"
     assert precision_key("bf16-mixed", cuda) == "bf16"
+
+
+# `stack bench checkpoint`: the loop it times checkpoints as each mode says.
+
+def test_the_checkpoint_bench_loop_writes_synchronously_asynchronously_or_not_at_all(monkeypatch, tmp_path):
+    """A synchronous checkpoint is `latest` before the next step starts (the loop waited for it); without
+    checkpoints the run writes none until its end; every mode runs the same timed steps."""
+    from stack.config import load_pipeline
+    from stack.train import checkpoint_bench
+
+    monkeypatch.setattr(checkpoint_bench, "LOOP_EVERY", 2)
+    monkeypatch.setattr(checkpoint_bench, "LOOP_CHECKPOINTS", 1)
+    seen: dict[str, list[bool]] = {}
+
+    class Spy(checkpoint_bench.StepClock):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+            latest = Path(self.folder) / "checkpoints" / "latest"
+            seen.setdefault(self.mode, []).append(latest.is_file())
+            super().on_train_batch_start(trainer, pl_module, batch, batch_idx)
+
+    pipeline = load_pipeline(["configs/pipeline.yaml", "configs/presets/tiny.yaml"],
+                             ["data.batch_size=1", "train.precision=32-true"])
+    for mode in ("none", "sync"):
+        Spy.mode, Spy.folder = mode, tmp_path / mode
+        monkeypatch.setattr(checkpoint_bench, "StepClock", Spy)
+        seconds = checkpoint_bench.loop_seconds(pipeline, tmp_path / mode, mode)
+        assert seconds > 0
+    # step starts 1..4: the checkpoint after step 2 is on disk when step 3 starts, only when synchronous
+    assert seen["none"] == [False, False, False, False]
+    assert seen["sync"] == [False, False, True, True]
