@@ -3,8 +3,8 @@
 `fit` sets the efficiencies the AGX Orin references can pin (dense conv INT8 and FP16, memory
 bandwidth; plus the per-image overhead of the Ultralytics harness) by least squares on
 log(predicted / published), with a soft-L1 loss so one odd reference cannot drag the rest; the
-classes too small in every reference to be identified (depthwise conv, matmul, gather) keep their
-priors (`PRIOR`, `FITTED`). `leave_one_out`
+classes too small in every reference to be identified (depthwise conv, gather; matmul in a fit without
+BERT) keep their priors (`PRIOR`, `FITTED`, `identified`). `leave_one_out`
 refits without each reference and predicts it: that error, not the in-sample one, is the model's
 stated error. `leave_one_family_out` refits without a whole network family and predicts it: the error
 on an architecture the efficiencies never saw, which is what a new network is to the model.
@@ -53,6 +53,19 @@ class Fit:
 
 
 OVERHEAD_BOUNDS = (0.01, 5.0)
+MIN_SENSITIVITY = 0.05
+"""A class is fitted only where halving its efficiency slows some reference of the fit by this much (about its
+share of that reference's time). Below it the class is a sliver of every reference (YOLO11's attention matmuls:
+0.2-0.4%) and the solver sets it to whatever absorbs the other classes' residuals (matmul 0.78 of peak in a fit
+without BERT), or lets it drift along a flat direction (FP16 conv to 0.99 with no FP16 reference left): it keeps
+its prior instead."""
+
+
+def identified(loads: dict, prior: Efficiency, names: tuple) -> tuple:
+    """The `names` some reference in `loads` depends on by at least `MIN_SENSITIVITY` (at the prior)."""
+    base = {ref: load.total_ms(prior) for ref, load in loads.items()}
+    return tuple(n for n in names if any(load.total_ms(replace(prior, **{n: getattr(prior, n) / 2})) >=
+                                          (1 + MIN_SENSITIVITY) * base[ref] for ref, load in loads.items()))
 
 
 def fit(loads: dict, prior: Efficiency = PRIOR, names: tuple = FITTED, loss: str = "soft_l1") -> Fit:
@@ -60,7 +73,7 @@ def fit(loads: dict, prior: Efficiency = PRIOR, names: tuple = FITTED, loss: str
     log(predicted / published) over `loads` (`loss`: scipy's; soft-L1 by default, `linear` for plain least squares)."""
     from scipy.optimize import least_squares
 
-    refs = list(loads)
+    refs, names = list(loads), identified(loads, prior, names)
     harnesses = sorted({r.harness for r in refs} - {"engine"})
     bounds = [BOUNDS.get(n, (0.02, 1.0)) for n in names] + [OVERHEAD_BOUNDS] * len(harnesses)
     lower, upper = np.log([b[0] for b in bounds]), np.log([b[1] for b in bounds])
@@ -81,10 +94,14 @@ def fit(loads: dict, prior: Efficiency = PRIOR, names: tuple = FITTED, loss: str
     # at 1.0 ms on an AVX2 EPYC and reached 2.1 ms on an AVX-512 one): it also starts from the plain least-squares
     # optimum and keeps the lower cost. A fit of efficiencies stays with the prior's start, which is what picks
     # one point of the valley when a few references leave them underdetermined (leave-one-family-out).
+    # The Jacobian takes scipy's default finite-difference step (sqrt(eps) x max(1, |x|)): a relative step
+    # (diff_step=1e-3 before) is ~1e-19 where a log parameter lands on 0 (an overhead of exactly 1.0 ms, an
+    # efficiency at its bound 1.0), the difference rounds to zero and the solver stops there with a zero gradient:
+    # the "stayed at 1.0 ms" above, and Orin Nano Super's YOLO11n INT8 refit at 1.0 ms (-30%) once matmul was fitted.
     starts = [start]
     if loss != "linear" and not names:
-        starts.append(least_squares(residuals, start, bounds=(lower, upper), loss="linear", diff_step=1e-3).x)
-    result = min((least_squares(residuals, s, bounds=(lower, upper), loss=loss, f_scale=0.1, diff_step=1e-3)
+        starts.append(least_squares(residuals, start, bounds=(lower, upper), loss="linear").x)
+    result = min((least_squares(residuals, s, bounds=(lower, upper), loss=loss, f_scale=0.1)
                   for s in starts), key=lambda r: r.cost)
     model = unpack(result.x)
     return Fit(replace(model.efficiency, **{n: round(getattr(model.efficiency, n), 4) for n in names}),

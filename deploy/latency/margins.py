@@ -30,41 +30,44 @@ import numpy as np
 FIT_DEVICE = "orin"
 
 LOO_ERRORS = {
-    "ResNet-50 v1.5 224x224 int8": 0.182,
-    "CUDA-BEVFusion camera backbone (R50 + LSS-FPN + depth net) 6x3x256x704 int8": -0.112,
-    "YOLO11n 640x640 fp16": 0.038, "YOLO11s 640x640 fp16": -0.012, "YOLO11m 640x640 fp16": -0.045,
-    "YOLO11l 640x640 fp16": -0.01, "YOLO11x 640x640 fp16": 0.069,
-    "YOLO11n 640x640 int8": -0.049, "YOLO11s 640x640 int8": 0.031, "YOLO11m 640x640 int8": 0.021,
-    "YOLO11l 640x640 int8": -0.059, "YOLO11x 640x640 int8": 0.136,
+    "ResNet-50 v1.5 224x224 int8": 0.194,
+    "CUDA-BEVFusion camera backbone (R50 + LSS-FPN + depth net) 6x3x256x704 int8": -0.103,
+    "BERT-Large + SQuAD span head, 384 tokens int8": 0.71,
+    "YOLO11n 640x640 fp16": 0.041, "YOLO11s 640x640 fp16": -0.018, "YOLO11m 640x640 fp16": -0.041,
+    "YOLO11l 640x640 fp16": -0.014, "YOLO11x 640x640 fp16": 0.07,
+    "YOLO11n 640x640 int8": -0.042, "YOLO11s 640x640 int8": 0.028, "YOLO11m 640x640 int8": 0.024,
+    "YOLO11l 640x640 int8": -0.067, "YOLO11x 640x640 int8": 0.132,
 }
-"""Leave-one-out relative error per AGX Orin reference (fitted on the other 11, then predicted; positive =
-pessimistic)."""
+"""Leave-one-out relative error per AGX Orin reference (fitted on the other 12, then predicted; positive =
+pessimistic). BERT-Large's is its prior's: no other reference pins matmul, so without it matmul is 0.3 of peak
+against the 0.57 it fits (+71%, over-predicted: a matmul-heavy family the model never saw errs on the slow side)."""
 LOFO_ERRORS = {
-    "BEV camera backbone": {"CUDA-BEVFusion camera backbone (R50 + LSS-FPN + depth net) 6x3x256x704 int8": -0.112},
-    "PointPillars lidar detector": {"CUDA-PointPillars (OpenPCDet KITTI) 40000 pillars x 32 points fp16": -0.21},
-    "ResNet classifier": {"ResNet-50 v1.5 224x224 int8": 0.182},
+    "BERT encoder": {"BERT-Large + SQuAD span head, 384 tokens int8": 0.71},
+    "BEV camera backbone": {"CUDA-BEVFusion camera backbone (R50 + LSS-FPN + depth net) 6x3x256x704 int8": -0.103},
+    "PointPillars lidar detector": {"CUDA-PointPillars (OpenPCDet KITTI) 40000 pillars x 32 points fp16": -0.209},
+    "ResNet classifier": {"ResNet-50 v1.5 224x224 int8": 0.194},
     "YOLO11 detector": {
-        "YOLO11n 640x640 fp16": 0.016, "YOLO11s 640x640 fp16": -0.067, "YOLO11m 640x640 fp16": -0.116,
-        "YOLO11l 640x640 fp16": -0.093, "YOLO11x 640x640 fp16": -0.069,
-        "YOLO11n 640x640 int8": -0.001, "YOLO11s 640x640 int8": 0.079, "YOLO11m 640x640 int8": 0.085,
-        "YOLO11l 640x640 int8": 0.014, "YOLO11x 640x640 int8": 0.188},
+        "YOLO11n 640x640 fp16": 0.021, "YOLO11s 640x640 fp16": -0.07, "YOLO11m 640x640 fp16": -0.117,
+        "YOLO11l 640x640 fp16": -0.101, "YOLO11x 640x640 fp16": -0.077,
+        "YOLO11n 640x640 int8": 0.006, "YOLO11s 640x640 int8": 0.078, "YOLO11m 640x640 int8": 0.084,
+        "YOLO11l 640x640 int8": 0.006, "YOLO11x 640x640 int8": 0.179},
 }
 """{family: {reference: error}} with the whole family left out of the fit (`leave_one_family_out`; a held-out
 family, `Reference.fitted` False, is predicted by the full fit, which never saw it)."""
 DEVICE_ERRORS = {
     "orin-nano-super": {
-        "YOLO11n 640x640 fp16": -0.105, "YOLO11s 640x640 fp16": -0.072, "YOLO11m 640x640 fp16": -0.011,
-        "YOLO11l 640x640 fp16": -0.029, "YOLO11x 640x640 fp16": -0.025,
-        "YOLO11n 640x640 int8": 0.009, "YOLO11s 640x640 int8": 0.091, "YOLO11m 640x640 int8": 0.123,
-        "YOLO11l 640x640 int8": 0.051, "YOLO11x 640x640 int8": 0.152},
+        "YOLO11n 640x640 fp16": -0.106, "YOLO11s 640x640 fp16": -0.076, "YOLO11m 640x640 fp16": -0.004,
+        "YOLO11l 640x640 fp16": -0.029, "YOLO11x 640x640 fp16": -0.019,
+        "YOLO11n 640x640 int8": 0.012, "YOLO11s 640x640 int8": 0.086, "YOLO11m 640x640 int8": 0.126,
+        "YOLO11l 640x640 int8": 0.046, "YOLO11x 640x640 int8": 0.151},
     "orin-nx": {
-        "YOLO11n 640x640 fp16": -0.039, "YOLO11s 640x640 fp16": -0.046, "YOLO11m 640x640 fp16": 0.036,
-        "YOLO11l 640x640 fp16": -0.006, "YOLO11x 640x640 fp16": -0.025,
-        "YOLO11n 640x640 int8": -0.089, "YOLO11s 640x640 int8": 0.076, "YOLO11m 640x640 int8": 0.136,
-        "YOLO11l 640x640 int8": 0.048, "YOLO11x 640x640 int8": 0.164},
+        "YOLO11n 640x640 fp16": -0.04, "YOLO11s 640x640 fp16": -0.048, "YOLO11m 640x640 fp16": 0.044,
+        "YOLO11l 640x640 fp16": -0.004, "YOLO11x 640x640 fp16": -0.017,
+        "YOLO11n 640x640 int8": -0.088, "YOLO11s 640x640 int8": 0.072, "YOLO11m 640x640 int8": 0.14,
+        "YOLO11l 640x640 int8": 0.045, "YOLO11x 640x640 int8": 0.165},
 }
 """{target: {reference: error}} of the AGX Orin fit on other devices' references (harness refitted, LOO)."""
-RAW_TRANSFER = {"orin-nano-super": -0.256, "orin-nx": -0.289}
+RAW_TRANSFER = {"orin-nano-super": -0.26, "orin-nx": -0.291}
 """{target: worst error of the AGX Orin fit applied to the device unchanged}: how an unvalidated device is
 predicted, measured where it can be."""
 

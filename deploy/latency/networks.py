@@ -17,6 +17,8 @@ dropped: the latency model reads only shapes). The cache lives in `$STACK_CACHE_
 - `pointpillars`: CUDA-PointPillars' TensorRT engine (OpenPCDet's KITTI `pointpillar.yaml`): the pillar
   feature net on MAX_VOXELS = 40000 pillars of 32 points, the PillarScatter plugin's scatter into the
   64 x 496 x 432 BEV canvas, BaseBEVBackbone and the single anchor head.
+- `bert_large`: BERT-Large with its SQuAD span head at sequence 384, the network of MLPerf Inference's
+  BERT-99 benchmark (24 layers, hidden 1024, 16 heads, FFN 4096).
 """
 
 from __future__ import annotations
@@ -69,6 +71,8 @@ def build_network(builder: str):
         return _bevfusion_camera().eval()
     if builder == "pointpillars":
         return _pointpillars().eval()
+    if builder == "bert_large":
+        return _bert().eval()
     return getattr(torchvision.models, builder)(weights=None).eval()
 
 
@@ -201,6 +205,46 @@ def _pointpillars():
             return torch.cat([self.cls(x), self.box(x), self.dir(x)], 1)
 
     return PointPillars()
+
+
+def _bert(layers=24, hidden=1024, heads=16, ffn=4096, vocab=30522, seq=384):
+    """BERT-Large (Devlin et al. 2019, https://arxiv.org/abs/1810.04805) with the SQuAD span head (1024 -> 2),
+    as MLPerf Inference's BERT-99 runs it on one 384-token window: input (1, 384) token ids (a float tensor,
+    cast: `reference_graph` feeds zeros). Word-embedding Gather plus one constant (position + segment) table,
+    LayerNorm; per layer Q/K/V projections, softmax(Q K^T / 8) V over 16 heads of 64, output projection + residual,
+    LayerNorm, FFN 1024 -> 4096 -> 1024 with erf GELU, residual, LayerNorm (post-LN, eps 1e-12), all as exported
+    from PyTorch. 24 x 12.6M projection weights x 384 tokens x 2 = 232 GOP, attention 14.5 GOP more."""
+    torch, nn = _torch()
+
+    class Layer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q, self.k, self.v, self.out = (nn.Linear(hidden, hidden) for _ in range(4))
+            self.ffn1, self.ffn2 = nn.Linear(hidden, ffn), nn.Linear(ffn, hidden)
+            self.norm1, self.norm2 = nn.LayerNorm(hidden, eps=1e-12), nn.LayerNorm(hidden, eps=1e-12)
+
+        def forward(self, x):
+            b, s, _ = x.shape
+            q, k, v = (proj(x).view(b, s, heads, hidden // heads).transpose(1, 2) for proj in (self.q, self.k, self.v))
+            scores = (q @ k.transpose(-2, -1)) / math.sqrt(hidden // heads)
+            context = (scores.softmax(-1) @ v).transpose(1, 2).reshape(b, s, hidden)
+            x = self.norm1(x + self.out(context))
+            return self.norm2(x + self.ffn2(nn.functional.gelu(self.ffn1(x))))
+
+    class Bert(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.words = nn.Embedding(vocab, hidden)
+            self.positions = nn.Parameter(torch.zeros(1, seq, hidden))  # position + segment rows of one window
+            self.norm = nn.LayerNorm(hidden, eps=1e-12)
+            shared = Layer()  # one set of weights run 24 times: the cost is in the shapes (export: 0.2 GB, not 7)
+            self.layers = nn.Sequential(*([shared] * layers))
+            self.span = nn.Linear(hidden, 2)
+
+        def forward(self, ids):
+            return self.span(self.layers(self.norm(self.words(ids.long()) + self.positions)))
+
+    return Bert()
 
 
 # --- YOLO11 (Ultralytics), reproduced from yolo11.yaml and ultralytics/nn/modules ---------------------------

@@ -10,17 +10,21 @@ computed on TensorRT's view of the graph rather than ONNX's node list:
 - Q/DQ pairs fold into the layer that consumes them and set its precision (INT8 where
   both activation and weight arrive through DequantizeLinear, else the target's float
   precision: fp16 for `best`/`fp16`/`int8`, fp32 for nodes kept fp32 by name);
-- conv/matmul + bias + BatchNorm + activation (SiLU written as x * sigmoid(x) included) +
-  residual Add fuse into one kernel (one read of the input and weights, one write of the
-  output, plus the residual);
+- conv/matmul + bias + BatchNorm + activation (SiLU written as x * sigmoid(x) and GELU as
+  x * 0.5 * (1 + erf(x / sqrt 2)) included) + residual Add fuse into one kernel (one read of the
+  input and weights, one write of the output, plus the residual);
+- attention, MatMul -> [scale] -> [mask Add] -> Softmax -> MatMul, is one fused kernel whose scores
+  never leave the chip (TensorRT's multi-head-attention fusion; NVIDIA's MLPerf BERT engine runs it as
+  its fused-MHA plugin), and a Transpose whose only consumers are matmuls is the GEMM's operand layout,
+  no kernel of its own;
 - shape plumbing (Reshape, Squeeze, Shape, Constant, ...) and Concat (TensorRT's concat
   elimination) cost nothing;
 - chains of elementwise operators (normalisation, activations, residual adds not fused
   into a conv) become one pointwise kernel: outside inputs read once, last output written;
 - everything else is a memory-bound kernel that reads its inputs and writes its outputs.
 
-Efficiencies are per operator class (`KINDS`) and precision, fitted to 12 published Jetson AGX
-Orin TensorRT timings from three network families (`stack.deploy.latency.references.REFERENCES`,
+Efficiencies are per operator class (`KINDS`) and precision, fitted to 13 published Jetson AGX
+Orin TensorRT timings from four network families (`stack.deploy.latency.references.REFERENCES`,
 refit by `stack bench latency`); each reference's leave-one-out and leave-one-family-out error is the
 stated error, and each target's gate margin comes from the errors on its own references
 (`stack.deploy.latency.margins`); BENCHMARKS.md records them.
@@ -43,9 +47,10 @@ elimination has each producer write straight into its slice of the output (Tenso
 "Types of Fusions")."""
 COMPUTE_OPS = {"Conv", "ConvTranspose", "MatMul", "Gemm"}
 FUSABLE_EPILOGUE = {"Relu", "Clip", "Sigmoid", "Tanh", "LeakyRelu", "HardSigmoid", "HardSwish", "Elu", "Selu",
-                    "Add", "Mul", "Sub", "Div", "BatchNormalization", "QuantizeLinear", "DequantizeLinear"}
+                    "Add", "Mul", "Sub", "Div", "BatchNormalization", "QuantizeLinear", "DequantizeLinear", "Gelu"}
 POINTWISE = {"Add", "Sub", "Mul", "Div", "Relu", "Clip", "Sigmoid", "Tanh", "LeakyRelu", "HardSigmoid", "HardSwish",
-             "Elu", "Selu", "Cast", "Exp", "Log", "Sqrt", "Pow", "Erf", "Neg", "Abs", "Reciprocal", "Max", "Min"}
+             "Elu", "Selu", "Cast", "Exp", "Log", "Sqrt", "Pow", "Erf", "Neg", "Abs", "Reciprocal", "Max", "Min",
+             "Gelu"}
 """Elementwise operators TensorRT fuses into one pointwise kernel when they form a chain."""
 BYTES = {"int8": 1, "fp16": 2, "fp32": 4}
 GATHER_OPS = {"Gather", "GatherElements", "GatherND", "GridSample"}
@@ -87,9 +92,10 @@ class Efficiency:
         return self.gather if kind == "gather" else self.memory
 
 
-FITTED_EFFICIENCY = Efficiency(conv_int8=0.3154, conv_fp16=0.4499, memory=0.7366)
-"""`stack.deploy.latency.efficiency_fit.fit` on the 12 AGX Orin references (`stack bench latency` refits and prints
-it; the slow test checks these figures are what the fit gives). The other fields are the priors."""
+FITTED_EFFICIENCY = Efficiency(conv_int8=0.3113, conv_fp16=0.4407, matmul=0.5732, memory=0.7465)
+"""`stack.deploy.latency.efficiency_fit.fit` on the 13 AGX Orin references (`stack bench latency` refits and prints
+it; the slow test checks these figures are what the fit gives). Matmul is BERT-Large's (MLPerf BERT-99, INT8: 0.57
+of the dense INT8 peak on its 384 x 1024 x {1024, 4096} GEMMs). The other fields are the priors."""
 P99_OVER_MEDIAN = 1.13
 """Predicted p99 = predicted median x this. Published Jetson AGX Orin runs: trtexec on a quiet board with
 locked clocks gives p99/median 1.001 (IGEV-YOLO8 issue #8, AGX Orin 32GB, FP16: 76.45 / 76.34 ms); an
@@ -188,14 +194,21 @@ def predict(model: onnx.ModelProto, target, keep_fp32: tuple = (), efficiency: E
     absorbed: set = set()
     layers = []
     for node in graph.nodes:
-        if node.name in absorbed or node.op_type in FREE_OPS:
+        if node.name in absorbed or node.op_type in FREE_OPS or _operand_layout(graph, node):
             continue
         if node.op_type in COMPUTE_OPS:
             quantized = all_int8 or (graph.from_dq(node.input[0]) and graph.from_dq(node.input[1]))
             precision = "int8" if quantized else float_precision
-            chain, extra = _epilogue(graph, node, absorbed)
+            attention = _attention(graph, node, absorbed)
+            chain, extra = _epilogue(graph, attention[-1] if attention else node, absorbed)
+            chain = attention + chain
             absorbed.update(n.name for n in chain)
             flops, nbytes = _compute_cost(graph, node, chain, extra, precision)
+            if attention:  # the scores stay on chip: V (and a mask) read once more, nothing else
+                flops += _matmul_flops(graph, attention[-1])
+                inside = {node.output[0]} | {n.output[0] for n in attention}
+                nbytes += BYTES[precision] * sum(graph.elements(name) for n in attention for name in n.input
+                                                 if name and name not in inside and not graph.is_constant(name))
             ops = [node.op_type] + [n.op_type for n in chain if n.op_type not in ("QuantizeLinear", "DequantizeLinear")]
             kind = _compute_kind(graph, node)
         elif node.op_type in POINTWISE:
@@ -223,15 +236,57 @@ def _compute_kind(graph: _Graph, node) -> str:
     return "dwconv" if groups > 1 else "conv"
 
 
+def _operand_layout(graph: _Graph, node) -> bool:
+    """A Transpose read only by matmuls (through Reshapes): TensorRT's GEMMs take transposed and strided
+    operands (IMatrixMultiplyLayer's MatrixOperation::kTRANSPOSE, strided batched GEMM), so the head split of
+    attention (view + transpose, K^T) costs no kernel; NVIDIA's BERT engine reads its QKV layout in place."""
+    if node.op_type != "Transpose":
+        return False
+    pending, readers = [node.output[0]], []
+    while pending:
+        for consumer in graph.consumers.get(pending.pop(), []):
+            if consumer.op_type in ("Reshape", "Transpose"):
+                pending.append(consumer.output[0])
+            else:
+                readers.append(consumer)
+    return bool(readers) and all(n.op_type in ("MatMul", "Gemm") for n in readers)
+
+
+def _attention(graph: _Graph, node, absorbed: set) -> list:
+    """[scale, mask Add, Softmax, layout ops, MatMul] after `node` when it computes attention scores Q K^T that only
+    a softmax and a second MatMul read: one fused kernel in TensorRT (multi-head-attention fusion, TensorRT Developer
+    Guide, https://docs.nvidia.com/deeplearning/tensorrt/latest/inference-library/transformers-fused-attention.html;
+    in NVIDIA's MLPerf BERT engine the CustomQKVToContextPluginDynamic plugin, mlcommons/inference_results_v4.0
+    closed/NVIDIA/code/bert/tensorrt/README.md), else []."""
+    if node.op_type != "MatMul" or any(graph.is_constant(name) for name in node.input):
+        return []
+
+    def only_reader(tensor):
+        readers = graph.consumers.get(tensor, [])
+        return readers[0] if len(readers) == 1 and readers[0].name not in absorbed else None
+
+    chain, nxt = [], only_reader(node.output[0])
+    for ops, required in ((("Mul", "Div"), False), (("Add",), False), (("Softmax",), True)):
+        if nxt is not None and nxt.op_type in ops:
+            chain.append(nxt)
+            nxt = only_reader(nxt.output[0])
+        elif required:
+            return []
+    while nxt is not None and nxt.op_type in ("Transpose", "Reshape"):
+        chain.append(nxt)
+        nxt = only_reader(nxt.output[0])
+    return chain + [nxt] if nxt is not None and nxt.op_type == "MatMul" else []
+
+
 def _epilogue(graph: _Graph, node, absorbed: set) -> tuple[list, list]:
     """Nodes TensorRT fuses after a conv/matmul, and the extra tensors they read (residuals)."""
     chain, extra, current = [], [], node.output[0]
     while True:
         consumers = graph.consumers.get(current, [])
-        silu = _silu(graph, current, consumers, absorbed)
-        if silu:  # x * sigmoid(x): TensorRT fuses the pair as one activation
-            chain += silu
-            current = silu[-1].output[0]
+        activation = _silu(graph, current, consumers, absorbed) or _gelu(graph, current, consumers, absorbed)
+        if activation:  # x * sigmoid(x), erf GELU: TensorRT fuses them as one activation
+            chain += activation
+            current = activation[-1].output[0]
             continue
         if len(consumers) != 1 or consumers[0].op_type not in FUSABLE_EPILOGUE or consumers[0].name in absorbed:
             return chain, extra
@@ -254,6 +309,31 @@ def _silu(graph: _Graph, tensor: str, consumers: list, absorbed: set) -> list:
     if sigmoid is None or mul is None or set(mul.input) != {tensor, sigmoid.output[0]}:
         return []
     return [sigmoid, mul] if graph.consumers.get(sigmoid.output[0], []) == [mul] else []
+
+
+def _gelu(graph: _Graph, tensor: str, consumers: list, absorbed: set) -> list:
+    """[Div, Erf, Add, Mul, Mul] when `tensor` feeds exactly x * 0.5 * (1 + erf(x / sqrt 2)) (GELU as PyTorch exports
+    it below opset 20), else []. TensorRT fuses GELU into the GEMM before it as it does ReLU ("TensorRT can fuse the
+    fc + gelu layer", PaddlePaddle/Paddle#38399); NVIDIA's BERT engines never write the pre-activation."""
+    if len(consumers) != 2 or any(n.name in absorbed for n in consumers):
+        return []
+    div = next((n for n in consumers if n.op_type == "Div"), None)
+    mul = next((n for n in consumers if n.op_type == "Mul"), None)
+    if div is None or mul is None:
+        return []
+    chain = [div]
+    for op in ("Erf", "Add", "Mul"):
+        readers = graph.consumers.get(chain[-1].output[0], [])
+        if len(readers) != 1 or readers[0].op_type != op:
+            return []
+        chain.append(readers[0])
+    if chain[-1] != mul:
+        return []
+    half = graph.consumers.get(mul.output[0], [])
+    if len(half) == 1 and half[0].op_type == "Mul" and all(graph.is_constant(name) for name in half[0].input
+                                                           if name != mul.output[0]):
+        chain.append(half[0])
+    return chain
 
 
 def _pointwise_chain(graph: _Graph, node, absorbed: set) -> list:
@@ -291,16 +371,21 @@ def _compute_cost(graph: _Graph, node, chain: list, extra: list, precision: str)
     elif node.op_type == "ConvTranspose" and len(weight_shape) >= 3:  # (Cin, Cout/g, k...): MACs per input element
         flops = 2.0 * graph.elements(node.input[0]) * int(np.prod(weight_shape[1:]))
     else:
-        k = graph.shapes.get(node.input[0], (1,))[-1]
-        if node.op_type == "Gemm" and any(a.name == "transA" and a.i for a in node.attribute):
-            k = graph.shapes.get(node.input[0], (1, 1))[0]
-        flops = 2.0 * out_elems * k
+        flops = _matmul_flops(graph, node)
     size = BYTES[precision]
     weights = graph.elements(node.input[1]) or int(np.prod(weight_shape or (0,)))
     activations = graph.elements(node.input[0]) + graph.elements(chain[-1].output[0] if chain else out)
     activations += sum(graph.elements(name) for name in extra)
     weight_bytes = weights * size if graph.is_constant(node.input[1]) else graph.elements(node.input[1]) * size
     return flops, activations * size + weight_bytes
+
+
+def _matmul_flops(graph: _Graph, node) -> float:
+    """2 x output elements x the reduced dimension of a MatMul/Gemm."""
+    k = graph.shapes.get(node.input[0], (1,))[-1]
+    if node.op_type == "Gemm" and any(a.name == "transA" and a.i for a in node.attribute):
+        k = graph.shapes.get(node.input[0], (1, 1))[0]
+    return 2.0 * graph.elements(node.output[0]) * k
 
 
 def _elementwise_cost(graph: _Graph, node, precision: str) -> float:

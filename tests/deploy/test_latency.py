@@ -101,6 +101,50 @@ def test_silu_fuses_into_the_conv_and_concat_is_free(orin):
     assert layers[0].kind == "conv"
 
 
+def _model(nodes, inputs: dict, initializers=()):
+    graph = helper.make_graph(nodes, "g",
+                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs.items()],
+                              [helper.make_tensor_value_info(nodes[-1].output[0], TensorProto.FLOAT, None)],
+                              list(initializers))
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_attention_is_one_kernel_and_its_transposes_are_operand_layouts(orin):
+    """softmax(Q K^T / 8) V then the output projection, as PyTorch exports it: the scores never leave the chip (one
+    kernel reading Q, K, V and writing the context), and the K^T and head-merge Transposes cost nothing."""
+    heads, tokens, dim = 4, 128, 32
+    scale = numpy_helper.from_array(np.array(8.0, np.float32), "scale")
+    shape = numpy_helper.from_array(np.array([1, tokens, heads * dim], np.int64), "shape")
+    weight = numpy_helper.from_array(np.ones((heads * dim, heads * dim), np.float32), "w")
+    nodes = [helper.make_node("Transpose", ["k"], ["kt"], name="kt", perm=[0, 1, 3, 2]),
+             helper.make_node("MatMul", ["q", "kt"], ["s"], name="qk"),
+             helper.make_node("Div", ["s", "scale"], ["d"], name="scale"),
+             helper.make_node("Softmax", ["d"], ["p"], name="softmax", axis=-1),
+             helper.make_node("MatMul", ["p", "v"], ["o"], name="av"),
+             helper.make_node("Transpose", ["o"], ["ot"], name="merge", perm=[0, 2, 1, 3]),
+             helper.make_node("Reshape", ["ot", "shape"], ["r"], name="reshape"),
+             helper.make_node("MatMul", ["r", "w"], ["y"], name="proj")]
+    qkv = {name: [1, heads, tokens, dim] for name in "qkv"}
+    layers = predict(_model(nodes, qkv, [scale, shape, weight]), orin).layers
+    assert [layer.ops for layer in layers] == [["MatMul", "Div", "Softmax", "MatMul"], ["MatMul"]]
+    assert layers[0].kind == "matmul" and layers[0].flops == 2 * (2 * heads * tokens * tokens * dim)
+    assert layers[0].bytes == 4 * heads * tokens * dim * 2  # Q, K, V and the context in fp16; no scores
+
+
+def test_gelu_fuses_into_the_matmul_before_it(orin):
+    """x * 0.5 * (1 + erf(x / sqrt 2)) after a MatMul + bias (BERT's FFN as PyTorch exports it) is one kernel."""
+    consts = [numpy_helper.from_array(np.array(v, np.float32), n) for n, v in
+              (("b", np.ones(64)), ("root2", 1.4142135), ("one", 1.0), ("half", 0.5))]
+    nodes = [helper.make_node(op, inputs, [out], name=name) for op, inputs, out, name in (
+        ("MatMul", ["x", "w"], "m", "fc"), ("Add", ["m", "b"], "h", "bias"), ("Div", ["h", "root2"], "d", "div"),
+        ("Erf", ["d"], "e", "erf"), ("Add", ["e", "one"], "a", "plus1"), ("Mul", ["h", "a"], "g", "mul"),
+        ("Mul", ["g", "half"], "y", "half"))]
+    weight = numpy_helper.from_array(np.ones((32, 64), np.float32), "w")
+    layers = predict(_model(nodes, {"x": [1, 16, 32]}, [weight] + consts), orin).layers
+    assert [layer.ops for layer in layers] == [["MatMul", "Add", "Div", "Erf", "Add", "Mul", "Mul"]]
+    assert layers[0].bytes == (16 * 32 + 32 * 64 + 16 * 64) * 2  # input, weights, output; no pre-activation
+
+
 def test_operator_classes(orin):
     weight = numpy_helper.from_array(np.ones((16, 1, 3, 3), np.float32), "w")
     table = numpy_helper.from_array(np.ones((64, 16), np.float32), "t")
@@ -145,6 +189,23 @@ def test_leave_one_out_on_a_hand_checkable_case():
     errors = {ref.name: error for ref, error in leave_one_out(loads, prior, ("conv_int8",), "linear").items()}
     assert errors["C"] == pytest.approx(2.0 / 2.42 - 1, abs=1e-3)
     assert errors["A"] == pytest.approx(0.10, abs=1e-3) and errors["B"] == pytest.approx(0.10, abs=1e-3)
+
+
+def test_a_class_no_reference_depends_on_keeps_its_prior():
+    """A matmul that is 0.1% of the only reference's time cannot be fitted: the solver would set it to whatever
+    absorbs the conv's residual; it keeps its prior, and the conv takes the whole fit."""
+    from stack.deploy.latency.efficiency_fit import fit, identified
+    from stack.deploy.latency.roofline import Workload
+
+    load = Workload.__new__(Workload)
+    load.compute_ms, load.memory_ms = np.array([1.0, 0.001]), np.zeros(2)
+    load.kinds = load.classes = [("conv", "int8"), ("matmul", "int8")]
+    load.index = np.array([0, 1])
+    prior = Efficiency(conv_int8=0.5, matmul=0.3, launch_us=0.0)
+    loads = {_ref("A", 2.5): load}
+    assert identified(loads, prior, ("conv_int8", "matmul")) == ("conv_int8",)
+    fitted = fit(loads, prior, ("conv_int8", "matmul"), loss="linear").efficiency
+    assert fitted.matmul == 0.3 and fitted.conv_int8 == pytest.approx(1.0 / (2.5 - 0.001 / 0.3), rel=1e-3)
 
 
 def test_a_model_fitted_to_one_regime_fails_the_20_percent_check():
@@ -304,7 +365,10 @@ def test_stated_error_is_what_the_published_references_give():
         assert result["lofo"][family] == pytest.approx(errors, abs=0.005)
     for target, errors in margins.DEVICE_ERRORS.items():
         assert result["devices"][target] == pytest.approx(errors, abs=0.005)
-    assert len(outside(margins.LOO_ERRORS, 0.25)) == 0
+    # Within +-25% but BERT-Large: the one reference that pins matmul, so without it matmul is at its prior and
+    # BERT is over-predicted (+71%: pessimistic, it widens no margin).
+    assert {k: e > 0.25 for k, e in outside(margins.LOO_ERRORS, 0.25).items()} == {
+        "BERT-Large + SQuAD span head, 384 tokens int8": True}
     assert all(result["margins"][name].value == margins.target_margin(name).value for name in result["margins"])
 
 
@@ -325,7 +389,43 @@ def test_the_predicted_gate_states_its_error_and_the_targets_own_references(tmp_
     result = {"target": name}
     _predict(tmp_path, path, load_target(name, load_pipeline()), SimpleNamespace(keep_fp32=[]), result, lambda m: None)
     gate = result["fps"]
-    assert words in gate["how"] and "leave-one-out error on 12 published AGX Orin references" in gate["how"]
+    assert words in gate["how"] and "leave-one-out error on 13 published AGX Orin references" in gate["how"]
     assert "leave-one-family-out" in gate["how"] and gate["validation"] == status
     assert gate["median_ms"] == pytest.approx(gate["raw_median_ms"] * target_margin(name).value)
     assert gate["p99_ms"] == pytest.approx(gate["median_ms"] * P99_OVER_MEDIAN)
+
+
+@pytest.mark.slow
+def test_bert_reference_is_costed_as_matmul_and_pins_that_class(orin):
+    """MLPerf's BERT-Large (384 tokens, INT8): 232 GOP of projections and 14.5 of attention, every one an INT8 matmul
+    layer, most of its predicted time. Fitted, it moves matmul off its prior; predicted with the prior (its family
+    left out: no other reference pins matmul) it errs by the recorded leave-one-family-out error."""
+    from dataclasses import replace
+
+    from stack.deploy.latency import margins
+    from stack.deploy.latency.efficiency_fit import Fit, fit, leave_one_family_out, workloads
+    from stack.deploy.latency.networks import reference_graph
+    from stack.deploy.latency.references import FIT_TARGET, PRIOR, REFERENCES
+    from stack.deploy.latency.roofline import FITTED_EFFICIENCY
+
+    bert = next(r for r in REFERENCES if r.builder == "bert_large")
+    model = reference_graph(bert.builder, bert.input_shape)
+    assert len({n.name for n in model.graph.node}) == len(model.graph.node)  # layers share weights, not names
+    prediction = predict(model, orin, all_int8=True, efficiency=FITTED_EFFICIENCY)
+    matmuls = [layer for layer in prediction.layers if layer.ops[0] == "MatMul"]
+    assert all(layer.kind == "matmul" and layer.precision == "int8" for layer in matmuls)
+    assert sum(layer.ops == ["MatMul", "Div", "Softmax", "MatMul"] for layer in matmuls) == 24
+    projections = 24 * (4 * 1024 * 1024 + 2 * 1024 * 4096) * 384 * 2
+    attention = 24 * 2 * (2 * 16 * 384 * 384 * 64)
+    assert sum(layer.flops for layer in matmuls) == pytest.approx(projections + attention + 2 * 384 * 1024 * 2)
+    assert sum(layer.time_ms for layer in matmuls) >= 0.7 * prediction.total_ms
+
+    loads = {r: w for r, w in workloads({FIT_TARGET: orin}, [r for r in REFERENCES if r.target == FIT_TARGET]).items()
+             if r.fitted}
+    fitted = fit(loads)
+    assert fitted.efficiency.matmul == pytest.approx(FITTED_EFFICIENCY.matmul, rel=0.01)
+    assert abs(fitted.efficiency.matmul - PRIOR.matmul) > 0.1 and abs(fitted.error(loads[bert], bert)) < 0.01
+    recorded = margins.LOFO_ERRORS["BERT encoder"][bert.name + " " + bert.precision]
+    at_prior = Fit(replace(fitted.efficiency, matmul=PRIOR.matmul), fitted.overhead_ms)
+    assert at_prior.error(loads[bert], bert) == pytest.approx(recorded, abs=0.01)
+    assert leave_one_family_out(loads)[bert] == pytest.approx(recorded, abs=0.005)
