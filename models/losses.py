@@ -75,9 +75,21 @@ def detection_loss(outputs, batch: Batch, pipeline: Pipeline) -> dict[str, torch
 
 
 def depth_loss(outputs, batch: Batch, pipeline: Pipeline) -> torch.Tensor:
-    target = encode_depth(batch.depth.float(), pipeline.model.feature_stride, pipeline.model.depth)
+    """Depth-bin cross entropy over labelled pixels; road users' pixels weigh 1 + `loss_weights.depth_road_users`
+    (the weighted mean: the loss keeps its scale whatever the weight)."""
+    model = pipeline.model
+    target = encode_depth(batch.depth.float(), model.feature_stride, model.depth).flatten(0, 1)
     logits = outputs["depth_logits"].float().flatten(0, 1)  # (B*N, D, h, w)
-    return masked_cross_entropy(logits, target.flatten(0, 1))
+    extra = model.loss_weights.depth_road_users
+    if not extra:
+        return masked_cross_entropy(logits, target)
+    target = target.long()
+    entropy = F.cross_entropy(logits, target, ignore_index=IGNORE_INDEX, reduction="none")
+    classes = downsample_labels(batch.semantic, model.feature_stride).flatten(0, 1).long()
+    users = [index for index, name in enumerate(model.segmentation_classes) if name in model.detection_classes]
+    weight = 1.0 + extra * torch.isin(classes, torch.tensor(users, device=classes.device)).float()
+    weight = weight * (target != IGNORE_INDEX).float()
+    return (entropy * weight).sum() / weight.sum().clamp(min=1)
 
 
 def segmentation_loss(outputs, batch: Batch, pipeline: Pipeline) -> torch.Tensor:

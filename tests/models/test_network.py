@@ -144,6 +144,36 @@ def test_the_velocity_weight_scales_only_the_velocity_error_of_the_box_regressio
     torch.testing.assert_close(heavy.loss(outputs, still)["det_box"], model.loss(outputs, still)["det_box"])
 
 
+def test_the_road_user_depth_weight_is_a_weighted_mean_over_road_users_pixels(tiny):
+    """depth_road_users = w: each road user's pixel counts 1 + w times in the depth cross entropy's mean; 0 is the
+    plain mean; an image without road users is scored as without the weight."""
+    from stack.models.losses import depth_loss
+    from stack.models.targets import downsample_labels, encode_depth
+
+    p, model, batch = tiny
+    outputs = model.forward_batch(batch)
+    plain = depth_loss(outputs, batch, pipeline("tiny"))
+    torch.testing.assert_close(plain, model.loss(outputs, batch)["depth"])
+    batch = random_batch(p, batch_size=2, seed=0)
+    batch.semantic[:, :, 40:80, 64:160] = p.model.segmentation_classes.index("car")  # a car in every image
+    weighted = pipeline("tiny", "model.loss_weights.depth_road_users=4.0")
+    target = encode_depth(batch.depth.float(), p.model.feature_stride, p.model.depth).flatten(0, 1).long()
+    entropy = torch.nn.functional.cross_entropy(outputs["depth_logits"].float().flatten(0, 1), target,
+                                                ignore_index=255, reduction="none")
+    classes = downsample_labels(batch.semantic, p.model.feature_stride).flatten(0, 1)
+    users = torch.zeros_like(classes, dtype=torch.bool)
+    for index, name in enumerate(p.model.segmentation_classes):
+        users |= (classes == index) & (name in p.model.detection_classes)
+    labelled = target != 255
+    assert (users & labelled).sum() > 0 and (~users & labelled).sum() > 0  # the random batch shows both
+    weight = (1 + 4.0 * users.float()) * labelled.float()
+    torch.testing.assert_close(depth_loss(outputs, batch, weighted), (entropy * weight).sum() / weight.sum())
+    no_users = random_batch(p, batch_size=2, seed=1)
+    road = p.model.segmentation_classes.index("road")
+    no_users.semantic[no_users.semantic != 255] = road
+    torch.testing.assert_close(depth_loss(outputs, no_users, weighted), depth_loss(outputs, no_users, pipeline("tiny")))
+
+
 def test_loss_survives_empty_and_unlabelled_batches(tiny):
     p, model, batch = tiny
     empty = random_batch(p, batch_size=2, seed=3)
