@@ -2,8 +2,8 @@
 
 - `roofline`: a per-layer roofline over the ONNX graph (FLOPs over the target's peak, bytes over its
   bandwidth, each scaled by a fitted efficiency), and the gate margin the model's error gives.
-- `references`: published Jetson Orin timings (MLPerf, Ultralytics YOLO11, CUDA-BEVFusion) it is fitted
-  to and checked against.
+- `references`: published Jetson Orin timings (MLPerf, Ultralytics YOLO11, CUDA-BEVFusion, CUDA-PointPillars,
+  BEVDet-TensorRT) it is fitted to and checked against.
 - `efficiency_fit`: the least-squares fit of the efficiencies to those references and its leave-one-out error.
 - `networks`: the reference networks rebuilt from their architecture definitions (random weights, cached
   graphs), so each reference's graph is the one the model predicts.

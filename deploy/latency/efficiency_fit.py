@@ -1,10 +1,10 @@
 """The latency model's fit to the published references, and its stated error.
 
 `fit` sets the efficiencies the AGX Orin references can pin (dense conv INT8 and FP16, memory
-bandwidth; plus the per-image overhead of the Ultralytics harness) by least squares on
+bandwidth, matmul, gathers from L2; plus the per-image overhead of the Ultralytics harness) by least squares on
 log(predicted / published), with a soft-L1 loss so one odd reference cannot drag the rest; the
-classes too small in every reference to be identified (depthwise conv, gather; matmul in a fit without
-BERT) keep their priors (`PRIOR`, `FITTED`, `identified`). `leave_one_out`
+classes too small in every reference to be identified (depthwise conv, DRAM gathers; matmul in a fit without
+BERT, gather without BEVDet's BEV pool) keep their priors (`PRIOR`, `FITTED`, `identified`). `leave_one_out`
 refits without each reference and predicts it: that error, not the in-sample one, is the model's
 stated error. `leave_one_family_out` refits without a whole network family and predicts it: the error
 on an architecture the efficiencies never saw, which is what a new network is to the model.
@@ -32,7 +32,7 @@ def workloads(targets: dict, references=REFERENCES, log=None) -> dict:
         if log:
             log(f"[{index}/{len(references)}] {ref.name} {ref.precision} on {ref.target}")
         target = targets[ref.target]
-        precise = replace(target, precision="fp16") if ref.precision == "fp16" else target
+        precise = replace(target, precision=ref.precision) if ref.precision in ("fp16", "fp32") else target
         prediction = predict(reference_graph(ref.builder, ref.input_shape, log), precise, efficiency=PRIOR,
                              all_int8=ref.precision == "int8")
         out[ref] = Workload(prediction, precise)

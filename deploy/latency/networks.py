@@ -19,6 +19,8 @@ dropped: the latency model reads only shapes). The cache lives in `$STACK_CACHE_
   64 x 496 x 432 BEV canvas, BaseBEVBackbone and the single anchor head.
 - `bert_large`: BERT-Large with its SQuAD span head at sequence 384, the network of MLPerf Inference's
   BERT-99 benchmark (24 layers, hidden 1024, 16 heads, FFN 4096).
+- `bevdet_bev_pool`: the BEVPoolv2 kernel bevdet-tensorrt-cpp times as "BEV pool", written directly as an
+  ONNX graph (`GRAPHS`: a cost description of a CUDA kernel, not a network to export).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import onnx
@@ -52,7 +55,10 @@ def reference_graph(builder: str, input_shape: tuple, log=None) -> onnx.ModelPro
     path = cache_dir() / f"{builder}-{shape_tag}-v{NETS_VERSION}.onnx"
     if not path.exists():
         (log or _stderr)(f"building the {builder} reference graph at {shape_tag} (once; cached in {path.parent})")
-        _export(build_network(builder), input_shape, path)
+        if builder in GRAPHS:
+            _save(GRAPHS[builder](input_shape), path)
+        else:
+            _export(build_network(builder), input_shape, path)
     return onnx.load(str(path))
 
 
@@ -77,8 +83,6 @@ def build_network(builder: str):
 
 
 def _export(net, input_shape: tuple, path: Path) -> None:
-    import tempfile
-
     import torch
 
     from stack.deploy.export import export_onnx
@@ -87,11 +91,17 @@ def _export(net, input_shape: tuple, path: Path) -> None:
     with tempfile.TemporaryDirectory(dir=path.parent) as folder:
         raw = Path(folder) / "raw.onnx"
         export_onnx(_Named(net), {"images": torch.zeros(input_shape)}, ["out"], raw, opset=17, metadata={})
-        model = onnx.load(str(raw))
-        for tensor in model.graph.initializer:
-            if math.prod(tensor.dims) > STRIP_ABOVE:
-                tensor.ClearField("raw_data")
-                tensor.ClearField("float_data")
+        _save(onnx.load(str(raw)), path)
+
+
+def _save(model: onnx.ModelProto, path: Path) -> None:
+    """`model` with its large initializers' data dropped, written to `path` in one rename."""
+    for tensor in model.graph.initializer:
+        if math.prod(tensor.dims) > STRIP_ABOVE:
+            for data in ("raw_data", "float_data", "int32_data", "int64_data"):
+                tensor.ClearField(data)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=path.parent) as folder:
         staged = Path(folder) / "stripped.onnx"
         onnx.save(model, str(staged))
         os.replace(staged, path)
@@ -245,6 +255,62 @@ def _bert(layers=24, hidden=1024, heads=16, ffn=4096, vocab=30522, seq=384):
             return self.span(self.layers(self.norm(self.words(ids.long()) + self.positions)))
 
     return Bert()
+
+
+BEVDET_POINTS, BEVDET_CELLS, BEVDET_GRID = 356_761, 13_360, (128, 128)
+"""BEVDet-TensorRT's BEV pool on its timed sample: frustum points that land in the grid and the cells they occupy,
+recounted with its `InitViewTransformer` (src/bevdet.cpp, commit 023c677; C++ `(int)` truncates toward zero, so
+points up to one voxel below the grid's lower bounds count too) from cfgs/bevdet_lt_depth.yaml (6 cameras, 256 x 704
+input, stride 16, depth 1-60 m in 0.5 m bins, x/y +-51.2 m at 0.8 m, one z bin from -5 to 3 m) and the calibration
+of sample0/sample0000.yaml: 356,761 of 498,432 frustum points, 13,360 of 128 x 128 cells (26.7 points per cell)."""
+
+
+def _bevdet_bev_pool(shape: tuple, points: int = BEVDET_POINTS, cells: int = BEVDET_CELLS) -> onnx.ModelProto:
+    """BEVPoolv2 (`bev_pool_v2_kernel`, src/bevpool.cu) as one fused gather: for each occupied cell, the sum over its
+    points of depth[ranks_depth] x feat[ranks_feat] (a row of `channels`), written once into the BEV.
+
+    `shape` = (cameras, depth bins, height, width, channels); inputs `depth` (cameras, bins, height, width) and `feat`
+    (cameras, height, width, channels), the image stage's two outputs, FP32. ONNX: Gather depth values and feature rows,
+    Mul, ScatterND(reduction="add") into the 128 x 128 grid: `roofline._pools` costs the chain as the one kernel it is
+    (TensorRT 8.5 would not import the scatter-add; the graph describes the plugin's cost). The BEV is (1, 128, 128,
+    channels) where the kernel writes channels first: the same bytes. Indices are a fixed random draw of the recounted
+    sizes (`BEVDET_POINTS`, `BEVDET_CELLS`): the counts are what costs, int32 as in the kernel (scatter indices int64,
+    as ONNX requires)."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    cameras, bins, height, width, channels = shape
+    grid = BEVDET_GRID[0] * BEVDET_GRID[1]
+    rng = np.random.default_rng(0)
+    occupied = rng.choice(grid, cells, replace=False)
+    tensors = {"ranks_depth": rng.integers(0, cameras * bins * height * width, points).astype(np.int32),
+               "ranks_feat": rng.integers(0, cameras * height * width, points).astype(np.int32),
+               "ranks_bev": np.sort(occupied[rng.integers(0, cells, points)])[:, None].astype(np.int64),
+               "flat": np.array([-1], np.int64), "rows": np.array([-1, channels], np.int64),
+               "axis": np.array([1], np.int64), "grid": np.array([grid, channels], np.int64),
+               "bev_shape": np.array([1, *BEVDET_GRID, channels], np.int64)}
+    zero = numpy_helper.from_array(np.zeros(1, np.float32))
+    nodes = [helper.make_node(op, inputs, [output], name=output, **attributes) for op, inputs, output, attributes in (
+        ("Reshape", ["depth", "flat"], "depth_flat", {}), ("Reshape", ["feat", "rows"], "feat_rows", {}),
+        ("Gather", ["depth_flat", "ranks_depth"], "point_depth", {"axis": 0}),
+        ("Gather", ["feat_rows", "ranks_feat"], "point_feat", {"axis": 0}),
+        ("Unsqueeze", ["point_depth", "axis"], "point_weight", {}),
+        ("Mul", ["point_feat", "point_weight"], "weighted", {}),
+        ("ConstantOfShape", ["grid"], "empty", {"value": zero}),
+        ("ScatterND", ["empty", "ranks_bev", "weighted"], "bev_pool", {"reduction": "add"}),
+        ("Reshape", ["bev_pool", "bev_shape"], "bev", {}))]
+    inputs = [helper.make_tensor_value_info("depth", TensorProto.FLOAT, [cameras, bins, height, width]),
+              helper.make_tensor_value_info("feat", TensorProto.FLOAT, [cameras, height, width, channels])]
+    output = helper.make_tensor_value_info("bev", TensorProto.FLOAT, [1, *BEVDET_GRID, channels])
+    graph = helper.make_graph(nodes, "bevdet_bev_pool", inputs, [output],
+                              [numpy_helper.from_array(value, name) for name, value in tensors.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.checker.check_model(model)
+    return model
+
+
+GRAPHS = {"bevdet_bev_pool": _bevdet_bev_pool}
+"""Reference graphs written directly in ONNX, by builder name (the rest are PyTorch modules, exported)."""
 
 
 # --- YOLO11 (Ultralytics), reproduced from yolo11.yaml and ultralytics/nn/modules ---------------------------

@@ -7,7 +7,8 @@ engine, the published latency, the device (a target in configs/targets) and its 
 `PRIOR` is the efficiency the fit starts from and `FITTED` the classes it may set
 (`stack.deploy.latency.efficiency_fit`). References on other devices (Orin Nano Super, Orin NX) are never
 fitted: they check that the AGX Orin efficiencies carry over to another target's peaks. BERT-Large (MLPerf
-BERT-99) is the one reference whose time is mostly matmul: it pins that class. CUDA-PointPillars on AGX Orin
+BERT-99) is the one reference whose time is mostly matmul: it pins that class; BEVDet-TensorRT's BEV pool (BEVPoolv2)
+the one that is a gather from an L2-resident table: it pins the gather class. CUDA-PointPillars on AGX Orin
 is held out of the fit (`Reference.fitted`): a test family the model never sees. Fitted, it pulls FP16
 conv towards its own TensorRT 8.4 / JetPack 5 engine (the FP16 YOLO11 figures are TensorRT 10 / JetPack 6):
 YOLO11's FP16 rows then err by up to +59% with their family left out, and ResNet-50's leave-one-out by +25%.
@@ -27,10 +28,10 @@ class Reference:
     name: str
     family: str
     builder: str
-    """`stack.deploy.latency.networks.build_network` name."""
+    """`stack.deploy.latency.networks.build_network` or `networks.GRAPHS` name."""
     input_shape: tuple
     precision: str
-    """`int8` (INT8 engine, FP16 fallback) or `fp16`."""
+    """`int8` (INT8 engine, FP16 fallback), `fp16`, or `fp32` (an FP32 CUDA kernel)."""
     latency_ms: float
     source: str
     target: str = FIT_TARGET
@@ -56,6 +57,12 @@ MLPERF_BERT = ("MLPerf Inference v3.1, closed division, NVIDIA Orin_TRT (Jetson 
                "Sequence Lengths' in NVIDIA's BERT README, mlcommons/inference_results_v4.0 closed/NVIDIA/code/bert/"
                "tensorrt/README.md); the latency plateaus from p97 to the max, the windows filled to all 384 tokens, "
                "so the p99 is BERT-Large at 384 tokens; https://github.com/mlcommons/inference_results_v3.1")
+BEVDET = ("LCH1238/bevdet-tensorrt-cpp README 'Inference Speed' (commit 023c677), 'BEV pool' column, 'Jetson AGX "
+          "Orin FP16' row: 0.571 ms for one frame (the 'FP32' row: 0.620 ms); both engines run the same FP32 BEVPoolv2 "
+          "kernel (src/bevpool.cu) between them, timed by the host clock around its launch and cudaDeviceSynchronize "
+          "(src/bevdet.cpp DoInfer). JetPack 5.1.1, CUDA 11.4, TensorRT 8.5.2.2, MAXN (the author, issue #2). Geometry "
+          "cfgs/bevdet_lt_depth.yaml, calibration sample0/sample0000.yaml: 356,761 points into 13,360 of 128 x 128 "
+          "cells, 80 channels; https://github.com/LCH1238/bevdet-tensorrt-cpp")
 ULTRALYTICS = ("Ultralytics docs, docs/en/guides/nvidia-jetson.md (github.com/ultralytics/ultralytics, commit 75231dff), "
                "'{device}' table, TensorRT ({precision}) inference time ms/im, 640x640, batch 1, benchmarked with "
                "Ultralytics {version}, {jetpack}, MAX power mode + jetson_clocks as the guide prescribes")
@@ -96,19 +103,27 @@ REFERENCES = (
               "https://github.com/NVIDIA-AI-IOT/CUDA-PointPillars", fitted=False),
     Reference("BERT-Large + SQuAD span head, 384 tokens", "BERT encoder", "bert_large", (1, 384), "int8", 6.49,
               MLPERF_BERT),
+    Reference("BEVDet-TensorRT BEV pool (BEVPoolv2) 356761 points x 80 channels", "BEV pooling", "bevdet_bev_pool",
+              (6, 118, 16, 44, 80), "fp32", 0.571, BEVDET),
 ) + _yolo_references()
+"""BEVDet's BEV pool uses the FP16 row's 0.571 ms: the kernel is FP32 in both rows, and the FP16 row is the engine a
+car runs (an FP16/INT8 image stage before it, as ours); the FP32 row's 0.620 ms (+8.6%) is the figure's spread."""
 
-PRIOR = Efficiency(conv_int8=0.5, conv_fp16=0.5, dwconv=0.05, matmul=0.3, memory=0.7, gather=0.25, launch_us=4.0)
+PRIOR = Efficiency(conv_int8=0.5, conv_fp16=0.5, dwconv=0.05, matmul=0.3, memory=0.7, gather=1.0, gather_dram=0.25,
+                   launch_us=4.0)
 """Before fitting: dense tensor-core convs at batch 1 reach about half of peak, streaming kernels about
-70% of DRAM bandwidth, each kernel costs a few microseconds; the classes no reference pins keep these."""
-FITTED = ("conv_int8", "conv_fp16", "memory", "matmul")
+70% of DRAM bandwidth, rows gathered from an L2-resident table at the DRAM peak (neither L2's speed nor a gather's
+loss assumed), rows gathered from DRAM at a quarter of it, each kernel costs a few microseconds; the classes no
+reference pins keep these."""
+FITTED = ("conv_int8", "conv_fp16", "memory", "matmul", "gather")
 """The efficiencies the AGX Orin references determine. Matmul only through BERT-Large (87% of its predicted time
 at the prior; under 0.5% of any other reference's), so a fit without BERT keeps matmul at its prior
-(`efficiency_fit.identified`) and BERT's leave-one-out error is the prior's. Depthwise conv and gather are a few
-per cent of any reference's time and keep their priors; the per-kernel launch is collinear with the Ultralytics
-harness's per-image overhead (only ResNet-50 separates them), so it keeps its prior too."""
-BOUNDS: dict = {}
-"""Fit bounds by field; efficiencies default to (0.02, 1)."""
+(`efficiency_fit.identified`) and BERT's leave-one-out error is the prior's. Gather likewise only through BEVDet's BEV
+pool (its whole time; no other reference gathers from an L2-resident table). Depthwise conv and DRAM gathers (BERT's
+word embeddings) are a few per cent of any reference's time and keep their priors; the per-kernel launch is collinear
+with the Ultralytics harness's per-image overhead (only ResNet-50 separates them), so it keeps its prior too."""
+BOUNDS: dict = {"gather": (0.1, 10.0)}
+"""Fit bounds by field; efficiencies default to (0.02, 1). Gather is a multiple of DRAM bandwidth: L2 is faster."""
 
 
 def references_for(target_name: str) -> list[Reference]:

@@ -21,10 +21,13 @@ computed on TensorRT's view of the graph rather than ONNX's node list:
   elimination) cost nothing;
 - chains of elementwise operators (normalisation, activations, residual adds not fused
   into a conv) become one pointwise kernel: outside inputs read once, last output written;
+- a gather whose table fits in the target's L2 cache reads the table once from DRAM and its rows from L2;
+  gathers, elementwise weighting and a scatter-add (a segment sum) in a chain are one fused pooling kernel
+  (`_pools`), as BEVPoolv2 runs BEV pooling;
 - everything else is a memory-bound kernel that reads its inputs and writes its outputs.
 
-Efficiencies are per operator class (`KINDS`) and precision, fitted to 13 published Jetson AGX
-Orin TensorRT timings from four network families (`stack.deploy.latency.references.REFERENCES`,
+Efficiencies are per operator class (`KINDS`) and precision, fitted to 14 published Jetson AGX
+Orin TensorRT timings from five network families (`stack.deploy.latency.references.REFERENCES`,
 refit by `stack bench latency`); each reference's leave-one-out and leave-one-family-out error is the
 stated error, and each target's gate margin comes from the errors on its own references
 (`stack.deploy.latency.margins`); BENCHMARKS.md records them.
@@ -54,14 +57,23 @@ POINTWISE = {"Add", "Sub", "Mul", "Div", "Relu", "Clip", "Sigmoid", "Tanh", "Lea
 """Elementwise operators TensorRT fuses into one pointwise kernel when they form a chain."""
 BYTES = {"int8": 1, "fp16": 2, "fp32": 4}
 GATHER_OPS = {"Gather", "GatherElements", "GatherND", "GridSample"}
-"""Operators that read rows chosen by an index tensor: their bytes are what they write and the indices, and their
-efficiency is the gather class's. GridSample (the temporal network's BEV warp, stack.models.temporal) reads its
-4 bilinear neighbours per output element, mostly the same lines as its neighbour's, as a gather by a grid."""
+"""Operators that read rows of a table (input 0) chosen by an index tensor (`_gather_cost`). GridSample (the temporal
+network's BEV warp, stack.models.temporal) reads its 4 bilinear neighbours per output element, mostly the same lines
+as its neighbour's, as a gather by a grid."""
+SCATTER_ADD = {"ScatterND", "ScatterElements"}
+"""With reduction="add" and fed by gathers: the segment sum of a fused pooling kernel (`_pools`)."""
+L2_CACHE_BYTES = {("8.7", 16): 4 << 20, ("8.7", 8): 2 << 20, ("8.9", 58): 48 << 20}
+"""GPU L2 cache by (compute capability, SMs), the fields a target names its GPU by. Jetson AGX Orin: 4 MB ("two GPCs,
+16 SMs ... 4 MB L2", NVIDIA Jetson AGX Orin Series Technical Brief v1.2). Orin NX / Orin Nano (8 SMs of the same
+GA10B): 2 MB *assumed*, not found in their data sheets: half the SMs and half the memory bus (128-bit LPDDR5), and
+an NVIDIA GPU's L2 slices sit with its memory partitions. L4 (AD104): 48 MB (NVIDIA Ada GPU architecture). Other
+devices: 0, every gather keeps the DRAM cost."""
 
 
-KINDS = ("conv", "dwconv", "matmul", "memory", "gather")
+KINDS = ("conv", "dwconv", "matmul", "memory", "gather", "gather_dram")
 """Operator classes with their own efficiency: dense conv (tensor cores), grouped/depthwise conv,
-matmul/attention, pointwise and other memory-bound kernels, gathers (BEV pooling tables)."""
+matmul/attention, pointwise and other memory-bound kernels, gathers from an L2-resident table (BEV pooling),
+gathers from a table larger than L2 (BERT's word embeddings)."""
 
 
 @dataclass(frozen=True)
@@ -77,8 +89,11 @@ class Efficiency:
     matmul: float = 0.3
     """Batch-1 attention matmuls are small and skinny."""
     memory: float = 0.7
-    gather: float = 0.25
-    """Random row gathers reach a fraction of streaming bandwidth."""
+    gather: float = 1.0
+    """Rows a gather reads from a table that fits in L2, as a multiple of DRAM bandwidth: the effective L2 gather
+    bandwidth over DRAM's (the table itself, indices and output stream from DRAM at `memory`)."""
+    gather_dram: float = 0.25
+    """Rows gathered from a table larger than L2: random rows reach a fraction of streaming bandwidth."""
     launch_us: float = 4.0
 
     def compute(self, kind: str, precision: str) -> float:
@@ -89,13 +104,16 @@ class Efficiency:
         return self.conv_int8 if precision == "int8" else self.conv_fp16
 
     def bandwidth(self, kind: str) -> float:
-        return self.gather if kind == "gather" else self.memory
+        """Of a layer's DRAM bytes; a gather's L2 rows go at `gather` (`_roofline`)."""
+        return self.gather_dram if kind == "gather_dram" else self.memory
 
 
-FITTED_EFFICIENCY = Efficiency(conv_int8=0.3113, conv_fp16=0.4407, matmul=0.5732, memory=0.7465)
-"""`stack.deploy.latency.efficiency_fit.fit` on the 13 AGX Orin references (`stack bench latency` refits and prints
+FITTED_EFFICIENCY = Efficiency(conv_int8=0.3113, conv_fp16=0.4407, matmul=0.5732, memory=0.7465, gather=1.169)
+"""`stack.deploy.latency.efficiency_fit.fit` on the 14 AGX Orin references (`stack bench latency` refits and prints
 it; the slow test checks these figures are what the fit gives). Matmul is BERT-Large's (MLPerf BERT-99, INT8: 0.57
-of the dense INT8 peak on its 384 x 1024 x {1024, 4096} GEMMs). The other fields are the priors."""
+of the dense INT8 peak on its 384 x 1024 x {1024, 4096} GEMMs). Gather is BEVDet's BEV pool (BEVPoolv2, FP32): 116 MB
+of rows from a 3.3 MB table pair at 1.17 x 204.8 GB/s, an effective 239 GB/s from L2. The other fields are the
+priors."""
 P99_OVER_MEDIAN = 1.13
 """Predicted p99 = predicted median x this. Published Jetson AGX Orin runs: trtexec on a quiet board with
 locked clocks gives p99/median 1.001 (IGEV-YOLO8 issue #8, AGX Orin 32GB, FP16: 76.45 / 76.34 ms); an
@@ -118,6 +136,8 @@ class LayerCost:
     """`compute`, `memory` or `launch`: which term of the roofline dominates."""
     kind: str = "memory"
     """Operator class (`KINDS`), which picks the efficiency."""
+    l2_bytes: float = 0.0
+    """Rows a gather reads from an L2-resident table (`bytes` are then its DRAM traffic)."""
 
 
 @dataclass
@@ -191,14 +211,18 @@ def predict(model: onnx.ModelProto, target, keep_fp32: tuple = (), efficiency: E
     """
     graph, efficiency = _Graph(model), efficiency or DEFAULT_EFFICIENCY
     float_precision = "fp32" if target.precision == "fp32" else "fp16"
-    absorbed: set = set()
+    l2, pools = l2_cache_bytes(target), _pools(graph)
+    absorbed = {n.name for members in pools.values() for n in members}
     layers = []
     for node in graph.nodes:
         if node.name in absorbed or node.op_type in FREE_OPS or _operand_layout(graph, node):
             continue
+        rows = 0.0  # bytes a gather reads from L2
+        kept = any(p and p in node.name for p in keep_fp32)  # an fp32 layer moves 4-byte elements too
+        precision = "fp32" if kept else float_precision
         if node.op_type in COMPUTE_OPS:
             quantized = all_int8 or (graph.from_dq(node.input[0]) and graph.from_dq(node.input[1]))
-            precision = "int8" if quantized else float_precision
+            precision = "int8" if quantized and not kept else precision
             attention = _attention(graph, node, absorbed)
             chain, extra = _epilogue(graph, attention[-1] if attention else node, absorbed)
             chain = attention + chain
@@ -212,19 +236,24 @@ def predict(model: onnx.ModelProto, target, keep_fp32: tuple = (), efficiency: E
             ops = [node.op_type] + [n.op_type for n in chain if n.op_type not in ("QuantizeLinear", "DequantizeLinear")]
             kind = _compute_kind(graph, node)
         elif node.op_type in POINTWISE:
-            precision = float_precision
             chain = _pointwise_chain(graph, node, absorbed)
             absorbed.update(n.name for n in chain)
             flops, nbytes = _pointwise_cost(graph, [node] + chain, precision)
             ops = [n.op_type for n in [node] + chain if n.op_type not in ("QuantizeLinear", "DequantizeLinear")]
             kind = "memory"
+        elif node.op_type in GATHER_OPS or node.name in pools:  # one gather kernel, or a fused pooling one
+            members = pools.get(node.name, [])
+            gathers = [n for n in members if n.op_type in GATHER_OPS] or [node]
+            flops = float(sum(graph.elements(n.output[0]) for n in members if n.op_type not in FREE_OPS | GATHER_OPS)
+                          + graph.elements(node.input[2])) if members else _elementwise_cost(graph, node, precision)
+            nbytes, rows, kind = _gather_cost(graph, gathers, list(node.input[1:2]) if members else [],
+                                              node.output[0], precision, l2)
+            ops = [n.op_type for n in members if n.op_type not in FREE_OPS] + [node.op_type]
         else:
-            precision = float_precision
             flops, nbytes, ops = _elementwise_cost(graph, node, precision), _io_bytes(graph, node, precision), [node.op_type]
-            kind = "gather" if node.op_type in GATHER_OPS else "memory"
-        if any(p and p in node.name for p in keep_fp32):
-            precision = "fp32"
-        layers.append(_roofline(node.name or node.op_type, ops, precision, flops, nbytes, target, efficiency, kind))
+            kind = "memory"
+        layers.append(_roofline(node.name or node.op_type, ops, precision, flops, nbytes, target, efficiency, kind,
+                                rows))
     return Prediction(layers, efficiency)
 
 
@@ -397,19 +426,80 @@ def _elementwise_cost(graph: _Graph, node, precision: str) -> float:
 def _io_bytes(graph: _Graph, node, precision: str) -> float:
     size = BYTES[precision]
     touched = [name for name in list(node.input) + list(node.output) if name and not graph.is_constant(name)]
-    if node.op_type in GATHER_OPS:  # reads only the gathered rows
-        touched = [node.output[0]] * 2 + [name for name in node.input[1:] if not graph.is_constant(name)]
     return float(sum(graph.elements(name) for name in touched) * size)
 
 
-def _roofline(name, ops, precision, flops, nbytes, target, efficiency: Efficiency, kind: str = "memory") -> LayerCost:
+def l2_cache_bytes(target) -> int:
+    """The L2 cache of `target`'s GPU (`L2_CACHE_BYTES`; 0 when unknown)."""
+    return L2_CACHE_BYTES.get((target.device_compute_capability, target.device_multiprocessors), 0)
+
+
+def _gather_cost(graph: _Graph, gathers: list, indices: list, output: str, precision: str,
+                 l2: int) -> tuple[float, float, str]:
+    """(DRAM bytes, L2 bytes, kind) of one gather kernel: `gathers` read rows of their tables, `indices` are the
+    kernel's other index inputs (a scatter's), `output` is what it writes.
+
+    A table that fits in L2 is read once from DRAM and its rows from L2 (kind `gather`): a row read again is an L2
+    hit (BEVDet's BEV pool reads 114 MB of feature rows from a 1.35 MB table). Indices, constant or not, the output
+    and, in the same kernel, the rows of a table too large for L2 stream from DRAM. A kernel with no table in L2 keeps
+    the DRAM cost (`gather_dram`): its rows, output and non-constant indices."""
+    size = BYTES[precision]
+    dram = l2_rows = dram_rows = 0
+    for table in dict.fromkeys(g.input[0] for g in gathers):
+        rows = size * sum(graph.elements(g.output[0]) for g in gathers if g.input[0] == table)
+        if 0 < size * graph.elements(table) <= l2:
+            dram, l2_rows = dram + size * graph.elements(table), l2_rows + rows
+        else:
+            dram_rows += rows
+    index_names = [name for g in gathers for name in g.input[1:] if name] + indices
+    written = size * graph.elements(output)
+    if not l2_rows:
+        dynamic = size * sum(graph.elements(name) for name in index_names if not graph.is_constant(name))
+        return float(dram_rows + written + dynamic), 0.0, "gather_dram"
+    index = size * sum(graph.elements(name) for name in index_names)
+    return float(dram + dram_rows + index + written), float(l2_rows), "gather"
+
+
+def _pools(graph: _Graph) -> dict:
+    """{scatter-add node: the gathers and elementwise nodes that feed its updates}, one fused pooling kernel each.
+
+    BEVPoolv2 (BEVDet, https://arxiv.org/abs/2211.17111) and our own `stack::bev_pool` sum, per BEV cell, depth x
+    feature over the cell's points in one kernel: gathered rows and products stay in registers and the BEV is written
+    once. In ONNX that is Gather(s) -> [Mul] -> ScatterND/ScatterElements(reduction="add"); a chain whose
+    intermediate tensors are read outside it is not fused."""
+    pools = {}
+    for node in graph.nodes:
+        reduction = next((a.s.decode() for a in node.attribute if a.name == "reduction"), "none")
+        if node.op_type not in SCATTER_ADD or reduction != "add" or len(node.input) < 3:
+            continue
+        members, pending, fused = {}, [node.input[2]], True
+        while pending and fused:
+            producer = graph.producer.get(pending.pop())
+            if producer is None or producer.name in members or producer.op_type in ("Constant", "ConstantOfShape"):
+                fused = producer is not None  # a graph input: nothing to fuse with
+                continue
+            fused = producer.op_type in GATHER_OPS | POINTWISE | FREE_OPS
+            if fused:
+                members[producer.name] = producer
+                if producer.op_type not in GATHER_OPS:
+                    pending += [name for name in producer.input if name and not graph.is_constant(name)]
+        inside = set(members) | {node.name}
+        fused = fused and all(c.name in inside for n in members.values() for c in graph.consumers.get(n.output[0], []))
+        if fused and any(n.op_type in GATHER_OPS for n in members.values()):
+            pools[node.name] = [n for n in graph.nodes if n.name in members]
+    return pools
+
+
+def _roofline(name, ops, precision, flops, nbytes, target, efficiency: Efficiency, kind: str = "memory",
+              l2_bytes: float = 0.0) -> LayerCost:
     compute_ms, memory_ms = ideal_times(precision, flops, nbytes, target)
     compute_ms /= efficiency.compute(kind, precision)
-    memory_ms /= efficiency.bandwidth(kind)
+    l2_ms = ideal_times(precision, 0, l2_bytes, target)[1]  # at DRAM bandwidth; `gather` is L2's multiple of it
+    memory_ms = memory_ms / efficiency.bandwidth(kind) + l2_ms / efficiency.gather
     launch_ms = efficiency.launch_us * 1e-3
     bound = "compute" if compute_ms >= max(memory_ms, launch_ms) else "memory" if memory_ms >= launch_ms else "launch"
     return LayerCost(name, ops, precision, float(flops), float(nbytes), max(compute_ms, memory_ms) + launch_ms, bound,
-                     kind)
+                     kind, float(l2_bytes))
 
 
 def ideal_times(precision: str, flops: float, nbytes: float, target) -> tuple[float, float]:
@@ -429,6 +519,7 @@ class Workload:
         layers = prediction.layers
         ideal = np.array([ideal_times(l.precision, l.flops, l.bytes, target) for l in layers]).reshape(-1, 2)
         self.compute_ms, self.memory_ms = ideal[:, 0], ideal[:, 1]
+        self.l2_ms = np.array([ideal_times(l.precision, 0, l.l2_bytes, target)[1] for l in layers])
         self.kinds = [(l.kind, l.precision) for l in layers]
         self.classes = sorted(set(self.kinds))
         self.index = np.array([self.classes.index(k) for k in self.kinds], dtype=int)
@@ -436,13 +527,14 @@ class Workload:
     def total_ms(self, efficiency: Efficiency) -> float:
         compute = np.array([efficiency.compute(k, p) for k, p in self.classes] or [1.0])[self.index]
         memory = np.array([efficiency.bandwidth(k) for k, _ in self.classes] or [1.0])[self.index]
-        times = np.maximum(self.compute_ms / compute, self.memory_ms / memory)
+        times = np.maximum(self.compute_ms / compute, self.memory_ms / memory + self.l2_ms / efficiency.gather)
         return float(times.sum() + len(self.kinds) * efficiency.launch_us * 1e-3)
 
     def share_by_kind(self, efficiency: Efficiency) -> dict:
         """Predicted ms per operator class (launch overhead included), for the per-class breakdown."""
         out: dict = {}
-        for (kind, precision), c, m in zip(self.kinds, self.compute_ms, self.memory_ms):
-            t = max(c / efficiency.compute(kind, precision), m / efficiency.bandwidth(kind)) + efficiency.launch_us * 1e-3
+        for (kind, precision), c, m, l2 in zip(self.kinds, self.compute_ms, self.memory_ms, self.l2_ms):
+            t = max(c / efficiency.compute(kind, precision), m / efficiency.bandwidth(kind) + l2 / efficiency.gather)
+            t += efficiency.launch_us * 1e-3
             out[kind] = out.get(kind, 0.0) + float(t)
         return out
