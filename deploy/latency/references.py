@@ -119,8 +119,12 @@ FITTED = ("conv_int8", "conv_fp16", "memory", "matmul", "gather")
 """The efficiencies the AGX Orin references determine. Matmul only through BERT-Large (87% of its predicted time
 at the prior; under 0.5% of any other reference's), so a fit without BERT keeps matmul at its prior
 (`efficiency_fit.identified`) and BERT's leave-one-out error is the prior's. Gather likewise only through BEVDet's BEV
-pool (its whole time; no other reference gathers from an L2-resident table). Depthwise conv and DRAM gathers (BERT's
-word embeddings) are a few per cent of any reference's time and keep their priors; the per-kernel launch is collinear
+pool (its whole time; no other reference gathers from an L2-resident table). Grouped conv and DRAM gathers (BERT's
+word embeddings) are a few per cent of any reference's time and keep their priors. The published AGX Orin timings of
+depthwise-separable networks cannot pin `dwconv` either (MLPerf Inference v2.0 SSD-MobileNet, NetsPresso's
+MobileNetV3): their depthwise layers are memory-bound in the roofline, so halving `dwconv` moves them by at most 2%;
+it sets the time of grouped convs with several channels per group (RegNet, ResNeXt: our regnetx_002 backbone), and no
+AGX Orin timing of one was found (BENCHMARKS.md, "Grouped convs not pinned"). The per-kernel launch is collinear
 with the Ultralytics harness's per-image overhead (only ResNet-50 separates them), so it keeps its prior too."""
 BOUNDS: dict = {"gather": (0.1, 10.0)}
 """Fit bounds by field; efficiencies default to (0.02, 1). Gather is a multiple of DRAM bandwidth: L2 is faster."""

@@ -226,6 +226,22 @@ def test_operator_classes(orin):
     assert {layer.name: layer.kind for layer in layers} == {"dw": "dwconv", "gather": "gather"}
 
 
+def test_only_grouped_convs_depend_on_dwconv_not_depthwise_ones(orin):
+    """Why no depthwise-separable network (MobileNet, EfficientNet, SSD-MobileNet) can pin `dwconv`: a 3x3 depthwise
+    conv does 9 MACs per output element, so the roofline puts it on the memory side and halving `dwconv` leaves it
+    unchanged; a RegNetX-style grouped conv (8 channels per group, 72 MACs) is on the compute side and slows."""
+    def grouped(width):  # 64 channels at 112 x 112, `width` input channels per group
+        weight = numpy_helper.from_array(np.ones((64, width, 3, 3), np.float32), "w")
+        conv = helper.make_node("Conv", ["x", "w"], ["y"], name="conv", pads=[1, 1, 1, 1], group=64 // width)
+        return _model([conv], {"x": [1, 64, 112, 112]}, [weight])
+
+    for width, slows in ((1, False), (8, True)):
+        prior, halved = (predict(grouped(width), orin, efficiency=Efficiency(dwconv=d), all_int8=True).layers[0]
+                         for d in (0.05, 0.025))
+        assert prior.kind == "dwconv" and prior.bound == ("compute" if slows else "memory")
+        assert (halved.time_ms > prior.time_ms) == slows
+
+
 def _workload(compute_ms: float, memory_ms: float = 0.0, kind: str = "conv", precision: str = "int8"):
     """A one-layer Workload with the given ideal times (what `Workload` derives from a graph)."""
     from stack.deploy.latency.roofline import Workload
