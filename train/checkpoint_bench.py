@@ -47,7 +47,7 @@ ROUNDS = 6
 LOOP_MODES = ("none", "async", "sync")
 LOOP_EVERY = 6
 LOOP_CHECKPOINTS = 4
-LOOP_ROUNDS = 3
+LOOP_ROUNDS = 5
 
 
 def training_state(pipeline: Pipeline) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -191,8 +191,12 @@ def loop_seconds(pipeline: Pipeline, folder: Path, mode: str) -> float:
 
 
 def measure_loop(pipeline: Pipeline, folder: Path, rounds: int = LOOP_ROUNDS) -> dict:
-    """Per mode, the loop's seconds in each round (modes in a rotated order each round, so they share the load)."""
+    """Per mode, the loop's seconds in each round (modes in a rotated order each round, so they share the load),
+    after one untimed run of each mode (the process's first fits pay one-time costs: 27 s against 11-13 s)."""
     seconds: dict[str, list[float]] = {mode: [] for mode in LOOP_MODES}
+    for mode in LOOP_MODES:
+        loop_seconds(pipeline, folder / f"warm-{mode}", mode)
+        shutil.rmtree(folder / f"warm-{mode}", ignore_errors=True)
     for index in range(rounds):
         order = LOOP_MODES[index % 3:] + LOOP_MODES[:index % 3]
         for mode in order:
@@ -265,8 +269,12 @@ def print_loop(row: dict) -> int:
         paid = "-" if mode == "none" else (f"{cost[mode] * 1e3:.0f} ({spread[mode][0] * 1e3:.0f}.."
                                            f"{spread[mode][1] * 1e3:.0f})")
         print(f"| {mode} | {runs} | {paid} |")
-    ratio = cost["async"] / cost["sync"] if cost["sync"] > 0 else float("nan")
-    met = cost["sync"] > 0 and ratio <= GOAL
+    if cost["sync"] <= 0:
+        print("\nthe synchronous checkpoints cost the loop nothing measurable in this run (the rounds' spread covers "
+              "them): no ratio; run again on a quieter machine")
+        return 1
+    ratio = cost["async"] / cost["sync"]
+    met = ratio <= GOAL
     print(f"\nthe loop pays {ratio:.3f}x for an asynchronous checkpoint what it pays for a synchronous one "
           f"(goal <= {GOAL}x; the writer's own stall: {row['async_ms'] / row['sync_ms']:.3f}x): "
           f"{'met' if met else 'MISSED'}")

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from stack.benchrecord.figures import Figure
 from stack.benchrecord.machine import describe, hardware_differences
-from stack.benchrecord.records import Record, load_history, read_record
+from stack.benchrecord.records import Record, in_commit_order, load_history, read_record
 from stack.benchrecord.significance import ALPHA, MIN_EFFECT, Verdict, compare_figures
 from stack.errors import StackError
 
@@ -136,12 +136,15 @@ def summary(rows: list[Row]) -> str:
 
 
 def same_series(history: list[Record], candidate: Record) -> list[Record]:
-    """The records a candidate is judged against, oldest first, ending with the candidate itself: the same bench
-    with the same arguments, recorded no later than the candidate."""
+    """The records a candidate is judged against, in the history's order, ending with the candidate itself: the
+    same bench with the same arguments, before the candidate in that order (a candidate from outside the history:
+    recorded no later than it)."""
     own = Path(candidate.source).resolve() if candidate.source else None
-    earlier = [record for record in history
+    sources = [Path(record.source).resolve() if record.source else None for record in history]
+    before = history[:sources.index(own)] if own is not None and own in sources else \
+        [record for record in history if record.recorded_at <= candidate.recorded_at]
+    earlier = [record for record in before
                if record.bench == candidate.bench and record.arguments == candidate.arguments
-               and record.recorded_at <= candidate.recorded_at
                and (own is None or Path(record.source).resolve() != own)]
     return earlier + [candidate]
 
@@ -190,11 +193,11 @@ def run_compare(paths: list[str], history: str | None) -> int:
     if len(paths) > 1:
         raise StackError(f"stack bench compare --history takes one record or none, found {len(paths)}; {USAGE}")
     folder = Path(history)
-    past = load_history(folder)
+    past, order = in_commit_order(load_history(folder))
     candidate = read_record(Path(paths[0])) if paths else past[-1]
     series = same_series(past, candidate)
     baseline = pick_baseline(series)
-    extra = history_report(series, folder / "trends" / candidate.bench)
+    extra = [order, *history_report(series, folder / "trends" / candidate.bench)]
     if baseline is None:
         print("\n".join([f"stack bench compare: {candidate.bench}: no earlier record with the same arguments in "
                          f"{folder}: nothing to compare against yet ({candidate.source})", *extra]))

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import subprocess
 import time
 from pathlib import Path
 
@@ -199,3 +200,27 @@ def load_history(folder: Path) -> list[Record]:
         raise StackError(f"the bench history folder {str(folder)!r} holds no records (*.json). Record into it: "
                          f"stack bench NAME --record {folder}")
     return sorted(records, key=lambda record: record.recorded_at)
+
+
+def in_commit_order(records: list[Record], repository: Path | None = None) -> tuple[list[Record], str]:
+    """The records by where their commit sits in the checkout's history (oldest commit first, `git rev-list
+    --topo-order`), each commit's records by time; and a line saying which order was used.
+
+    A history recorded out of commit order (old commits measured today, as asv measures a range; a commit
+    measured again later to pool its runs) must still read in the order the code changed, or step detection
+    splits between the wrong neighbours. Time order where git cannot place every record's commit (not a checkout,
+    or a commit this checkout's history does not hold)."""
+    repository = Path(repository) if repository is not None else Path(__file__).resolve().parent
+    try:
+        listed = subprocess.run(["git", "-C", str(repository), "rev-list", "--topo-order", "--reverse", "HEAD"],
+                                capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        listed = None
+    position = {sha: index for index, sha in enumerate(listed.stdout.split())} if listed and listed.returncode == 0 \
+        else {}
+    unknown = sorted({record.commit[:8] for record in records if record.commit not in position})
+    if unknown:
+        return records, (f"order: by time (commits {', '.join(unknown)} are not in the history of "
+                         f"{repository}{'' if position else ', not a git checkout'})")
+    ordered = sorted(records, key=lambda record: (position[record.commit], record.recorded_at))
+    return ordered, f"order: by commit, as the history of {repository} has them"

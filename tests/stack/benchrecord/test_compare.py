@@ -98,10 +98,12 @@ def test_a_real_bench_records_its_figures_with_their_samples(tmp_path, monkeypat
     from stack.train import checkpoint_bench
 
     monkeypatch.setattr(checkpoint_bench, "ROUNDS", 2)
+    for name, value in (("LOOP_ROUNDS", 1), ("LOOP_EVERY", 2), ("LOOP_CHECKPOINTS", 1)):
+        monkeypatch.setattr(checkpoint_bench, name, value)  # the training loop's part, kept short
     path = tmp_path / "checkpoint.json"
     code = main(["bench", "checkpoint", "-c", "configs/pipeline.yaml", "-c", "configs/presets/tiny.yaml",
                  f"train.out_dir={tmp_path / 'train'}", "--record", str(path)])
-    assert f"recorded 5 figures with their samples: {path}" in capsys.readouterr().out
+    assert f"recorded 8 figures with their samples: {path}" in capsys.readouterr().out
     record = read_record(path)
     assert record.bench == "checkpoint" and record.exit_code == code and record.pipeline["name"] == "tiny"
     assert record.arguments["overrides"] == [f"train.out_dir={tmp_path / 'train'}"]

@@ -94,3 +94,31 @@ def test_the_default_history_folder_is_ignored_by_git():
     probe = str(DEFAULT_HISTORY / "20261124T100000Z-ops-aaaa0001.json")
     result = subprocess.run(["git", "check-ignore", "-q", probe], cwd=REPO, capture_output=True)
     assert result.returncode == 0, f"{probe} would be committed: add {DEFAULT_HISTORY.parts[0]}/ to .gitignore"
+
+
+def test_a_history_recorded_out_of_commit_order_reads_in_the_order_the_code_changed(tmp_path):
+    """Old commits measured after newer ones (a range measured today, a commit measured again to pool its runs)
+    sort by their place in git's history, each commit's records by time; a commit git does not know keeps time
+    order, and the line says so."""
+    from stack.benchrecord.records import in_commit_order
+
+    repository = tmp_path / "repo"
+    repository.mkdir()
+    git = ["git", "-C", str(repository), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    commits = []
+    for index in range(3):
+        (repository / "f").write_text(str(index))
+        subprocess.run([*git, "add", "f"], check=True)
+        subprocess.run([*git, "commit", "-q", "-m", f"c{index}"], check=True)
+        commits.append(subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip())
+    first, second, third = commits
+    recorded = [make_record(third, {"op": [1.0]}, minute=1), make_record(first, {"op": [1.0]}, minute=2),
+                make_record(second, {"op": [1.0]}, minute=3), make_record(first, {"op": [1.0]}, minute=4)]
+    ordered, order = in_commit_order(recorded, repository)
+    assert [(r.commit, r.recorded_at[-6:-4]) for r in ordered] == [(first, "02"), (first, "04"), (second, "03"),
+                                                                   (third, "01")]
+    assert order.startswith("order: by commit")
+    stranger = [*recorded, make_record("f" * 40, {"op": [1.0]}, minute=5)]
+    kept, order = in_commit_order(stranger, repository)
+    assert kept == stranger and order.startswith("order: by time (commits ffffffff are not in the history")
