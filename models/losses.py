@@ -86,8 +86,7 @@ def depth_loss(outputs, batch: Batch, pipeline: Pipeline) -> torch.Tensor:
     target = target.long()
     entropy = F.cross_entropy(logits, target, ignore_index=IGNORE_INDEX, reduction="none")
     classes = downsample_labels(batch.semantic, model.feature_stride).flatten(0, 1).long()
-    users = [index for index, name in enumerate(model.segmentation_classes) if name in model.detection_classes]
-    weight = 1.0 + extra * torch.isin(classes, torch.tensor(users, device=classes.device)).float()
+    weight = 1.0 + extra * torch.isin(classes, torch.tensor(model.road_user_classes(), device=classes.device)).float()
     weight = weight * (target != IGNORE_INDEX).float()
     return (entropy * weight).sum() / weight.sum().clamp(min=1)
 

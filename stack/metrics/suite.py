@@ -38,8 +38,7 @@ class TaskMetrics:
         self.detection = DetectionMetric(model.detection_classes, ranges=class_ranges(model.detection_classes, grid_radius))
         self.segmentation = SegmentationMetric(model.segmentation_classes)
         self.depth = DepthMetric(min_depth=1e-3, max_depth=model.depth.max_m)
-        self.road_user_classes = [index for index, name in enumerate(model.segmentation_classes)
-                                  if name in model.detection_classes]
+        self.road_user_classes = model.road_user_classes()
         self.depth_road_users = DepthMetric(min_depth=1e-3, max_depth=model.depth.max_m)
         self.planning = PlanningMetric(steps=model.planning_steps)
 

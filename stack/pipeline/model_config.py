@@ -213,6 +213,11 @@ class ModelConfig:
     (`stack.models.decoders.circle_nms`). CenterPoint's nuScenes radii: car 2, truck 3.46, pedestrian 0.42, bicycle
     0.92 (its `min_radius` values are these squared)."""
 
+    def road_user_classes(self) -> list[int]:
+        """Indices of the segmentation classes that are also detection classes (cars, pedestrians, ...): the
+        pixels the depth loss can weigh more and `stack eval` scores depth on separately."""
+        return [index for index, name in enumerate(self.segmentation_classes) if name in self.detection_classes]
+
     def problems(self) -> Problems:
         found: Problems = []
         for name in ("neck_channels", "bev_channels", "max_boxes", "planning_modes", "planning_steps",
