@@ -21,7 +21,7 @@ from pathlib import Path
 
 from stack.benchrecord.figures import Figure
 from stack.benchrecord.machine import describe, hardware_differences
-from stack.benchrecord.records import Record, in_commit_order, load_history, read_record
+from stack.benchrecord.records import LOADED_FRACTION, Record, in_commit_order, load_history, read_record
 from stack.benchrecord.significance import ALPHA, MIN_EFFECT, Verdict, compare_figures
 from stack.errors import StackError
 
@@ -81,7 +81,8 @@ def header(baseline: Record, candidate: Record) -> list[str]:
 
 def _describe_record(record: Record) -> str:
     pipeline = f"pipeline {record.pipeline.get('name')} {record.pipeline.get('hash')}"
-    return f"{record.source or '(new)'}: commit {record.label}, {record.recorded_at}, {pipeline}"
+    load = "" if record.load_before is None else f", load {record.load_before:.2f} at start"
+    return f"{record.source or '(new)'}: commit {record.label}, {record.recorded_at}{load}, {pipeline}"
 
 
 def _notes(baseline: Record, candidate: Record) -> list[str]:
@@ -95,6 +96,10 @@ def _notes(baseline: Record, candidate: Record) -> list[str]:
                if old.get(name) != new.get(name)]
     if changed:
         notes.append("software differs: " + ", ".join(changed))
+    notes += [f"{which} ran on a loaded machine (1-minute load {record.load_before:.2f} at its start on "
+              f"{record.hardware.get('cores')} cores): its samples moved together; a verdict says these runs differ, "
+              f"not yet that the code does" for which, record in (("the baseline", baseline), ("the candidate", candidate))
+              if record.loaded()]
     notes += [f"{which} bench exited {record.exit_code} (a missed goal or a failure)"
               for which, record in (("the baseline", baseline), ("the candidate", candidate)) if record.exit_code]
     return notes
@@ -159,23 +164,31 @@ def pick_baseline(series: list[Record]) -> Record | None:
 
 def history_report(series: list[Record], trends: Path) -> list[str]:
     """Steps over the candidate machine's records of each figure, and a trend PNG per figure into `trends`."""
-    from stack.benchrecord.steps import find_steps
+    from stack.benchrecord.steps import find_steps, unresolvable
     from stack.benchrecord.trends import plot_trend, trend_path
     from stack.benchrecord.significance import change_word
 
     candidate = series[-1]
-    mine = [record for record in series if record.hardware == candidate.hardware]
+    same_machine = [record for record in series if record.hardware == candidate.hardware]
+    mine = [record for record in same_machine if not record.loaded()]
+    loaded = len(same_machine) - len(mine)
     lines, plots = [], 0
     for name, figure in candidate.figures.items():
         holding = [record for record in mine if name in record.figures]
-        steps = find_steps([(record.commit, record.figures[name].samples) for record in holding])
+        points = [(record.commit, record.figures[name].samples) for record in holding]
+        steps, why_not = find_steps(points), unresolvable(points)
+        lines += [f"- {name}: {why_not}"] if why_not else []
         lines += [f"- {name}: {change_word(figure.unit, figure.lower_is_better, step.ratio)} {step.ratio:.3f}x at commit "
                   f"{holding[step.index].label} ({holding[step.index].recorded_at}, p = {step.p:.2g})" for step in steps]
-        plot_trend(name, holding, steps, trend_path(trends, name))
-        plots += 1
-    others = len(series) - len(mine)
-    return ([f"steps over {len(mine)} records on this machine (binary segmentation, rank test at each commit "
-             f"boundary, Bonferroni-corrected, alpha = {ALPHA:g}; {others} records from other machines left out):"]
+        if holding:
+            plot_trend(name, holding, steps, trend_path(trends, name))
+            plots += 1
+    others = len(series) - len(same_machine)
+    return ([f"steps over {len(mine)} records on this machine (circular binary segmentation: a rank test of each run "
+             f"of commits against the rest, over the records' medians, the run being the unit; Bonferroni-corrected, "
+             f"alpha = {ALPHA:g}; "
+             f"{others} records from other machines left out; {loaded} loaded records set aside, whose bench "
+             f"started at a 1-minute load of {LOADED_FRACTION:g} x the cores or more):"]
             + (lines or ["- none"]) + [f"trend plots: {plots} PNGs in {trends}"])
 
 

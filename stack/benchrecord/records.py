@@ -8,6 +8,7 @@ A record holds what a later comparison needs to trust or refuse it:
      "commit": {"sha": "b060a81...", "dirty": false},
      "machine": {"hardware": {"cpu", "isa", "cores", "gpu"}, "software": {"python", "torch", ...}},
      "pipeline": {"name": "tiny", "hash": "3f2a9c1b..."},
+     "load": {"before": [1.02, 0.8, 0.5], "after": [2.1, 1.3, 0.7]},   # os.getloadavg(): 1, 5, 15 min
      "figures": [{"name", "unit", "lower_is_better", "floor", "samples": [...], "min", "median", "max"}]}
 
 min/median/max are written for people and other tools; a reader recomputes them from the samples.
@@ -35,6 +36,8 @@ DEFAULT_HISTORY = Path("runs") / "bench-history"
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES")
 """Environment variables that change what a bench measures; a record keeps those that were set."""
 RECORD_AGAIN = "Give a record that `stack bench NAME --record` wrote, or record it again."
+LOADED_FRACTION = 0.5
+"""A record whose bench started with a 1-minute load average of this share of the cores or more is 'loaded'."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +55,20 @@ class Record:
     figures: dict[str, Figure]
     source: str = ""
     """The file it was read from ("" for a record not yet written)."""
+    load: dict = dataclasses.field(default_factory=dict)
+    """The machine's load averages (1, 5, 15 min) when the bench started and when it ended; {} where the system
+    gives none or the record predates them. Other work on a 2-core machine moves every sample of a run."""
+
+    @property
+    def load_before(self) -> float | None:
+        """The 1-minute load average when the bench started: the other work it shared the machine with."""
+        before = self.load.get("before") or [None]
+        return before[0]
+
+    def loaded(self) -> bool:
+        """Another job shared the machine when the bench started: a 1-minute load of half the cores or more."""
+        cores = self.hardware.get("cores") or 1
+        return self.load_before is not None and self.load_before >= LOADED_FRACTION * cores
 
     @property
     def hardware(self) -> dict:
@@ -66,7 +83,8 @@ class Record:
         return {"format": FORMAT, "version": VERSION, "bench": self.bench, "arguments": self.arguments,
                 "recorded_at": self.recorded_at, "exit_code": self.exit_code,
                 "commit": {"sha": self.commit, "dirty": self.dirty}, "machine": self.machine,
-                "pipeline": self.pipeline, "figures": [_figure_json(f) for f in self.figures.values()]}
+                "pipeline": self.pipeline, "load": self.load,
+                "figures": [_figure_json(f) for f in self.figures.values()]}
 
 
 def _figure_json(figure: Figure) -> dict:
@@ -79,7 +97,16 @@ def _figure_json(figure: Figure) -> dict:
 # ----------------------------------------------------------------------------- writing
 
 
-def build_record(bench: str, args, pipeline, figures: FigureLog, exit_code: int) -> Record:
+def load_average() -> list[float] | None:
+    """os.getloadavg() (1, 5, 15 min), or None where the system has none."""
+    try:
+        return [round(value, 2) for value in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def build_record(bench: str, args, pipeline, figures: FigureLog, exit_code: int,
+                 load_before: list[float] | None = None) -> Record:
     """The record of a bench run that just finished: its figures, the code, the machine, the pipeline."""
     from stack.benchrecord.machine import fingerprint
     from stack.config import pipeline_hash
@@ -91,7 +118,8 @@ def build_record(bench: str, args, pipeline, figures: FigureLog, exit_code: int)
     return Record(bench=bench, arguments=arguments, commit=sha, dirty={"true": True, "false": False}.get(dirty),
                   machine=fingerprint(), pipeline={"name": pipeline.name, "hash": pipeline_hash(pipeline)},
                   recorded_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), exit_code=exit_code,
-                  figures={figure.name: figure for figure in figures.figures})
+                  figures={figure.name: figure for figure in figures.figures},
+                  load={key: value for key, value in (("before", load_before), ("after", load_average())) if value})
 
 
 def check_destination(destination: Path) -> None:
@@ -163,7 +191,18 @@ def record_from_json(data, source: str) -> Record:
                   commit=_field(commit, "sha", str, f"{source}: commit"), dirty=commit.get("dirty"),
                   machine=_field(data, "machine", dict, source), pipeline=_field(data, "pipeline", dict, source),
                   recorded_at=_field(data, "recorded_at", str, source), exit_code=_field(data, "exit_code", int, source),
-                  figures={figure.name: figure for figure in figures}, source=source)
+                  figures={figure.name: figure for figure in figures}, source=source, load=_load(data, source))
+
+
+def _load(data: dict, source: str) -> dict:
+    """The optional load averages: {} when absent (records written before they were kept)."""
+    load = data.get("load", {})
+    if not isinstance(load, dict) or not all(
+            isinstance(value, list) and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in value)
+            for value in load.values()):
+        raise StackError(f"{source}: expected 'load' to map 'before'/'after' to lists of numbers, found {load!r}. "
+                         f"{RECORD_AGAIN}")
+    return {key: [float(x) for x in value] for key, value in load.items()}
 
 
 def _figure(entry, where: str) -> Figure:

@@ -15,8 +15,9 @@ The rule, after asv's `asv compare` (`asv/statistics.py: is_different`, and its 
 The ratio's interval is a percentile bootstrap (Efron 1979) of the ratio of medians at the same
 confidence, 1 - ALPHA, resampling each side (`BOOTSTRAP_RESAMPLES`, a fixed seed, so a comparison prints
 the same interval every time). The test assumes the samples are independent; the samples of one run on a
-busy machine are not quite, which is why a step over several records (`stack.benchrecord.steps`) is the
-stronger evidence.
+busy machine are not (other load moves them together), so a verdict between two single records says that
+these two runs differ, not yet that the code does. A step over several records per commit
+(`stack.benchrecord.steps`, which tests the runs' medians) is the evidence about the code.
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 plots over a history, and bad input refused with exit 2."""
 
 import copy
+import dataclasses
 
 import pytest
 from synthetic_records import MACHINE, make_record, noisy
@@ -45,12 +46,14 @@ def test_figures_from_another_machine_are_listed_not_compared(tmp_path, capsys):
 
 
 def test_the_history_names_the_step_and_draws_each_figure(tmp_path, capsys):
-    for minute, level in enumerate([1.0] * 5 + [1.6] * 3):
-        write(tmp_path, make_record(f"commit{minute:02d}", {"op": noisy(level, seed=minute), "exact": [64.0]},
+    levels = [1.0] * 5 + [1.6] * 3
+    for minute in range(3 * len(levels)):  # three runs a commit: the step test's unit is the run
+        commit = minute // 3
+        write(tmp_path, make_record(f"commit{commit:02d}", {"op": noisy(levels[commit], seed=minute), "exact": [64.0]},
                                     minute=minute, floor=0.5))
     assert compare("--history", tmp_path) == 0, "the newest record is no slower than the one before it"
     out = capsys.readouterr().out
-    assert "candidate: " in out and "commit07" in out and "baseline:  " in out and "commit06" in out
+    assert "candidate: " in out and "commit07" in out and "baseline:  " in out
     assert "- op: slower 1.6" in out and "at commit commit05" in out
     plots = sorted((tmp_path / "trends" / "ops").glob("*.png"))
     assert len(plots) == 2 and all(plot.read_bytes().startswith(PNG) for plot in plots)
@@ -108,6 +111,22 @@ def test_a_real_bench_records_its_figures_with_their_samples(tmp_path, monkeypat
     assert record.bench == "checkpoint" and record.exit_code == code and record.pipeline["name"] == "tiny"
     assert record.arguments["overrides"] == [f"train.out_dir={tmp_path / 'train'}"]
     assert record.machine["hardware"]["cores"] >= 1 and record.machine["software"]["torch"]
+    assert len(record.load["before"]) == 3 and len(record.load["after"]) == 3, "the load it ran under, kept"
     stall = record.figures["synchronous stall"]
     assert len(stall.samples) == 2 and all(s > 0 for s in stall.samples) and stall.floor > 0
     assert compare(path, path) == 0
+
+
+def test_records_taken_under_load_are_set_aside_from_the_steps_and_named_in_a_comparison(tmp_path, capsys):
+    """A bench that started while other work loaded the machine moved every sample together: the history's step
+    test leaves its record out, and a comparison with it says so."""
+    for minute in range(9):
+        record = make_record(f"commit{minute // 3:02d}", {"op": noisy(1.0, seed=minute)}, minute=minute)
+        write(tmp_path, dataclasses.replace(record, load={"before": [0.1, 0.1, 0.1]}))
+    slow = make_record("commit03", {"op": noisy(1.5, seed=9)}, minute=9)
+    write(tmp_path, dataclasses.replace(slow, load={"before": [3.2, 2.0, 1.0], "after": [3.0, 2.1, 1.0]}))
+    assert compare("--history", tmp_path) == 1, "the newest record is slower than the one before it"
+    out = capsys.readouterr().out
+    assert "1 loaded records set aside" in out and "steps over 9 records" in out
+    assert "the candidate ran on a loaded machine (1-minute load 3.20 at its start on 2 cores)" in out
+    assert "load 3.20 at start" in out
