@@ -21,7 +21,8 @@ from pathlib import Path
 
 from stack.benchrecord.figures import Figure
 from stack.benchrecord.machine import describe, hardware_differences
-from stack.benchrecord.records import LOADED_FRACTION, Record, in_commit_order, load_history, read_record
+from stack.benchrecord.load import LOADED_OTHER_CPU
+from stack.benchrecord.records import Record, in_commit_order, load_history, read_record
 from stack.benchrecord.significance import ALPHA, MIN_EFFECT, Verdict, compare_figures
 from stack.errors import StackError
 
@@ -81,7 +82,7 @@ def header(baseline: Record, candidate: Record) -> list[str]:
 
 def _describe_record(record: Record) -> str:
     pipeline = f"pipeline {record.pipeline.get('name')} {record.pipeline.get('hash')}"
-    load = "" if record.load_before is None else f", load {record.load_before:.2f} at start"
+    load = "" if record.other_cpu is None else f", other work {record.other_cpu:.0%} of the CPU time"
     return f"{record.source or '(new)'}: commit {record.label}, {record.recorded_at}{load}, {pipeline}"
 
 
@@ -96,10 +97,9 @@ def _notes(baseline: Record, candidate: Record) -> list[str]:
                if old.get(name) != new.get(name)]
     if changed:
         notes.append("software differs: " + ", ".join(changed))
-    notes += [f"{which} ran on a loaded machine (1-minute load {record.load_before:.2f} at its start on "
-              f"{record.hardware.get('cores')} cores): its samples moved together; a verdict says these runs differ, "
-              f"not yet that the code does" for which, record in (("the baseline", baseline), ("the candidate", candidate))
-              if record.loaded()]
+    notes += [f"{which} ran on a loaded machine (other work took {record.other_cpu:.0%} of its CPU time while it "
+              f"measured): its samples moved together; a verdict says these runs differ, not yet that the code does"
+              for which, record in (("the baseline", baseline), ("the candidate", candidate)) if record.loaded()]
     notes += [f"{which} bench exited {record.exit_code} (a missed goal or a failure)"
               for which, record in (("the baseline", baseline), ("the candidate", candidate)) if record.exit_code]
     return notes
@@ -187,8 +187,8 @@ def history_report(series: list[Record], trends: Path) -> list[str]:
     return ([f"steps over {len(mine)} records on this machine (circular binary segmentation: a rank test of each run "
              f"of commits against the rest, over the records' medians, the run being the unit; Bonferroni-corrected, "
              f"alpha = {ALPHA:g}; "
-             f"{others} records from other machines left out; {loaded} loaded records set aside, whose bench "
-             f"started at a 1-minute load of {LOADED_FRACTION:g} x the cores or more):"]
+             f"{others} records from other machines left out; {loaded} loaded records set aside, during which "
+             f"other work took {LOADED_OTHER_CPU:.0%} of the CPU time or more):"]
             + (lines or ["- none"]) + [f"trend plots: {plots} PNGs in {trends}"])
 
 

@@ -8,7 +8,7 @@ A record holds what a later comparison needs to trust or refuse it:
      "commit": {"sha": "b060a81...", "dirty": false},
      "machine": {"hardware": {"cpu", "isa", "cores", "gpu"}, "software": {"python", "torch", ...}},
      "pipeline": {"name": "tiny", "hash": "3f2a9c1b..."},
-     "load": {"before": [1.02, 0.8, 0.5], "after": [2.1, 1.3, 0.7]},   # os.getloadavg(): 1, 5, 15 min
+     "load": {"before": [1.02, 0.8, 0.5], "after": [2.1, 1.3, 0.7], "other_cpu": 0.02},   # stack.benchrecord.load
      "figures": [{"name", "unit", "lower_is_better", "floor", "samples": [...], "min", "median", "max"}]}
 
 min/median/max are written for people and other tools; a reader recomputes them from the samples.
@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 from stack.benchrecord.figures import Figure, FigureLog
+from stack.benchrecord.load import LOADED_OTHER_CPU
 from stack.errors import StackError, missing_file_message
 
 FORMAT = "stack-bench-record"
@@ -36,8 +37,7 @@ DEFAULT_HISTORY = Path("runs") / "bench-history"
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES")
 """Environment variables that change what a bench measures; a record keeps those that were set."""
 RECORD_AGAIN = "Give a record that `stack bench NAME --record` wrote, or record it again."
-LOADED_FRACTION = 0.5
-"""A record whose bench started with a 1-minute load average of this share of the cores or more is 'loaded'."""
+
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,19 +56,17 @@ class Record:
     source: str = ""
     """The file it was read from ("" for a record not yet written)."""
     load: dict = dataclasses.field(default_factory=dict)
-    """The machine's load averages (1, 5, 15 min) when the bench started and when it ended; {} where the system
-    gives none or the record predates them. Other work on a 2-core machine moves every sample of a run."""
+    """How busy the machine was with other work during the bench (`stack.benchrecord.load`): the load averages
+    when it started and ended, and `other_cpu`, the share of the machine's CPU time that was not the bench's;
+    {} for records written before it was kept."""
 
     @property
-    def load_before(self) -> float | None:
-        """The 1-minute load average when the bench started: the other work it shared the machine with."""
-        before = self.load.get("before") or [None]
-        return before[0]
+    def other_cpu(self) -> float | None:
+        return self.load.get("other_cpu")
 
     def loaded(self) -> bool:
-        """Another job shared the machine when the bench started: a 1-minute load of half the cores or more."""
-        cores = self.hardware.get("cores") or 1
-        return self.load_before is not None and self.load_before >= LOADED_FRACTION * cores
+        """Other work took `LOADED_OTHER_CPU` of the machine's CPU time or more while the bench measured."""
+        return self.other_cpu is not None and self.other_cpu >= LOADED_OTHER_CPU
 
     @property
     def hardware(self) -> dict:
@@ -97,16 +95,7 @@ def _figure_json(figure: Figure) -> dict:
 # ----------------------------------------------------------------------------- writing
 
 
-def load_average() -> list[float] | None:
-    """os.getloadavg() (1, 5, 15 min), or None where the system has none."""
-    try:
-        return [round(value, 2) for value in os.getloadavg()]
-    except OSError:
-        return None
-
-
-def build_record(bench: str, args, pipeline, figures: FigureLog, exit_code: int,
-                 load_before: list[float] | None = None) -> Record:
+def build_record(bench: str, args, pipeline, figures: FigureLog, exit_code: int, load: dict | None = None) -> Record:
     """The record of a bench run that just finished: its figures, the code, the machine, the pipeline."""
     from stack.benchrecord.machine import fingerprint
     from stack.config import pipeline_hash
@@ -119,7 +108,7 @@ def build_record(bench: str, args, pipeline, figures: FigureLog, exit_code: int,
                   machine=fingerprint(), pipeline={"name": pipeline.name, "hash": pipeline_hash(pipeline)},
                   recorded_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), exit_code=exit_code,
                   figures={figure.name: figure for figure in figures.figures},
-                  load={key: value for key, value in (("before", load_before), ("after", load_average())) if value})
+                  load=load or {})
 
 
 def check_destination(destination: Path) -> None:
@@ -195,14 +184,17 @@ def record_from_json(data, source: str) -> Record:
 
 
 def _load(data: dict, source: str) -> dict:
-    """The optional load averages: {} when absent (records written before they were kept)."""
+    """The optional load entry: {} when absent (records written before it was kept)."""
     load = data.get("load", {})
-    if not isinstance(load, dict) or not all(
-            isinstance(value, list) and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in value)
-            for value in load.values()):
-        raise StackError(f"{source}: expected 'load' to map 'before'/'after' to lists of numbers, found {load!r}. "
-                         f"{RECORD_AGAIN}")
-    return {key: [float(x) for x in value] for key, value in load.items()}
+    numbers = (int, float)
+    valid = isinstance(load, dict) and all(
+        (isinstance(value, list) and all(isinstance(x, numbers) and not isinstance(x, bool) for x in value))
+        if key in ("before", "after") else (isinstance(value, numbers) and not isinstance(value, bool))
+        for key, value in load.items())
+    if not valid:
+        raise StackError(f"{source}: expected 'load' to hold 'before'/'after' lists of numbers and an 'other_cpu' "
+                         f"number, found {load!r}. {RECORD_AGAIN}")
+    return {key: [float(x) for x in value] if isinstance(value, list) else float(value) for key, value in load.items()}
 
 
 def _figure(entry, where: str) -> Figure:

@@ -75,7 +75,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _bench(args: argparse.Namespace) -> int:
     from stack.benchrecord import FigureLog
-    from stack.benchrecord.records import build_record, check_destination, load_average, write_record
+    from stack.benchrecord.load import LoadMeter
+    from stack.benchrecord.records import build_record, check_destination, write_record
     from stack.cli import load_pipeline_from_args
 
     destination = None if args.record is None else Path(args.record)
@@ -83,11 +84,11 @@ def _bench(args: argparse.Namespace) -> int:
         check_destination(destination)  # before minutes of measuring, not after
     pipeline = load_pipeline_from_args(args)
     args.figures = FigureLog()
-    load_before = load_average()
+    meter = LoadMeter()
     module_name, function_name = BENCHMARKS[args.name].split(":")
     code = int(getattr(importlib.import_module(module_name), function_name)(pipeline, args) or 0)
     if destination is not None:
-        path = write_record(build_record(args.name, args, pipeline, args.figures, code, load_before), destination)
+        path = write_record(build_record(args.name, args, pipeline, args.figures, code, meter.finish()), destination)
         print(f"recorded {len(args.figures.figures)} figures with their samples: {path}")
     return code
 

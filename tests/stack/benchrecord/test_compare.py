@@ -112,6 +112,7 @@ def test_a_real_bench_records_its_figures_with_their_samples(tmp_path, monkeypat
     assert record.arguments["overrides"] == [f"train.out_dir={tmp_path / 'train'}"]
     assert record.machine["hardware"]["cores"] >= 1 and record.machine["software"]["torch"]
     assert len(record.load["before"]) == 3 and len(record.load["after"]) == 3, "the load it ran under, kept"
+    assert 0.0 <= record.other_cpu <= 1.0
     stall = record.figures["synchronous stall"]
     assert len(stall.samples) == 2 and all(s > 0 for s in stall.samples) and stall.floor > 0
     assert compare(path, path) == 0
@@ -122,11 +123,11 @@ def test_records_taken_under_load_are_set_aside_from_the_steps_and_named_in_a_co
     test leaves its record out, and a comparison with it says so."""
     for minute in range(9):
         record = make_record(f"commit{minute // 3:02d}", {"op": noisy(1.0, seed=minute)}, minute=minute)
-        write(tmp_path, dataclasses.replace(record, load={"before": [0.1, 0.1, 0.1]}))
+        write(tmp_path, dataclasses.replace(record, load={"before": [1.5, 0.1, 0.1], "other_cpu": 0.01}))
     slow = make_record("commit03", {"op": noisy(1.5, seed=9)}, minute=9)
-    write(tmp_path, dataclasses.replace(slow, load={"before": [3.2, 2.0, 1.0], "after": [3.0, 2.1, 1.0]}))
+    write(tmp_path, dataclasses.replace(slow, load={"before": [0.2, 0.1, 0.1], "other_cpu": 0.45}))
     assert compare("--history", tmp_path) == 1, "the newest record is slower than the one before it"
     out = capsys.readouterr().out
     assert "1 loaded records set aside" in out and "steps over 9 records" in out
-    assert "the candidate ran on a loaded machine (1-minute load 3.20 at its start on 2 cores)" in out
-    assert "load 3.20 at start" in out
+    assert "the candidate ran on a loaded machine (other work took 45% of its CPU time while it measured)" in out
+    assert "other work 45% of the CPU time" in out and "other work 1% of the CPU time" in out

@@ -17,7 +17,8 @@ REPO = Path(__file__).resolve().parents[3]
 
 def test_a_record_round_trips_through_json(tmp_path):
     record = make_record("aaaa0001", {"op, 2 threads": noisy(1.0), "bytes": [4096.0]}, floor=0.25)
-    record = record.__class__(**{**record.__dict__, "load": {"before": [0.5, 0.25, 0.125], "after": [1.0, 0.5, 0.25]}})
+    record = record.__class__(**{**record.__dict__, "load": {"before": [0.5, 0.25, 0.125], "after": [1.0, 0.5, 0.25],
+                                                                  "other_cpu": 0.25}})
     path = write_record(record, tmp_path / "history")
     assert path.parent == tmp_path / "history" and path.name.endswith("-ops-aaaa0001.json")
     again = read_record(path)
