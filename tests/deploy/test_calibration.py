@@ -455,3 +455,34 @@ def test_converted_dataset_bundle_runs_through_the_deployed_network(converted, c
     with pytest.raises(CalibrationMismatch, match="intrinsics by up to"):
         net.infer(batch.images.numpy(), batch.ego_status.numpy(), batch.command.numpy(),
                   Calibration.from_rig(pipeline.data.rig))
+
+
+@pytest.mark.slow  # a whole `stack deploy` with two closed-loop episodes of five policies (~1-2 min on 2 cores)
+def test_a_per_vehicle_bundle_that_drives_badly_is_refused_end_to_end(converted, micro, capsys):
+    """`stack deploy --calibration` as a user runs it for one car: the bundle is built for the car's cameras, the
+    closed-loop gate renders those cameras and drives the bundle, and a network whose planner drifts left (as a
+    bad scale would shift it) is refused on its driving, not waved through because it was built per vehicle."""
+    from stack.checkpoint.model_file import save_model_checkpoint
+
+    _, folder = converted
+    written = folder / "vehicle-e2e.yaml"
+    assert main(["data", "calibration", str(folder / "shards"), "--out", str(written)]) == 0
+    vehicle = Calibration.load(written)
+    pipeline = micro_pipeline(f"data.root={folder / 'shards'}", f"export.out_dir={folder / 'export-e2e'}",
+                              "export.calibration_samples=1", "export.accuracy_samples=1", "export.sensitivity_samples=1",
+                              "drive.seeds=[0]", "drive.scenarios=[lead_brake,route]")
+    state = dict(micro[1])
+    bias = torch.zeros_like(state["planning_head.waypoints.bias"]).view(-1, 2)
+    bias[:, 1] = 0.4  # metres to the left per 0.5 s step, accumulated by the head's cumsum
+    state["planning_head.waypoints.bias"] = bias.view(-1)
+    checkpoint = save_model_checkpoint(folder / "drifting.pt", pipeline, state)
+    capsys.readouterr()
+    code = main(["deploy", "--target", "orin", str(checkpoint), "--calibration", str(written),
+                 "targets.orin.closed_loop.episodes=2"])
+    out = capsys.readouterr().out
+    assert code == 1, out[-3000:]
+    assert "quality: closed loop: the network does not beat" in out, out[-3000:]
+    gate = json.loads((folder / "export-e2e" / "orin" / "gate.json").read_text())
+    cameras = gate["closed_loop"]["cameras"]
+    assert cameras["rendered"] == "the bundle's own calibration" and cameras["hash"] == vehicle.hash, cameras
+    assert gate["closed_loop"]["episodes"] == 2 and not gate["for_deployment"] and not gate["passed"]
