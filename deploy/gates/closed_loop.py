@@ -9,7 +9,9 @@ planning"). So both models drive the same held-out episodes (`target.closed_loop
 `drive.scenarios` over `drive.seeds`), at the same latency, and the INT8 model fails when its mean
 driving score drops by more than `driving_score_drop` or its at-fault collisions per episode rise by
 more than `collision_rise`, or when either's 90% paired interval over episodes reaches past its budget
-(inconclusive: fails unless `closed_loop.inconclusive_passes`).
+(inconclusive: fails unless `closed_loop.inconclusive_passes`). The targets' budgets and episode count are
+derived (`stack.deploy.gates.closed_loop_budget`: the spread between training seeds, and a power calculation),
+and the report says how likely the episodes driven were to catch a drop of the budget's size.
 
 The blind policies (constant velocity, ego-status rollout) drive the same episodes: the fp32 network must
 beat them (the quality gate), whatever INT8 does. On targets without INT8 only fp32 and the blind
@@ -35,6 +37,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+
+from stack.deploy.gates.closed_loop_budget import derivation_line
 
 
 
@@ -219,6 +223,7 @@ def markdown(result: dict) -> list[str]:
                   f"{result['budget']['driving_score_drop']:g}); collision rise {result['collision_rise']:+.3f} per "
                   f"episode (budget {result['budget']['collision_rise']:g})."]
         lines += _statistics_lines(result.get("statistics"))
+        lines += ["", derivation_line(result["episodes"], result["budget"]["driving_score_drop"])]
     if result.get("int8_worse"):
         lines += ["", "Episodes INT8 drove worse: " + "; ".join(
             f"{w['family']} seed {w['seed']} #{w['index']} ({w['fp32_driving_score']:.2f} -> {w['int8_driving_score']:.2f})"

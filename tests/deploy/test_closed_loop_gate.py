@@ -172,7 +172,7 @@ DROVE = {"episodes": 8, "latency_ms": 50.0, "latency_how": "stand-in", "scenario
 
 
 def test_a_drop_within_budget_on_the_mean_but_not_surely_is_inconclusive_and_fails():
-    """One episode in eight wrecked by INT8: the mean drop (0.0625) is within the 0.10 budget, but the paired
+    """One episode in eight wrecked by INT8: the mean drop (0.0625) is within the 0.08 budget, but the paired
     interval over episodes reaches past it, so the comparison is inconclusive and fails unless the target
     accepts it; `stack deploy --verify` reaches the same verdict from gate.json's figures; a drop that is
     surely small passes."""
@@ -195,7 +195,7 @@ def test_a_drop_within_budget_on_the_mean_but_not_surely_is_inconclusive_and_fai
 
 
 def test_a_collision_rise_beyond_budget_fails_whatever_its_interval():
-    """Two extra at-fault collisions in eight episodes (0.25 per episode) fail the 0.10 budget on the mean."""
+    """Two extra at-fault collisions in eight episodes (0.25 per episode) fail the 0.11 budget on the mean."""
     from stack.deploy.gates.closed_loop import gate_record
 
     result = gate_record(_int8_rows([0.0] * 8, [1.0, 1.0] + [0.0] * 6), ClosedLoopBudget(episodes=8), True, DROVE)
