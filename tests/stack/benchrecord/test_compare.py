@@ -106,7 +106,7 @@ def test_a_real_bench_records_its_figures_with_their_samples(tmp_path, monkeypat
     path = tmp_path / "checkpoint.json"
     code = main(["bench", "checkpoint", "-c", "configs/pipeline.yaml", "-c", "configs/presets/tiny.yaml",
                  f"train.out_dir={tmp_path / 'train'}", "--record", str(path)])
-    assert f"recorded 8 figures with their samples: {path}" in capsys.readouterr().out
+    assert f"recorded 9 figures with their samples: {path}" in capsys.readouterr().out
     record = read_record(path)
     assert record.bench == "checkpoint" and record.exit_code == code and record.pipeline["name"] == "tiny"
     assert record.arguments["overrides"] == [f"train.out_dir={tmp_path / 'train'}"]
@@ -115,6 +115,8 @@ def test_a_real_bench_records_its_figures_with_their_samples(tmp_path, monkeypat
     assert 0.0 <= record.other_cpu <= 1.0
     stall = record.figures["synchronous stall"]
     assert len(stall.samples) == 2 and all(s > 0 for s in stall.samples) and stall.floor > 0
+    written = record.figures["asynchronous write (background), CPU time"]  # the loop's floor on busy cores
+    assert len(written.samples) == 2 and all(s > 0 for s in written.samples)
     assert compare(path, path) == 0
 
 
