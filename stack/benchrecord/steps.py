@@ -64,9 +64,9 @@ def unresolvable(series: Sequence[tuple[str, Sequence[float]]]) -> str:
         return ""
     if len(groups) < 2:
         return "one commit: no boundary to test"
-    runs, tried = sum(len(points) for _, _, points in groups), segments(len(groups))
-    best = min(smallest_p(len(_pooled(groups[first:stop])), runs - len(_pooled(groups[first:stop])))
-               for first, stop in tried) * len(tried)
+    counts = [len(points) for _, _, points in groups]
+    runs, tried = sum(counts), segments(len(groups))
+    best = min(smallest_p(sum(counts[first:stop]), runs - sum(counts[first:stop])) for first, stop in tried) * len(tried)
     if best < ALPHA:
         return ""
     return (f"{runs} runs over {len(groups)} commits cannot name a step: the rank test over runs reaches at best "
