@@ -63,15 +63,18 @@ demo: install
 # pytest (its 30 slowest tests listed at the end, where the time budget goes), the instruction-count check, the world, rendering, metrics and closed-loop tests again as other
 # CPUs compute, then the tiny recipe end to end on the model it trains: a head below its `stack eval` bar,
 # a kernel or renderer stage that executes more instructions than its baseline allows, or a failed deploy
-# gate fails `make test` (so CI).
+# gate fails `make test` (so CI). Each phase prints its wall time (bash's `time`: the 45-minute budget is kept
+# phase by phase), and each pytest phase writes JUnit XML with every test's time to $(TEST_REPORTS).
+TEST_REPORTS := runs/test-reports
 test: install slurm valgrind
 	$(call require_free_gib,.,2,the recipe's shards and checkpoints and bundles under runs/)
 	$(call require_free_gib,$${TMPDIR:-/tmp},3,pytest's temporary folders and torch's compile cache)
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not serial" --durations=30
-	$(BIN)/python -m pytest -m serial --durations=10
-	$(MAKE) --no-print-directory perf
-	$(MAKE) --no-print-directory test-portable PORTABLE_CPUS=avx2
-	$(MAKE) --no-print-directory recipe
+	time $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not serial" --durations=30 \
+		--junitxml=$(TEST_REPORTS)/parallel.xml
+	time $(BIN)/python -m pytest -m serial --durations=10 --junitxml=$(TEST_REPORTS)/serial.xml
+	time $(MAKE) --no-print-directory perf
+	time $(MAKE) --no-print-directory test-portable PORTABLE_CPUS=avx2
+	time $(MAKE) --no-print-directory recipe
 
 # The CPU kernels (stack._C) and one renderer frame under valgrind's callgrind, one thread, instructions and
 # simulated cache misses per stage against benchmarks/instructions/<level>.json (stack/instructions/):
@@ -84,13 +87,15 @@ perf: install valgrind
 # (`pytest --emulate-cpu`, tests/conftest.py): a result pinned to this CPU's kernels fails here,
 # whatever CPU CI has that day. A CPU with nothing above a level skips it: the plain run was that run.
 # `make test` runs the avx2 level only (the slowest CPU CI gets: there it adds nothing to the budget).
-# The folders are those that exist (the simulator's tests may move).
+# The folders are those that exist (the simulator's tests may move). They hold no `serial` test, so they run on
+# every core as the parallel part does (the emulation's environment reaches pytest-xdist's workers).
 PORTABLE_TESTS := $(wildcard tests/data tests/sim tests/stack/metrics)
 PORTABLE_CPUS ?= avx2 x86-64-v2
 test-portable: install
 	@for cpu in $(PORTABLE_CPUS); do \
 		$(BIN)/python -m stack.testing above $$cpu; rc=$$?; \
-		if [ $$rc -eq 0 ]; then $(BIN)/python -m pytest -q --emulate-cpu=$$cpu $(PORTABLE_TESTS) || exit 1; \
+		if [ $$rc -eq 0 ]; then $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile \
+			--junitxml=$(TEST_REPORTS)/portable-$$cpu.xml --emulate-cpu=$$cpu $(PORTABLE_TESTS) || exit 1; \
 		elif [ $$rc -ne 1 ]; then exit $$rc; fi; \
 	done
 

@@ -176,11 +176,17 @@ def test_the_checkpoint_bench_misses_its_goal_when_the_save_blocks(tmp_path, mon
         return final
     monkeypatch.setattr(dcp_io.AsyncCheckpointWriter, "start", blocking_start)
     monkeypatch.setattr(checkpoint_bench, "ROUNDS", 2)
-    for name, value in (("LOOP_ROUNDS", 1), ("LOOP_EVERY", 2), ("LOOP_CHECKPOINTS", 1)):
-        monkeypatch.setattr(checkpoint_bench, name, value)  # the loop's part, kept short
+    # The loop's part (Lightning fits, 2-3 min alone on 2 cores) has its own test (tests/train/test_bench.py):
+    # here it is one round that meets the goal, so the exit code is the writer's verdict alone.
+    monkeypatch.setattr(checkpoint_bench, "LOOP_ROUNDS", 1)
+    monkeypatch.setattr(checkpoint_bench, "measure_loop", lambda pipeline, folder: {
+        "seconds": {"none": [8.0], "async": [8.01], "sync": [8.5]},
+        "per_checkpoint": {"async": [0.01], "sync": [0.5]}, "step_ms": 333.0})
     pipeline = tiny_pipeline(f"train.out_dir={tmp_path / 'train'}")
     assert checkpoint_bench.run(pipeline, Namespace()) == 1
-    assert "a synchronous one (goal <= 0.1x): MISSED" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "a synchronous one (goal <= 0.1x): MISSED" in out
+    assert "what it pays for a synchronous one (goal <= 0.1x; the writer's own stall" in out and "): met" in out
     assert not list(tmp_path.glob("checkpoint-bench-*"))  # its scratch folder is removed
 
 
