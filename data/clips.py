@@ -10,7 +10,7 @@ A clip sample's key is `s{scene:05d}`; its members:
 | `instance.npy`    | uint16 (T, N, H, W)                                                       |
 | `intrinsics.npy`, `cam_to_ego.npy` | as in frame shards (the rig is fixed over a clip)        |
 | `boxes.npy`       | float32 (T, A, 10), rows as in frame shards (A = agents of the scene)     |
-| `box_ids.npy`     | int32 (T, A, 2)                                                           |
+| `box_ids.npy`     | int32 (T, A, 3)                                                           |
 | `boxes2d.npy`     | float32 (J, 7): frame index, then the frame-shard columns                 |
 | `ego.npy`, `command.npy`, `past.npy`, `future.npy` | per frame, stacked on a leading T axis  |
 | `meta.json`       | {"schema": SCHEMA_VERSION, "layout": "clips", "scene": int, "frames": T, "split": str} |
@@ -52,7 +52,7 @@ def clip_members(frames: list, cameras: list, meta: dict, rate_hz: float) -> lis
         elif name == "boxes":
             array = _padded([f["boxes"] for f in frames], 10, np.nan, np.float32)
         elif name == "box_ids":
-            array = _padded([f["box_ids"] for f in frames], 2, -1, np.int32)
+            array = _padded([f["box_ids"] for f in frames], 3, -1, np.int32)
         elif name == "boxes2d":
             array = np.concatenate([np.c_[np.full(len(f["boxes2d"]), t), f["boxes2d"]] for t, f in enumerate(frames)])
             array = array.reshape(-1, 7)

@@ -35,6 +35,7 @@ from stack.data import staging
 from stack.data.format import ShardWriter, frame_members, sample_key, write_manifest
 from stack.data.make import split_of
 from stack.sim.world.roads import SEG_CLASSES
+from stack.metrics.detection import ATTRIBUTES
 from stack.sim.world.traffic import CLASSES
 from stack.errors import StackError
 from stack.pipeline import Pipeline
@@ -162,7 +163,8 @@ def _reference(nusc, sample: dict) -> dict:
 
 
 def _boxes(nusc, sample: dict, ego_from_global: np.ndarray, tracks: dict) -> tuple[np.ndarray, np.ndarray]:
-    """(boxes (A, 10) in the ego frame with visibility, [class, track id] (A, 2))."""
+    """(boxes (A, 10) in the ego frame with visibility, [class, track id, attribute] (A, 3)); the attribute is the
+    annotation's first (nuScenes gives a box at most one), -1 for none."""
     rows, ids = [], []
     rotation = ego_from_global[:3, :3]
     for token in sample["anns"]:
@@ -179,8 +181,10 @@ def _boxes(nusc, sample: dict, ego_from_global: np.ndarray, tracks: dict) -> tup
         visibility = VISIBILITY.get(annotation["visibility_token"], 0.5) if seen else 0.0
         rows.append([centre[0], centre[1], centre[2], length, width, height, math.atan2(heading[1], heading[0]),
                      velocity[0], velocity[1], visibility])
-        ids.append([cls, tracks.setdefault(annotation["instance_token"], len(tracks) + 1)])
-    return np.array(rows, np.float32).reshape(-1, 10), np.array(ids, np.int32).reshape(-1, 2)
+        names = [nusc.get("attribute", token)["name"] for token in annotation["attribute_tokens"]]
+        attribute = ATTRIBUTES.index(names[0]) if names and names[0] in ATTRIBUTES else -1
+        ids.append([cls, tracks.setdefault(annotation["instance_token"], len(tracks) + 1), attribute])
+    return np.array(rows, np.float32).reshape(-1, 10), np.array(ids, np.int32).reshape(-1, 3)
 
 
 def _boxes_2d(boxes: np.ndarray, ids: np.ndarray, ks, cam_to_ego, rig) -> np.ndarray:
@@ -188,7 +192,7 @@ def _boxes_2d(boxes: np.ndarray, ids: np.ndarray, ks, cam_to_ego, rig) -> np.nda
     from stack.data.inspect import box_corners
 
     rows = []
-    for box, (_, track) in zip(boxes, ids):
+    for box, (_, track, _) in zip(boxes, ids):
         corners = np.c_[box_corners(box), np.ones(8)]
         for index, (k, pose) in enumerate(zip(ks, cam_to_ego)):
             cam = (np.linalg.inv(pose) @ corners.T)[:3]
@@ -298,7 +302,8 @@ def convert(pipeline: Pipeline, source_format: str | None, source: str | None, v
         writer.close_shard()
     write_manifest(stage, {
         "cameras": [c.name for c in rig.cameras], "image_size": [rig.image_height, rig.image_width],
-        "semantic_classes": list(SEG_CLASSES), "detection_classes": list(CLASSES), "layout": "frames",
+        "semantic_classes": list(SEG_CLASSES), "detection_classes": list(CLASSES),
+        "attribute_names": list(ATTRIBUTES), "layout": "frames",
         "frame_rate_hz": 2.0, "source": f"nuscenes {version}",
         "splits": {s: [{"path": f"{s}/{x['path']}", "samples": x["samples"]} for x in w.shards] for s, w in writers.items()},
     })

@@ -8,7 +8,8 @@ Layout of a dataset root::
     train/frames-000000.sums hash of every member's bytes: {"algorithm": "xxh3_64", "samples": {key: {member: hash}}}
     val/...
 
-Version 2 added the `.sums` file (version 1 shards had none): both loaders check every
+Version 3 added each box's attribute (nuScenes' moving / stopped / parked ..., a third `box_ids` column, and
+the manifest's `attribute_names`). Version 2 added the `.sums` file (version 1 shards had none): both loaders check every
 member they read against it, so bytes that changed on disk or in a copy — a flipped bit
 inside a JPEG's entropy-coded data still decodes, as garbage pixels — are named instead
 of trained on. xxh3_64 (xxHash) rather than a cryptographic hash: this is corruption
@@ -28,7 +29,8 @@ Frame shards hold one sample per key frame. Its key is `s{scene:05d}f{frame:04d}
 | `intrinsics.npy`  | float32 (N, 3, 3) K in pixels of the stored images                      |
 | `cam_to_ego.npy`  | float32 (N, 4, 4) camera frame -> ego frame                             |
 | `boxes.npy`       | float32 (A, 10) ego-frame x y z length width height yaw vx vy visibility|
-| `box_ids.npy`     | int32 (A, 2) class index into `manifest.detection_classes`, track id    |
+| `box_ids.npy`     | int32 (A, 3) class index into `manifest.detection_classes`, track id,   |
+|                   | attribute index into `manifest.attribute_names` (-1: none)              |
 | `boxes2d.npy`     | float32 (J, 6) camera index, track id, x0 y0 x1 y1 (pixels, visible part)|
 | `ego.npy`         | float32 (3,) speed m/s, acceleration m/s^2, yaw rate rad/s              |
 | `command.npy`     | int64 (1,) 0 left, 1 straight, 2 right                                  |
@@ -55,7 +57,7 @@ import numpy as np
 
 from stack.failpoints import fail_point
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """Version of the shard schema described above."""
 ARRAY_MEMBERS = ("depth", "semantic", "instance", "intrinsics", "cam_to_ego", "boxes", "box_ids", "boxes2d",
                  "ego", "command", "past", "future")
@@ -197,7 +199,7 @@ def manifest_text(manifest: dict) -> str:
 
 
 MANIFEST_FIELDS = {"schema": int, "cameras": list, "image_size": list, "semantic_classes": list,
-                   "detection_classes": list, "splits": dict}
+                   "detection_classes": list, "attribute_names": list, "splits": dict}
 """Top-level keys every manifest has, with their JSON types; the loaders read each of them."""
 
 
@@ -234,7 +236,7 @@ def array_problem(name: str, array: np.ndarray, cameras: int, image_size: list) 
     height, width = image_size
     expected = {"depth": (cameras, height, width), "semantic": (cameras, height, width),
                 "instance": (cameras, height, width), "intrinsics": (cameras, 3, 3), "cam_to_ego": (cameras, 4, 4),
-                "boxes": (None, 10), "box_ids": (None, 2), "boxes2d": (None, 6), "ego": (3,), "command": (1,),
+                "boxes": (None, 10), "box_ids": (None, 3), "boxes2d": (None, 6), "ego": (3,), "command": (1,),
                 "past": (None, 2), "future": (None, 2)}[name]
     fits = len(array.shape) == len(expected) and all(e is None or e == s for e, s in zip(expected, array.shape))
     if array.dtype != DTYPES[name] or not fits:
@@ -250,6 +252,8 @@ COMMANDS = 3
 """Values of `command.npy`: 0 left, 1 straight, 2 right."""
 UNLABELLED = 255
 """The `semantic.npy` value of a pixel without a class."""
+NO_ATTRIBUTE = -1
+"""The attribute column of `box_ids.npy` for a box without an attribute."""
 
 
 def label_problem(name: str, array: np.ndarray, manifest: dict) -> str | None:
@@ -266,7 +270,9 @@ def label_problem(name: str, array: np.ndarray, manifest: dict) -> str | None:
         partial = (finite.any(axis=1) != finite.all(axis=1))[:, None]
         return _not_finite(array, np.isinf(array) | (~finite & partial))
     if name == "box_ids":
-        return _ids_problem(array[:, 0], len(manifest["detection_classes"]), "the manifest's detection classes")
+        return (_ids_problem(array[:, 0], len(manifest["detection_classes"]), "the manifest's detection classes")
+                or _ids_problem(array[:, 2], len(manifest["attribute_names"]), "the manifest's attribute names",
+                                also=NO_ATTRIBUTE, also_means="none"))
     if name == "semantic":
         return _ids_problem(array, len(manifest["semantic_classes"]), "the manifest's semantic classes",
                             also=UNLABELLED)
@@ -282,14 +288,15 @@ def _not_finite(array: np.ndarray, broken: np.ndarray) -> str | None:
     return f"expected finite numbers, found {array[where]} at index {list(where)}"
 
 
-def _ids_problem(ids: np.ndarray, count: int, meaning: str, also: int | None = None) -> str | None:
+def _ids_problem(ids: np.ndarray, count: int, meaning: str, also: int | None = None,
+                 also_means: str = "unlabelled") -> str | None:
     """Ids must lie in [0, count) (or equal `also`); min/max first, so a good array costs two passes."""
     if not ids.size or (ids.min() >= 0 and ids.max() < count):
         return None
     bad = ((ids < 0) | (ids >= count)) & (ids != also if also is not None else True)
     if not bad.any():
         return None
-    allowed = f"0-{count - 1}" + (f" or {also} (unlabelled)" if also is not None else "")
+    allowed = f"0-{count - 1}" + (f" or {also} ({also_means})" if also is not None else "")
     return f"expected ids {allowed} ({meaning}), found {int(ids[bad].flat[0])}"
 
 

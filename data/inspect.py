@@ -64,7 +64,7 @@ def _load(shard: str, index: int) -> tuple[str, list, np.ndarray, dict]:
 
 def _draw_boxes(axis, arrays: dict, camera: int, classes: list) -> None:
     k, ego_to_cam = arrays["intrinsics"][camera], np.linalg.inv(arrays["cam_to_ego"][camera])
-    for box, (cls, _) in zip(arrays["boxes"], arrays["box_ids"]):
+    for box, (cls, *_) in zip(arrays["boxes"], arrays["box_ids"]):
         if box[9] <= 0:
             continue
         corners = np.c_[box_corners(box), np.ones(8)] @ ego_to_cam.T
@@ -79,7 +79,7 @@ def _draw_boxes(axis, arrays: dict, camera: int, classes: list) -> None:
 def _bev(axis, arrays: dict, classes: list, extent: float = 50.0) -> None:
     from matplotlib.patches import Polygon
 
-    for box, (cls, _) in zip(arrays["boxes"], arrays["box_ids"]):
+    for box, (cls, *_) in zip(arrays["boxes"], arrays["box_ids"]):
         colour = CLASS_COLOURS.get(classes[cls], "y")
         corners = box_corners(box)[:4, :2]
         axis.add_patch(Polygon(corners[:, ::-1] * [-1, 1], closed=True, fill=box[9] > 0, alpha=0.8 if box[9] > 0 else 0.4,

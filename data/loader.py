@@ -103,7 +103,7 @@ def dataset_shards(pipeline: Pipeline, manifest: dict, split: str) -> list:
         return shards
     for root in pipeline.data.aggregate:
         other = read_manifest(root)
-        for key in ("cameras", "image_size", "layout", "semantic_classes", "detection_classes"):
+        for key in ("cameras", "image_size", "layout", "semantic_classes", "detection_classes", "attribute_names"):
             if other.get(key) != manifest.get(key):
                 raise StackError(f"data.aggregate dataset {root} has {key} {other.get(key)!r} but data.root "
                                  f"{pipeline.data.root} has {manifest.get(key)!r}: aggregate only datasets recorded "

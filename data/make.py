@@ -28,6 +28,7 @@ import numpy as np
 from stack.data import staging
 from stack.data.format import SIDECARS, ShardWriter, frame_members, write_manifest
 from stack.sim.world.roads import SEG_CLASSES
+from stack.metrics.detection import ATTRIBUTES
 from stack.sim.world.traffic import CLASSES
 from stack.durable import disk_full
 from stack.failpoints import fail_point
@@ -190,6 +191,7 @@ def _render_into(pipeline: Pipeline, stage: Path, device: str, splits: dict, per
         "cameras": [c.name for c in pipeline.data.rig.cameras],
         "image_size": [pipeline.data.rig.image_height, pipeline.data.rig.image_width],
         "semantic_classes": list(SEG_CLASSES), "detection_classes": list(CLASSES),
+        "attribute_names": list(ATTRIBUTES),
         "layout": pipeline.data.layout, "frames_per_clip": world.frames_per_scene,
         "frame_rate_hz": world.frame_rate_hz, "seed": world.seed, "closed_loop_episodes": len(drives),
         "splits": {split: [{"path": f"{split}/{s['path']}", "samples": s["samples"]} for s in w.shards]

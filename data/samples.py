@@ -165,14 +165,17 @@ class ClassMaps:
 
 def label_fields(arrays: dict, maps: ClassMaps, pipeline: Pipeline) -> dict:
     """The small (per-sample) fields of a Batch row: geometry, boxes, ego status, trajectories."""
-    labels = maps.detection[arrays["box_ids"][:, 0]] if len(arrays["box_ids"]) else np.zeros(0, np.int64)
+    ids = arrays["box_ids"].reshape(-1, 3)
+    labels = maps.detection[ids[:, 0]] if len(ids) else np.zeros(0, np.int64)
     boxes = arrays["boxes"].reshape(-1, 10)
     keep = (boxes[:, 9] > 0) & (labels >= 0)
-    boxes, labels = boxes[keep, :9], labels[keep]
+    boxes, labels, attributes = boxes[keep, :9], labels[keep], ids[keep, 2]
     order = np.argsort(np.hypot(boxes[:, 0], boxes[:, 1]), kind="stable")[:pipeline.model.max_boxes]
     padded = np.zeros((pipeline.model.max_boxes, 9), np.float32)
     padded_labels = np.full(pipeline.model.max_boxes, -1, np.int64)
+    padded_attributes = np.full(pipeline.model.max_boxes, -1, np.int64)
     padded[:len(order)], padded_labels[:len(order)] = boxes[order], labels[order]
+    padded_attributes[:len(order)] = attributes[order]
     steps = pipeline.model.planning_steps
     future = np.zeros((steps, 2), np.float32)
     stored = arrays["future"][:steps]
@@ -184,6 +187,7 @@ def label_fields(arrays: dict, maps: ClassMaps, pipeline: Pipeline) -> dict:
         "intrinsics": torch.from_numpy(arrays["intrinsics"].astype(np.float32)),
         "cam_to_ego": torch.from_numpy(arrays["cam_to_ego"].astype(np.float32)),
         "boxes": torch.from_numpy(padded), "box_labels": torch.from_numpy(padded_labels),
+        "box_attributes": torch.from_numpy(padded_attributes),
         "ego_status": torch.from_numpy(arrays["ego"].astype(np.float32)),
         "command": torch.tensor(int(arrays["command"][0]), dtype=torch.int64),
         "past_trajectory": torch.from_numpy(arrays["past"].astype(np.float32)),

@@ -19,7 +19,7 @@ import torch
 from stack.deploy.calibration import Calibration
 from stack.deploy.stateful import KEY_FRAME_PERIOD_S, MEMORY_OUTPUT, PREVIOUS_IMAGES, STATE_INPUTS
 from stack.errors import StackError
-from stack.models.outputs import OUTPUTS
+from stack.models.outputs import output_names
 from stack.pipeline import Pipeline
 
 INPUTS = ("images", "ego_status", "command")
@@ -44,8 +44,9 @@ def export_network(pipeline: Pipeline, state_dict: dict, calibration: Calibratio
     calibration.check_fits(pipeline.data.rig)
     net.fix_geometry(calibration_geometry(net, calibration, pipeline.export.batch_size))
     stateful = bool(pipeline.model.temporal_frames)
-    return ExportableNetwork(_Exported(net, stateful).eval(), example_inputs(pipeline),
-                             list(OUTPUTS) + ([MEMORY_OUTPUT] if stateful else []), metadata(pipeline, calibration),
+    names = output_names(pipeline.model) + ([MEMORY_OUTPUT] if stateful else [])
+    return ExportableNetwork(_Exported(net, stateful, names).eval(), example_inputs(pipeline), names,
+                             metadata(pipeline, calibration),
                              calibration)
 
 
@@ -86,17 +87,17 @@ def calibration_geometry(net, calibration: Calibration, batch: int):
 
 
 class _Exported(torch.nn.Module):
-    """Keyword inputs INPUTS (+ STATE_INPUTS when `stateful`; the exporter's wrapper passes them by name)."""
+    """Keyword inputs INPUTS (+ STATE_INPUTS when `stateful`; the exporter's wrapper passes them by name); the
+    outputs `names`, in their order (`stack.models.outputs.output_names`, then the memory when stateful)."""
 
-    def __init__(self, net: torch.nn.Module, stateful: bool):
+    def __init__(self, net: torch.nn.Module, stateful: bool, names: list[str]):
         super().__init__()
-        self.net, self.stateful = net, stateful
+        self.net, self.stateful, self.names = net, stateful, names
 
     def forward(self, images, ego_status, command, previous_bev=None, previous_pose=None, previous_valid=None):
         state = (None, previous_bev, previous_pose, previous_valid) if self.stateful else ()
         outputs = self.net(images, ego_status, command, None, *state)
-        names = list(OUTPUTS) + ([MEMORY_OUTPUT] if self.stateful else [])
-        return {name: outputs[name] for name in names}  # training-only outputs stay out of the graph
+        return {name: outputs[name] for name in self.names}  # training-only outputs stay out of the graph
 
 
 class _PerCallGeometry(torch.nn.Module):

@@ -64,18 +64,25 @@ class BevEncoder(nn.Module):
 
 
 class DetectionHead(nn.Module):
-    """BEV features → class heatmap logits (B, C, X, Y) and box regression (B, 10, X, Y)."""
+    """BEV features → class heatmap logits (B, C, X, Y), box regression (B, 10, X, Y) and, with `attributes`
+    > 0, attribute logits (B, attributes, X, Y): one more CenterPoint branch, read at each box's centre cell as the
+    regression is (nuScenes' moving / stopped / parked ..., `stack.metrics.detection.ATTRIBUTES`)."""
 
-    def __init__(self, channels: int, classes: int):
+    def __init__(self, channels: int, classes: int, attributes: int = 0):
         super().__init__()
         self.shared = ConvNormAct(channels, channels)
         self.heatmap = nn.Sequential(ConvNormAct(channels, channels), nn.Conv2d(channels, classes, 1))
         self.regression = nn.Sequential(ConvNormAct(channels, channels), nn.Conv2d(channels, len(REGRESSION_FIELDS), 1))
+        self.attributes = nn.Sequential(ConvNormAct(channels, channels), nn.Conv2d(channels, attributes, 1)) \
+            if attributes else None
         nn.init.constant_(self.heatmap[-1].bias, -math.log((1 - HEATMAP_PRIOR) / HEATMAP_PRIOR))
 
-    def forward(self, bev: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, bev: torch.Tensor) -> dict[str, torch.Tensor]:
         shared = self.shared(bev)
-        return self.heatmap(shared), self.regression(shared)
+        outputs = {"heatmap": self.heatmap(shared), "box_regression": self.regression(shared)}
+        if self.attributes is not None:
+            outputs["attribute_logits"] = self.attributes(shared)
+        return outputs
 
 
 class CrossAttentionLayer(nn.Module):

@@ -41,8 +41,8 @@ class Detections:
     labels: torch.Tensor
     """(n,) int64 index into model.detection_classes."""
     attributes: torch.Tensor | None = None
-    """(n,) int64 index into `stack.metrics.detection.ATTRIBUTES` (-1: none); None: the network predicts no
-    attributes (no head yet), which the metrics score as the devkit does such a box."""
+    """(n,) int64 index into `stack.metrics.detection.ATTRIBUTES` (-1: the class has none); None: the network
+    predicts no attributes (no model.attribute_head), which the metrics score as the devkit does such a box."""
 
 
 def boxes_from_regression(regression: torch.Tensor, cell_x: torch.Tensor, cell_y: torch.Tensor,
@@ -105,7 +105,8 @@ def _suppress(boxes: torch.Tensor, score: torch.Tensor, label: torch.Tensor, mod
 
 @torch.no_grad()
 def decode_detections(outputs: dict[str, torch.Tensor], pipeline: Pipeline) -> list[Detections]:
-    """Boxes, scores and labels per sample (at most model.max_boxes, scores descending)."""
+    """Boxes, scores, labels and (with an `attribute_logits` output) attributes per sample (at most
+    model.max_boxes, scores descending)."""
     model = pipeline.model
     heat = torch.sigmoid(outputs["heatmap"].float())
     batch, classes, grid_x, grid_y = heat.shape
@@ -121,8 +122,22 @@ def decode_detections(outputs: dict[str, torch.Tensor], pipeline: Pipeline) -> l
         boxes = boxes_from_regression(regression[sample][:, cell].T, (cell // grid_y).float(),
                                       (cell % grid_y).float(), pipeline)
         kept = _suppress(boxes, score, label, model)[: model.max_boxes]
-        results.append(Detections(boxes[kept], score[kept], label[kept]))
+        attributes = None if "attribute_logits" not in outputs else \
+            decode_attributes(outputs["attribute_logits"][sample], cell[kept], label[kept], model.detection_classes)
+        results.append(Detections(boxes[kept], score[kept], label[kept], attributes))
     return results
+
+
+def decode_attributes(logits: torch.Tensor, cells: torch.Tensor, labels: torch.Tensor, classes) -> torch.Tensor:
+    """(n,) the most likely attribute among those each detection's class may carry
+    (`stack.metrics.detection.class_attributes`), read from one sample's logits (A, X, Y) at the detections'
+    centre cells (flat indices `cells`); -1 for a class with no attributes."""
+    from stack.metrics.detection import class_attributes
+
+    allowed = torch.as_tensor(class_attributes(classes), device=logits.device)[labels]  # (n, A)
+    at_cells = logits.float().flatten(1)[:, cells].T  # (n, A)
+    best = at_cells.masked_fill(~allowed, float("-inf")).argmax(dim=1)
+    return torch.where(allowed.any(dim=1), best, torch.full_like(best, -1))
 
 
 def decode_depth(outputs: dict[str, torch.Tensor], pipeline: Pipeline) -> torch.Tensor:

@@ -71,7 +71,23 @@ def detection_loss(outputs, batch: Batch, pipeline: Pipeline) -> dict[str, torch
     weights = predicted.new_tensor(regression_weights(model.loss_weights.velocity))
     error = (predicted - targets.regression).abs() * weights * targets.valid[..., None]
     box = error.sum() / targets.valid.sum().clamp(min=1)
-    return {"det_heatmap": heatmap, "det_box": box, "detection": heatmap + BOX_LOSS_WEIGHT * box}
+    losses = {"det_heatmap": heatmap, "det_box": box, "detection": heatmap + BOX_LOSS_WEIGHT * box}
+    if "attribute_logits" in outputs:
+        losses["det_attribute"] = attribute_loss(outputs["attribute_logits"], batch, targets)
+        losses["detection"] = losses["detection"] + model.loss_weights.attributes * losses["det_attribute"]
+    return losses
+
+
+def attribute_loss(logits: torch.Tensor, batch: Batch, targets) -> torch.Tensor:
+    """Cross entropy of the attribute logits (B, A, X, Y) at each box's centre cell, over the boxes on the grid
+    that carry an attribute (`Batch.box_attributes`; none: a zero that keeps the graph)."""
+    labels = batch.box_attributes if batch.box_attributes is not None else torch.full_like(batch.box_labels, -1)
+    flat = logits.float().flatten(2)  # (B, A, X*Y)
+    at_centres = flat.gather(2, targets.cell_index[:, None, :].expand(-1, flat.shape[1], -1)).transpose(1, 2)
+    labelled = targets.valid & (labels >= 0)
+    if not labelled.any():
+        return at_centres.sum() * 0.0
+    return F.cross_entropy(at_centres[labelled], labels[labelled])
 
 
 def depth_loss(outputs, batch: Batch, pipeline: Pipeline) -> torch.Tensor:

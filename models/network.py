@@ -35,6 +35,7 @@ from stack.models.path_speed_head import PathSpeedPlanningHead
 from stack.models.temporal import warp_previous_bev
 from stack.models.image_heads import DepthContextHead, SegmentationHead, camera_vector
 from stack.models.layers import ResidualBlock
+from stack.metrics.detection import ATTRIBUTES
 from stack.ops.bev_pool import BevPoolGeometry, bev_geometry, bev_pool, grid_cells
 from stack.pipeline import LossWeights, Pipeline
 
@@ -82,7 +83,8 @@ class BevNet(nn.Module):
         self.bev_pre_encoder = nn.Sequential(*(ResidualBlock(channels, channels)
                                                for _ in range(model.temporal_pre_blocks)))
         self.bev_encoder = BevEncoder(channels * (1 + self.temporal_frames), model.bev_channels)
-        self.detection_head = DetectionHead(model.bev_channels, len(model.detection_classes))
+        self.detection_head = DetectionHead(model.bev_channels, len(model.detection_classes),
+                                            len(ATTRIBUTES) if model.attribute_head else 0)
         if model.planning_accelerations:
             bev = model.bev
             self.planning_head = PathSpeedPlanningHead(
@@ -121,11 +123,9 @@ class BevNet(nn.Module):
                 aligned = torch.where(previous_valid.view(-1, 1, 1, 1) > 0.5, aligned, bev)
             bev = torch.cat([bev, aligned], dim=1)
         bev = self.bev_encoder(bev)
-        heatmap, box_regression = self.detection_head(bev)
-        outputs = {
-            "depth_logits": depth_logits, "seg_logits": seg_logits.unflatten(0, (batch, cameras)),
-            "heatmap": heatmap, "box_regression": box_regression,
-        }
+        detections = self.detection_head(bev)
+        heatmap, box_regression = detections["heatmap"], detections["box_regression"]
+        outputs = {"depth_logits": depth_logits, "seg_logits": seg_logits.unflatten(0, (batch, cameras)), **detections}
         if self.temporal_frames:
             outputs["bev_memory"] = memory
         if isinstance(self.planning_head, PathSpeedPlanningHead):

@@ -26,6 +26,19 @@ OUTPUTS = {
 }
 """Output name -> (symbolic shape, meaning and units). All outputs are float32 (float16/bf16 under autocast)."""
 
+ATTRIBUTE_OUTPUT = "attribute_logits"
+OPTIONAL_OUTPUTS = {
+    ATTRIBUTE_OUTPUT: ("B,A,X,Y", "per-cell logits over nuScenes' box attributes stack.metrics.detection.ATTRIBUTES "
+                       "(vehicle moving / parked / stopped, pedestrian moving / standing, cycle with / without rider), "
+                       "read at a detection's centre cell; only with model.attribute_head"),
+}
+"""Outputs a configuration adds (each key's condition in `output_names`)."""
+
+
+def output_names(model) -> list[str]:
+    """The outputs a network of this model configuration returns and its exported graph ends in, in order."""
+    return list(OUTPUTS) + ([ATTRIBUTE_OUTPUT] if model.attribute_head else [])
+
 TRAINING_OUTPUTS = {
     "plan_path": ("B,P,2", "the path-speed planner's path: a point every model.path_spacing_m metres, ego frame"),
     "plan_speed_logits": ("B,K", "imitation logits of its speed candidates (softmax: which the expert drives)"),
@@ -43,6 +56,7 @@ def plan_candidates(model) -> int:
 
 def output_shapes(pipeline: Pipeline, batch: int) -> dict[str, tuple[int, ...]]:
     """The concrete shape of every output for `pipeline` at batch size `batch`."""
+    from stack.metrics.detection import ATTRIBUTES
     from stack.ops.bev_pool import grid_cells
 
     model, rig = pipeline.model, pipeline.data.rig
@@ -56,11 +70,13 @@ def output_shapes(pipeline: Pipeline, batch: int) -> dict[str, tuple[int, ...]]:
         "box_regression": (batch, 10, grid_x, grid_y),
         "plan_trajectories": (batch, plan_candidates(model), model.planning_steps, 2),
         "plan_scores": (batch, plan_candidates(model)),
+        **({ATTRIBUTE_OUTPUT: (batch, len(ATTRIBUTES), grid_x, grid_y)} if model.attribute_head else {}),
     }
 
 
 def output_layout(pipeline: Pipeline, batch: int = 1) -> dict[str, str]:
     """Name -> "shape: meaning" strings for ONNX `metadata_props` (and reports)."""
     shapes = output_shapes(pipeline, batch)
-    return {name: f"{'x'.join(map(str, shapes[name]))} ({symbols}): {meaning}"
-            for name, (symbols, meaning) in OUTPUTS.items()}
+    described = {**OUTPUTS, **OPTIONAL_OUTPUTS}
+    return {name: f"{'x'.join(map(str, shapes[name]))} ({described[name][0]}): {described[name][1]}"
+            for name in output_names(pipeline.model)}

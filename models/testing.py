@@ -104,7 +104,20 @@ def random_batch(pipeline: Pipeline, batch_size: int = 2, seed: int = 0) -> Batc
         ego_status=torch.as_tensor(status), command=torch.as_tensor(command),
         past_trajectory=torch.as_tensor(past), future_trajectory=torch.as_tensor(future),
         future_valid=torch.as_tensor(valid), bev_rotation=torch.zeros(batch_size, dtype=torch.float32), **temporal,
+        box_attributes=torch.as_tensor(_attributes(model.detection_classes, labels, rng)),
     )
+
+
+def _attributes(classes, labels: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """(B, M) a random attribute each box's class may carry (`class_attributes`); -1 for none and padding."""
+    from stack.metrics.detection import class_attributes
+
+    allowed = class_attributes(classes)
+    out = np.full(labels.shape, -1, np.int64)
+    for index in zip(*np.nonzero(labels >= 0)):
+        choices = np.flatnonzero(allowed[labels[index]])
+        out[index] = rng.choice(choices) if len(choices) else -1
+    return out
 
 
 def fixed_and_per_batch_outputs(model, batch: Batch) -> tuple[dict, dict]:

@@ -80,6 +80,10 @@ class Batch:
     previous_pose: "torch.Tensor | None" = None
     """float32 (B, 3): x, y (m), yaw (rad) of the ego at the previous key frame in the current ego body frame
     (before BEV rotation); zeros at a sequence start. With `previous_images`."""
+    box_attributes: "torch.Tensor | None" = None
+    """int64 (B, M) each box's nuScenes attribute, an index into `stack.metrics.detection.ATTRIBUTES` (moving,
+    stopped, parked ...); -1 for none and for padding. Both loaders fill it; None (a Batch built by hand) means
+    no attribute labels, which the attribute loss skips and the metrics score as the devkit does."""
 
     def __post_init__(self):
         if self.bev_rotation is None:
@@ -115,6 +119,7 @@ class Batch:
             "bev_rotation": ((b,), "float32"),
             **({"previous_images": ((b, n, 3, h, w), "uint8"), "previous_pose": ((b, 3), "float32")}
                if pipeline.model.temporal_frames else {}),
+            **({"box_attributes": ((b, m), "int64")} if self.box_attributes is not None else {}),
         }
 
     def mismatches(self, pipeline: "Pipeline") -> list[str]:

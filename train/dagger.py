@@ -92,6 +92,7 @@ def write_frames(pipeline: Pipeline, rows: list, folder: Path, iteration: int, b
     """The rows' labelled frames as a frames-layout dataset (train split only) in `folder`; returns the count."""
     from stack.data.format import ShardWriter, frame_members, write_manifest
     from stack.sim.world.roads import SEG_CLASSES
+    from stack.metrics.detection import ATTRIBUTES
     from stack.sim.world.traffic import CLASSES
 
     cameras = [c.name for c in pipeline.data.rig.cameras]
@@ -110,7 +111,8 @@ def write_frames(pipeline: Pipeline, rows: list, folder: Path, iteration: int, b
     rig = pipeline.data.rig
     write_manifest(folder, {
         "cameras": cameras, "image_size": [rig.image_height, rig.image_width],
-        "semantic_classes": list(SEG_CLASSES), "detection_classes": list(CLASSES), "layout": "frames",
+        "semantic_classes": list(SEG_CLASSES), "detection_classes": list(CLASSES),
+        "attribute_names": list(ATTRIBUTES), "layout": "frames",
         "frames_per_clip": 1, "frame_rate_hz": pipeline.drive.replan_hz, "seed": pipeline.data.world.seed,
         "closed_loop_episodes": len(rows),
         "splits": {"train": [{"path": f"train/{s['path']}", "samples": s["samples"]} for s in writer.shards]}})

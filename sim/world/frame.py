@@ -200,10 +200,11 @@ def _expose(colour: torch.Tensor, light: np.ndarray, rng: np.random.Generator) -
 
 
 def _object_labels(scene: Scene, step_index: int, major: dict, seen: dict, unoccluded: dict):
-    """3D boxes, [class, track id], and visibility (visible / unoccluded pixels of each agent's main part)."""
+    """3D boxes, [class, track id, attribute], and visibility (visible / unoccluded pixels of each agent's main
+    part)."""
     boxes, ids = agent_boxes(scene, step_index)
     visibility = np.zeros(len(boxes), np.float32)
-    for row, (_, track) in enumerate(ids):
+    for row, (_, track, _) in enumerate(ids):
         kind, index = major[int(track)]
         total = float(unoccluded[kind][index])
         visibility[row] = float(seen[kind][index]) / total if total > 0 else 0.0

@@ -18,6 +18,7 @@ from stack.sim.world.roads import LANE_WIDTH, POINT_SPACING, ROAD_HALF_WIDTH, To
 from stack.sim.world.traffic import (CLASSES, FUTURE_SECONDS, PAST_SECONDS, SIM_DT, SIZES, Agent, Resampling, Route,
                                 _make_route, pedestrian_walkway, step, vehicle_route)
 from stack.kinematics import WAYPOINT_STEP_S
+from stack.metrics.detection import ATTRIBUTES
 from stack.pipeline import AGENT_CLASS_MIX
 
 EGO_SIZE = (4.6, 1.9, 1.6)
@@ -191,8 +192,29 @@ def _arc_length_at(scene: Scene, step_index: int) -> float:
     return float(np.argmin(np.linalg.norm(scene.ego.route.points - xy, axis=1))) * POINT_SPACING
 
 
+MOVING_ABOVE_M_S = 0.2
+"""A road user faster than this is `*.moving`, else stopped or standing: the speed CenterPoint's nuScenes output
+(det3d `nuscenes.py`, `output_to_nusc_box`) uses to tell its moving from its standing attributes."""
+
+
+def agent_attribute(agent: Agent, speed: float) -> int:
+    """The nuScenes attribute (index into `stack.metrics.detection.ATTRIBUTES`) that the world knows exactly:
+    a car or truck is parked (placed in the parking strip, never driven), moving, or stopped (in traffic); a
+    pedestrian moving or standing (none sits or lies down here); a cyclist always rides its cycle. `parked` is
+    the agent's state now: a recorded scene's parked cars never leave (only an interactive script pulls one out,
+    and its frames are rendered as it goes)."""
+    moving = speed > MOVING_ABOVE_M_S
+    if agent.kind == "pedestrian":
+        name = "pedestrian.moving" if moving else "pedestrian.standing"
+    elif agent.kind == "cyclist":
+        name = "cycle.with_rider"
+    else:
+        name = "vehicle.parked" if agent.parked else "vehicle.moving" if moving else "vehicle.stopped"
+    return ATTRIBUTES.index(name)
+
+
 def agent_boxes(scene: Scene, step_index: int) -> tuple[np.ndarray, np.ndarray]:
-    """(boxes (A, 9) in the ego frame, [class index, track id] (A, 2)) for every agent at a step."""
+    """(boxes (A, 9) in the ego frame, [class index, track id, attribute] (A, 3)) for every agent at a step."""
     pose = ego_pose(scene, step_index)
     ego_yaw = scene.ego.history[step_index][2]
     rows, ids = [], []
@@ -203,5 +225,5 @@ def agent_boxes(scene: Scene, step_index: int) -> tuple[np.ndarray, np.ndarray]:
         length, width, height = agent.size
         rows.append([centre[0], centre[1], height / 2, length, width, height, heading,
                      speed * math.cos(heading), speed * math.sin(heading)])
-        ids.append([CLASSES.index(agent.kind), agent.track_id])
-    return np.array(rows, np.float32).reshape(-1, 9), np.array(ids, np.int32).reshape(-1, 2)
+        ids.append([CLASSES.index(agent.kind), agent.track_id, agent_attribute(agent, speed)])
+    return np.array(rows, np.float32).reshape(-1, 9), np.array(ids, np.int32).reshape(-1, 3)

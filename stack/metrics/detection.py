@@ -69,6 +69,21 @@ ATTRIBUTES = ("pedestrian.moving", "pedestrian.sitting_lying_down", "pedestrian.
               "cycle.without_rider", "vehicle.moving", "vehicle.parked", "vehicle.stopped")
 """nuScenes' box attributes (devkit detection/constants.py `ATTRIBUTE_NAMES`); attributes are indices into it,
 -1 for none."""
+ATTRIBUTE_GROUPS = {"vehicle": ("car", "truck", "bus", "trailer", "construction_vehicle"), "pedestrian": ("pedestrian",),
+                    "cycle": ("bicycle", "motorcycle", "cyclist")}
+"""The attributes a class can have, by the prefix of their names (nuScenes: a vehicle is moving, stopped or parked; a
+pedestrian moving, standing or sitting; a cycle with or without rider); a class in no group (barrier, traffic
+cone) has none (mmdetection3d's `NuScenesDataset.DefaultAttribute` pairs them the same way)."""
+
+
+def class_attributes(classes: Sequence[str]) -> np.ndarray:
+    """(C, len(ATTRIBUTES)) bool: may a box of each class carry each attribute (ATTRIBUTE_GROUPS)."""
+    allowed = np.zeros((len(classes), len(ATTRIBUTES)), bool)
+    for row, name in enumerate(classes):
+        for prefix, members in ATTRIBUTE_GROUPS.items():
+            if name in members:
+                allowed[row] = [attribute.startswith(prefix + ".") for attribute in ATTRIBUTES]
+    return allowed
 CLASS_RANGES_M = {"car": 50.0, "truck": 50.0, "bus": 50.0, "trailer": 50.0, "construction_vehicle": 50.0,
                   "pedestrian": 40.0, "motorcycle": 40.0, "bicycle": 40.0, "cyclist": 40.0,
                   "traffic_cone": 30.0, "barrier": 30.0}

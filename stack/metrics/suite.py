@@ -46,8 +46,10 @@ class TaskMetrics:
         missing = [key for key in PREDICTION_KEYS if key not in predictions]
         if missing:
             raise KeyError(f"predictions lack {missing}; expected keys {PREDICTION_KEYS} (decode_all gives them)")
-        # Shards label no box attributes yet, so every GT attribute is "none" (mAAE 1, stack.metrics.detection).
-        self.detection.update_detections(predictions["detections"], batch.boxes, batch.box_labels)
+        # A batch without attribute labels (built by hand) scores every match's attribute as the devkit scores
+        # a GT box without one (stack.metrics.detection).
+        self.detection.update_detections(predictions["detections"], batch.boxes, batch.box_labels,
+                                         getattr(batch, "box_attributes", None))
         self.segmentation.update(predictions["segmentation"], batch.semantic)
         self.depth.update(predictions["depth"], batch.depth)
         road_users = torch.isin(batch.semantic.long(), torch.tensor(self.road_user_classes, device=batch.semantic.device))

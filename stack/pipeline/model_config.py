@@ -81,6 +81,9 @@ class LossWeights:
     """L1 weight of each of the two velocity fields inside the box regression, beside 1.0 for every other field
     (CenterPoint's code_weights). A temporal network (temporal_frames > 0) has motion to read; a heavier weight
     trades box fit for velocity, which the plan guard moves detections at."""
+    attributes: float = 0.2
+    """Weight of the attribute cross entropy (model.attribute_head) inside the detection loss, beside the heatmap's
+    focal loss and the box L1 (which it must not outweigh: ln 8 = 2.1 at the start against a focal loss of ~1)."""
     depth_road_users: float = 0.0
     """Extra weight of road users' pixels (the segmentation classes that are detection classes) in the depth
     cross entropy: a pixel of a car weighs 1 + this. They are a few per cent of the image, so an unweighted loss
@@ -91,7 +94,7 @@ class LossWeights:
 
     def problems(self) -> Problems:
         found: Problems = []
-        for name in ("detection", "depth", "segmentation", "planning", "velocity", "depth_road_users"):
+        for name in ("detection", "depth", "segmentation", "planning", "velocity", "attributes", "depth_road_users"):
             value = getattr(self, name)
             if value < 0:
                 found.append((name, f"got {value}; loss weights must be >= 0"))
@@ -207,6 +210,11 @@ class ModelConfig:
     """Detections scoring below this are dropped by the box decoder."""
     nms_iou: float = 0.2
     """Bird's-eye-view IoU above which the decoder suppresses the lower-scoring box of a class."""
+    attribute_head: bool = False
+    """A CenterPoint branch of attribute logits (nuScenes' vehicle moving / stopped / parked, pedestrian moving /
+    standing, cycle with / without rider), trained by cross entropy at each labelled box's centre cell and read at
+    each detection's (its class's attributes only): what the devkit's mAAE, a tenth of NDS, scores. Without it
+    every match's attribute error is 1. An output of the exported graph when on (`attribute_logits`)."""
     circle_nms_radius_m: Dict[str, float] = field(default_factory=dict)
     """Empty: IoU NMS (nms_iou). Otherwise CenterPoint's circle NMS instead, a radius in metres for every detection
     class: a box suppresses the lower-scoring boxes of its class whose BEV centres lie within it

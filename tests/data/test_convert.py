@@ -12,6 +12,7 @@ pytest.importorskip("nuscenes", reason="needs nuscenes-devkit (pip install --no-
 from pyquaternion import Quaternion  # noqa: E402  (installed with the devkit)
 
 from stack.data import build_loader  # noqa: E402
+from stack.metrics.detection import ATTRIBUTES  # noqa: E402
 from stack.rig import camera_to_ego  # noqa: E402
 
 CHANNELS = ["CAM_FRONT", "CAM_FRONT_LEFT", "CAM_FRONT_RIGHT", "CAM_BACK", "CAM_BACK_LEFT", "CAM_BACK_RIGHT"]
@@ -36,6 +37,7 @@ def write_fixture(root: Path, rig) -> None:
     tables["category"] = [{"token": "c-car", "name": "vehicle.car", "description": ""},
                           {"token": "c-ped", "name": "human.pedestrian.adult", "description": ""}]
     tables["visibility"] = [{"token": str(i), "level": f"v{i}", "description": ""} for i in range(1, 5)]
+    tables["attribute"] = [{"token": "at-moving", "name": "vehicle.moving", "description": ""}]
     tables["log"] = [{"token": "log", "logfile": "", "vehicle": "", "date_captured": "", "location": "boston-seaport"}]
     tables["map"] = [{"token": "map", "log_tokens": ["log"], "category": "", "filename": ""}]
     for index, channel in enumerate(CHANNELS + ["LIDAR_TOP"]):
@@ -90,10 +92,11 @@ def _sample_data(root, tables, token, scene_index):
 
 def _annotations(tables, token, tokens, i, t):
     for name, local, size, lidar in (("car", [15.0, 0.0, 0.8], [1.9, 4.5, 1.6], 30), ("ped", None, [0.6, 0.6, 1.7], 0)):
+        attributes = ["at-moving"] if name == "car" else []
         centre = _to_global(t, local) if local else np.array([120.0, 58.0, 0.85])
         tables["sample_annotation"].append({
             "token": f"a-{name}-{token}", "sample_token": token, "instance_token": f"i-{name}", "visibility_token": "4",
-            "attribute_tokens": [], "translation": centre.tolist(), "size": size,
+            "attribute_tokens": attributes, "translation": centre.tolist(), "size": size,
             "rotation": list(Quaternion(axis=[0, 0, 1], angle=HEADING)), "num_lidar_pts": lidar, "num_radar_pts": 0,
             "prev": f"a-{name}-{tokens[i - 1]}" if i else "", "next": f"a-{name}-{tokens[i + 1]}" if i < 2 else ""})
 
@@ -115,6 +118,8 @@ def test_convert_a_tiny_nuscenes_dataset(tmp_path, small_pipeline):
     np.testing.assert_allclose(batch.boxes[0, 0, :2], [15.0, 0.0], atol=1e-3)
     np.testing.assert_allclose(batch.boxes[0, 0, 3:7], [4.5, 1.9, 1.6, 0.0], atol=1e-3)
     np.testing.assert_allclose(batch.boxes[0, 0, 7:9], [SPEED, 0.0], atol=1e-3)
+    assert batch.box_attributes[0, 0] == ATTRIBUTES.index("vehicle.moving")  # the annotation's attribute
+    assert manifest["attribute_names"] == list(ATTRIBUTES)
     # ego: straight at SPEED; future 0.5 s apart, invalid past the scene end
     np.testing.assert_allclose(batch.future_trajectory[0, :2], [[2.5, 0.0], [5.0, 0.0]], atol=1e-3)
     assert batch.future_valid[0].tolist() == [True, True, False, False, False, False]

@@ -72,7 +72,7 @@ def test_a_npy_member_of_the_wrong_shape_names_shard_key_and_member(dataset, tmp
 def test_mismatched_box_and_id_counts(dataset, tmp_path, small_pipeline):
     pipeline, manifest, root = _copy(dataset, tmp_path, small_pipeline=small_pipeline)
     _rewrite(_first_train_shard(root, manifest),
-             lambda name, data: npy_bytes(np.zeros((0, 2), np.int32)) if name.endswith("f0000.box_ids.npy") else data)
+             lambda name, data: npy_bytes(np.zeros((0, 3), np.int32)) if name.endswith("f0000.box_ids.npy") else data)
     boxes = np.load(io.BytesIO(_member(_first_train_shard(root, manifest), "f0000.boxes.npy")))
     if len(boxes) == 0:
         pytest.skip("the rendered sample has no boxes")
@@ -242,17 +242,18 @@ def test_both_loaders_name_a_valid_jpeg_of_the_wrong_size(dataset, tmp_path, sma
         _iterate(pipeline)
 
 
-def _one_box(class_id):
-    """boxes.npy and box_ids.npy with one visible box of class `class_id`."""
+def _one_box(class_id, attribute=-1):
+    """boxes.npy and box_ids.npy with one visible box of class `class_id` and attribute `attribute`."""
     box = np.array([[10, 0, 1, 4, 2, 1.5, 0, 0, 0, 1]], np.float32)
-    return {"boxes.npy": lambda _: npy_bytes(box), "box_ids.npy": lambda _: npy_bytes(np.array([[class_id, 7]],
-                                                                                              np.int32))}
+    return {"boxes.npy": lambda _: npy_bytes(box),
+            "box_ids.npy": lambda _: npy_bytes(np.array([[class_id, 7, attribute]], np.int32))}
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("changes, needle", [
     (_one_box(999), "member box_ids.npy: expected ids 0-3 (the manifest's detection classes), found 999"),
     (_one_box(-2), "member box_ids.npy: expected ids 0-3 (the manifest's detection classes), found -2"),
+    (_one_box(0, 8), "member box_ids.npy: expected ids 0-7 or -1 (none) (the manifest's attribute names), found 8"),
     ({"semantic.npy": _set((2, 5, 7), 200)},
      "member semantic.npy: expected ids 0-9 or 255 (unlabelled) (the manifest's semantic classes), found 200"),
     ({"command.npy": _set(0, 7)}, "member command.npy: expected ids 0-2 (0 left, 1 straight, 2 right), found 7"),

@@ -75,7 +75,7 @@ def test_every_schema_member_has_its_dtype_and_shape(dataset):
     for name, array in arrays.items():
         assert array.dtype == DTYPES[name], name
     assert arrays["depth"].shape == arrays["semantic"].shape == arrays["instance"].shape == (n, h, w)
-    assert arrays["boxes"].shape[1] == 10 and arrays["box_ids"].shape == (len(arrays["boxes"]), 2)
+    assert arrays["boxes"].shape[1] == 10 and arrays["box_ids"].shape == (len(arrays["boxes"]), 3)
     assert arrays["past"].shape == (4, 2) and arrays["future"].shape == (6, 2)
     for camera in pipeline.data.rig.cameras:
         assert sample[f"{camera.name}.jpg"][:2] == b"\xff\xd8"
@@ -87,6 +87,31 @@ def test_every_schema_member_has_its_dtype_and_shape(dataset):
 def _arrays(pipeline, index):
     _, sample = _sample(pipeline.data.root, index=index)
     return {name: np.load(io.BytesIO(sample[f"{name}.npy"])) for name in ARRAY_MEMBERS}
+
+
+def test_every_box_carries_the_attribute_its_road_user_has_in_the_world(dataset):
+    """The attribute column is the world's state, as nuScenes names it: a car in the parking strip is parked, one
+    in traffic moving or stopped by its speed (the box's vx, vy), a pedestrian moving or standing, a cyclist riding;
+    the manifest names the attributes."""
+    from stack.metrics.detection import ATTRIBUTES
+    from stack.sim.world.scene import MOVING_ABOVE_M_S
+
+    pipeline, manifest = dataset
+    assert manifest["attribute_names"] == list(ATTRIBUTES)
+    seen = set()
+    for index in range(manifest["splits"]["train"][0]["samples"]):
+        arrays = _arrays(pipeline, index)
+        for box, (cls, _, attribute) in zip(arrays["boxes"], arrays["box_ids"]):
+            kind, name = manifest["detection_classes"][cls], ATTRIBUTES[attribute]
+            moving = np.hypot(box[7], box[8]) > MOVING_ABOVE_M_S
+            if kind == "pedestrian":
+                assert name == ("pedestrian.moving" if moving else "pedestrian.standing")
+            elif kind == "cyclist":
+                assert name == "cycle.with_rider"
+            else:
+                assert name in ("vehicle.parked", "vehicle.stopped") if not moving else name == "vehicle.moving"
+            seen.add(name)
+    assert {"vehicle.moving", "vehicle.parked", "pedestrian.moving"} <= seen, seen
 
 
 def test_sky_has_no_depth_and_the_ground_depth_follows_the_camera_height(dataset):
@@ -110,7 +135,7 @@ def test_visible_boxes_project_onto_their_own_instance_pixels(dataset):
     for index in range(2):
         arrays = _arrays(pipeline, index)
         ks, poses = arrays["intrinsics"], arrays["cam_to_ego"]
-        for row, (box, (cls, track)) in enumerate(zip(arrays["boxes"], arrays["box_ids"])):
+        for row, (box, (cls, track, _)) in enumerate(zip(arrays["boxes"], arrays["box_ids"])):
             for cam in range(len(ks)):
                 mask = arrays["instance"][cam] == track
                 if mask.sum() < 30:

@@ -7,7 +7,7 @@ import torch
 
 from stack.config import load_pipeline
 from stack.models import build_model
-from stack.models.outputs import OUTPUTS, output_layout, output_shapes
+from stack.models.outputs import OUTPUTS, output_layout, output_names, output_shapes
 from stack.models.testing import fixed_and_per_batch_outputs, random_batch
 from stack.testing import device_params
 
@@ -32,12 +32,12 @@ def test_tiny_outputs_match_the_documented_layout(tiny):
     p, model, batch = tiny
     assert batch.mismatches(p) == []
     outputs = model.forward_batch(batch)
-    assert set(outputs) == set(OUTPUTS)
+    assert set(outputs) == set(OUTPUTS) | {"attribute_logits"} == set(output_names(p.model))
     for name, shape in output_shapes(p, batch=2).items():
         assert tuple(outputs[name].shape) == shape, name
         assert outputs[name].dtype == torch.float32, name
         assert torch.isfinite(outputs[name]).all(), name
-    assert set(output_layout(p)) == set(OUTPUTS)
+    assert set(output_layout(p)) == set(output_names(p.model))
 
 
 @pytest.mark.parametrize("preset", ["default", "large"])
@@ -51,13 +51,14 @@ def test_bigger_presets_build_on_the_meta_device(preset):
         depth_logits, context = model.depth_head(lift)
         grid_x, grid_y = model.grid
         bev = model.bev_encoder(torch.zeros(b, p.model.neck_channels, grid_x, grid_y))
-        heatmap, regression = model.detection_head(bev)
+        detections = model.detection_head(bev)
         plans, scores = model.planning_head(bev, torch.zeros(b, 3), torch.zeros(b, dtype=torch.long))
     shapes = output_shapes(p, batch=b)
     assert tuple(depth_logits.unflatten(0, (b, n)).shape) == shapes["depth_logits"]
     assert tuple(model.segmentation_head(fine).unflatten(0, (b, n)).shape) == shapes["seg_logits"]
     assert tuple(context.shape) == (b * n, p.model.neck_channels, *shapes["depth_logits"][-2:])
-    assert tuple(heatmap.shape) == shapes["heatmap"] and tuple(regression.shape) == shapes["box_regression"]
+    assert {name: tuple(tensor.shape) for name, tensor in detections.items()} == {
+        name: shapes[name] for name in output_names(p.model) if name in ("heatmap", "box_regression", "attribute_logits")}
     assert tuple(plans.shape) == shapes["plan_trajectories"] and tuple(scores.shape) == shapes["plan_scores"]
 
 

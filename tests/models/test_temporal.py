@@ -8,7 +8,7 @@ import torch
 
 from stack.config import load_pipeline
 from stack.models import build_model
-from stack.models.outputs import OUTPUTS
+from stack.models.outputs import output_names
 from stack.models.temporal import cell_centres, warp_previous_bev
 from stack.models.testing import random_batch
 
@@ -61,12 +61,12 @@ def test_the_temporal_network_fuses_the_previous_frame_and_returns_its_memory():
         itself = net(batch.images, batch.ego_status, batch.command, geometry, None, alone["bev_memory"],
                      torch.zeros(2, 3))
         fused = net.forward_batch(batch)
-    assert set(alone) == set(OUTPUTS) | {"bev_memory"}
+    assert set(alone) == set(output_names(pipeline.model)) | {"bev_memory"}
     assert torch.allclose(alone["plan_scores"], itself["plan_scores"], atol=1e-5), "a sequence start fuses the frame with itself"
     assert not torch.allclose(alone["heatmap"], fused["heatmap"]), "another previous frame changes what it sees"
     single = load_pipeline(TINY, [])
     assert set(build_model(single).eval()(batch.images, batch.ego_status, batch.command,
-                                          geometry)) == set(OUTPUTS), "k = 0: today's outputs"
+                                          geometry)) == set(output_names(single.model)), "k = 0: today's outputs"
     widths = {name: tuple(p.shape) for name, p in build_model(single).state_dict().items()}
     temporal = {name: tuple(p.shape) for name, p in net.state_dict().items()}
     changed = [n for n in temporal if widths.get(n) != temporal[n]]
