@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 
 from stack.data.loader import build_loader
-from stack.data.format import member_hash
+from stack.data.format import SCHEMA_VERSION, member_hash
 from stack.data.samples import BadSample
 from stack.errors import StackError
 
@@ -83,5 +83,5 @@ def test_a_dataset_of_schema_1_without_checksums_is_refused_clearly(dataset, tmp
     shutil.copytree(pipeline.data.root, root)
     manifest = json.loads((root / "manifest.json").read_text())
     (root / "manifest.json").write_text(json.dumps({**manifest, "schema": 1}))
-    with pytest.raises(StackError, match=r"schema version 1, this stack reads version 2; re-create the dataset"):
+    with pytest.raises(StackError, match=rf"schema version 1, this stack reads version {SCHEMA_VERSION}; re-create the dataset"):
         build_loader(small_pipeline(root), "train", 0, 1)

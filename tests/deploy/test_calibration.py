@@ -380,7 +380,7 @@ def test_converted_dataset_deploys_with_its_own_calibration(converted, capsys):
     code = main(["export", str(checkpoint), "--calibration", str(written)])
     out = capsys.readouterr().out
     assert code == 0, out
-    assert out.count(" ok") == 6 and "FAIL" not in out
+    assert out.count(" ok") == 7 and "FAIL" not in out  # seven named outputs, the attribute logits among them
     assert read_metadata(folder / "export" / "model.onnx")["calibration_hash"] == vehicle.hash
     assert Calibration.load(folder / "export" / "calibration.yaml").hash == vehicle.hash
     pipeline = micro_pipeline(f"data.root={folder / 'shards'}", "export.calibration_samples=1", "export.sensitivity_samples=1",

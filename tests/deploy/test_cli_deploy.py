@@ -50,13 +50,13 @@ def test_export_writes_onnx_with_parity(tiny):
     result = stack("export", str(checkpoint), *overrides)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "every operator native" in result.stdout
-    assert result.stdout.count(" ok") == 6  # six named outputs within tolerance
+    assert result.stdout.count(" ok") == 7  # seven named outputs within tolerance (attribute logits included)
     from stack.deploy.export import read_metadata
 
     meta = read_metadata(folder / "export" / "model.onnx")
     assert meta["pipeline_name"] == "tiny" and meta["detection_classes"][0] == "car"
     assert set(meta["output_layout"]) == {"depth_logits", "seg_logits", "heatmap", "box_regression",
-                                          "plan_trajectories", "plan_scores"}
+                                          "plan_trajectories", "plan_scores", "attribute_logits"}
     assert meta["input_normalisation"]["inside_graph"] is True and len(meta["rig"]["cameras"]) == 6
     import onnx
 

@@ -10,7 +10,7 @@ from stack.config import load_pipeline
 from stack.kinematics import along_path, speed_profile_arcs
 from stack.models import build_model
 from stack.models.losses import speed_candidate_targets
-from stack.models.outputs import OUTPUTS, TRAINING_OUTPUTS, output_shapes
+from stack.models.outputs import TRAINING_OUTPUTS, output_names, output_shapes
 from stack.models.testing import random_batch
 
 warnings.filterwarnings("ignore", message="bev_pool: the extension")
@@ -36,7 +36,7 @@ def test_candidates_are_the_speed_profiles_along_the_path_and_scores_combine_bot
         model.planning_head.path.weight.normal_(std=0.05)  # a bent path, not the initial straight line
         model.planning_head.scorer[-1].weight.normal_(std=0.05)  # and refined anchors
         outputs = model.forward_batch(batch)
-    assert set(outputs) == set(OUTPUTS) | set(TRAINING_OUTPUTS)
+    assert set(outputs) == set(output_names(p.model)) | set(TRAINING_OUTPUTS)
     for name, shape in output_shapes(p, batch=2).items():
         assert tuple(outputs[name].shape) == shape, name
     assert outputs["plan_trajectories"].shape[1] == len(ACCELERATIONS)
