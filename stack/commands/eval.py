@@ -6,9 +6,9 @@ CHECKPOINT is the `model.pt` that `stack train` writes (or a Lightning `.ckpt`);
 network is rebuilt from the pipeline it carries, and the data comes from the -c files and
 overrides given (or, with none, from that pipeline with the overrides): a pipeline of another
 network (model or rig) is refused up front, as export and deploy refuse it. Exit code 0 when every head clears its
-bar, 1 when one does not. Below the table, the detection head's nuScenes NDS and its five TP errors, as information
-(no bar; `stack.metrics.detection.summary` says which the network does not predict), and for a temporal network
-what it reads from the previous key frame (`stack.metrics.motion`). Writes eval/metrics.json and eval/heads.png
+bar, 1 when one does not. Detection is barred by mAP and by nuScenes' NDS; below the table, its five TP errors as
+information (no bar; `stack.metrics.detection.summary` says which the network does not predict), and for a temporal
+network what it reads from the previous key frame (`stack.metrics.motion`). Writes eval/metrics.json and eval/heads.png
 beside it (eval-train/ for `--split train`: the same table on frames the network trained on, so a gap between the
 two splits shows memorisation rather than learning).
 """
@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     for row in rows:
         print(f"| {row.head} | {row.metric} | {row.value:.3f} | {row.baseline:.3f} | {row.bar} | "
               f"{'pass' if row.passed else 'FAIL'} |")
-    print(f"detection (information, no bar): {summary(metrics)}")
+    print(f"detection, nuScenes (mAP and NDS barred above; the TP errors as information): {summary(metrics)}")
     print(f"depth (information, no bar): {depth_summary(metrics)}")
     if "motion/moving_boxes" in metrics:
         print(f"temporal fusion (information, no bar): {motion_summary(metrics)}")

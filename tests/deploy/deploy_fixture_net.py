@@ -136,7 +136,7 @@ RECIPE_LIKE_METRICS = {"planning/L2_at_3s": 0.68, "planning/baseline_cv/L2_at_3s
                        "depth/baseline_mean_depth/AbsRel": 0.806, "segmentation/mIoU": 0.66,
                        "segmentation/baseline_majority/mIoU": 0.035, "detection/mAP": 0.22,
                        "detection/baseline_empty/mAP": 0.0, "planning/departure_reproduced": 0.3,
-                       "planning/departure_share": 0.2}
+                       "planning/departure_share": 0.2, "detection/NDS": 0.36, "detection/baseline_empty/NDS": 0.0}
 
 
 def heads_like_the_recipe(run) -> dict:

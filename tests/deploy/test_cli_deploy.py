@@ -114,7 +114,7 @@ def test_deploy_ci_cpu_measures_and_an_untrained_network_is_not_for_deployment(t
     assert gate["passed"] and not gate["for_deployment"] and gate["fps"]["mode"] == "measured"
     assert any(r.startswith("quality: detection mAP ") and "does not clear its bar" in r for r in gate["below_bar"])
     assert [row["head"] for row in gate["quality"]["heads"]["rows"]] == ["planning", "depth", "segmentation",
-                                                                         "detection"]
+                                                                         "detection", "nuscenes"]
     verified = stack("deploy", "--verify", str(bundle))
     assert verified.returncode == 1 and "NOT FOR DEPLOYMENT" in verified.stdout, verified.stdout
     from stack.deploy.runner import DeployedNetwork, NotForDeployment

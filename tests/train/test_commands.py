@@ -88,7 +88,7 @@ def test_evaluate_reports_every_head_and_its_baseline():
                        torch.device("cpu"))
     assert metrics["eval/batches"] == 2
     rows = {row.head: row for row in verdicts(metrics)}
-    assert set(rows) == {"planning", "depth", "segmentation", "detection"}
+    assert set(rows) == {"planning", "depth", "segmentation", "detection", "nuscenes"}
     for row in rows.values():
         assert row.value == row.value and row.baseline == row.baseline, row  # not NaN
     # an untrained planner (residual layer at zero) is its prior, the ego-status rollout: it must fail the bar

@@ -79,9 +79,9 @@ def test_resume_and_eval_through_the_cli(shards, trained, tmp_path):
     evaluated = subprocess.run([*base, "eval", f"{full}/model.pt", f"data.root={shards}", *SMALL],
                                cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert evaluated.returncode in (0, 1), evaluated.stderr[-3000:]  # 1: a 4-step model fails its bars
-    for head in ("planning", "depth", "segmentation", "detection"):
+    for head in ("planning", "depth", "segmentation", "detection", "nuscenes"):
         assert f"| {head} |" in evaluated.stdout
-    assert "detection (information, no bar): NDS " in evaluated.stdout
+    assert "detection, nuScenes (mAP and NDS barred above; the TP errors as information): NDS " in evaluated.stdout
     # the world labels every box's attribute; this network (the default model, no attribute head) predicts none
     assert "no attribute labels in the data" not in evaluated.stdout and "no attribute head" in evaluated.stdout
     assert (full / "eval" / "metrics.json").is_file() and (full / "eval" / "heads.png").is_file()

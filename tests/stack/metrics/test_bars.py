@@ -7,7 +7,8 @@ from stack.metrics.bars import GAIN_SHARE, MIN_SPREADS, RECIPE, bar_ratio, verdi
 RECIPE_LIKE = {"planning/L2_at_3s": 0.68, "planning/baseline_cv/L2_at_3s": 2.13,
                "planning/baseline_ego_rollout/L2_at_3s": 0.854, "depth/AbsRel": 0.26,
                "depth/baseline_mean_depth/AbsRel": 0.806, "segmentation/mIoU": 0.66,
-               "segmentation/baseline_majority/mIoU": 0.035, "detection/mAP": 0.22, "detection/baseline_empty/mAP": 0.0}
+               "segmentation/baseline_majority/mIoU": 0.035, "detection/mAP": 0.22, "detection/baseline_empty/mAP": 0.0,
+               "detection/NDS": 0.36, "detection/baseline_empty/NDS": 0.0}
 
 
 def test_a_network_like_the_recipe_passes_and_one_with_a_fifth_less_gain_fails_every_head():
@@ -16,7 +17,8 @@ def test_a_network_like_the_recipe_passes_and_one_with_a_fifth_less_gain_fails_e
     for key, base in (("planning/L2_at_3s", "planning/baseline_ego_rollout/L2_at_3s"),
                       ("depth/AbsRel", "depth/baseline_mean_depth/AbsRel"),
                       ("segmentation/mIoU", "segmentation/baseline_majority/mIoU"),
-                      ("detection/mAP", "detection/baseline_empty/mAP")):
+                      ("detection/mAP", "detection/baseline_empty/mAP"),
+                      ("detection/NDS", "detection/baseline_empty/NDS")):
         weaker[key] = RECIPE_LIKE[base] + 0.7 * (RECIPE_LIKE[key] - RECIPE_LIKE[base])
     rows = verdicts({**RECIPE_LIKE, **weaker})
     assert not any(row.passed for row in rows), [(r.head, r.value, r.threshold) for r in rows]
@@ -44,3 +46,14 @@ def test_planning_is_judged_against_its_prior_not_constant_velocity():
     learned = {row.head: row for row in verdicts({**base, "planning/L2_at_3s": 0.68})}["planning"]
     assert learned.passed and "0.32x" in learned.note
     assert learned.to_dict()["threshold"] == pytest.approx(bar_ratio("planning") * 0.854)
+
+
+def test_boxes_found_but_placed_sized_or_turned_badly_fail_on_nds_alone():
+    """NDS weighs the matched boxes' errors beside mAP: the same mAP with every TP error at its clip (1.0) scores
+    NDS 0.5 mAP = 0.11, under the bar, while the detection row (mAP) still passes."""
+    from stack.metrics.detection import nd_score
+
+    poor = nd_score(RECIPE_LIKE["detection/mAP"], [1.0] * 5)
+    rows = {row.head: row for row in verdicts({**RECIPE_LIKE, "detection/NDS": poor})}
+    assert rows["detection"].passed and not rows["nuscenes"].passed
+    assert rows["nuscenes"].metric == "NDS" and rows["nuscenes"].threshold == pytest.approx(bar_ratio("nuscenes"))
