@@ -214,20 +214,24 @@ def apply_geometry(row: dict, params: AugmentParams) -> None:
 def apply_params(row: dict, params: AugmentParams) -> dict:
     """Apply `params` to one Batch row (in place) and return it: the torch backend's augmentation.
 
-    A row with the previous key frame (`previous_images`, model.temporal_frames) gets one augmentation for
-    both frames, as BEVDet4D requires: their pixels are resized, cropped and jittered together (as more
+    A row with the previous key frames (`previous_images`, `earlier_images`, model.temporal_frames) gets one
+    augmentation for every frame, as BEVDet4D requires: their pixels are resized, cropped and jittered together (as more
     cameras), and the BEV rotation turns both ego frames alike (the network conjugates the ego motion by it)."""
     cameras = row["images"].shape[0]
-    if "previous_images" in row:
-        row["images"] = torch.cat([row["images"], row.pop("previous_images")])
+    history = [name for name in ("previous_images", "earlier_images") if name in row]
+    counts = [row[name].shape[0] for name in history]
+    if history:
+        row["images"] = torch.cat([row["images"], *(row.pop(name) for name in history)])
     if params.resizes:
         apply_resize_crop(row, params)
     if params.angle:
         rotate_bev(row, params.angle)
     if params.colour is not None:
         apply_colour(row, params.colour)
-    if row["images"].shape[0] > cameras:
-        row["images"], row["previous_images"] = row["images"][:cameras], row["images"][cameras:]
+    if history:
+        parts = row["images"].split([cameras, *counts])
+        row["images"] = parts[0]
+        row.update(zip(history, parts[1:]))
     return row
 
 

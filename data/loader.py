@@ -226,25 +226,40 @@ class FrameSamples(IterableDataset):
         return [to_fields(images, arrays, self.maps, self.pipeline)]
 
     def add_previous(self, row: dict, key: str, shard: str, index: int) -> None:
-        """The previous key frame's images (the row's own at a sequence start) and the ego pose then, in the
-        row's ego frame (`stack.data.sequences`); augmentation later treats both frames alike."""
+        """The k = model.temporal_frames key frames before the row's (`stack.data.sequences`): the previous one's
+        images and the ego pose then in the row's ego frame, and for k >= 2 the ones before it (`earlier_images`,
+        `earlier_poses`: each pose in the frame of the key frame after it). Where the sequence starts, the oldest
+        frame it has stands in with zero motion. Augmentation later treats every frame alike."""
         from stack.data.sequences import previous_location
         from stack.kinematics import previous_pose
 
-        cameras = self.manifest["cameras"]
-        where = previous_location(self.shards, self.reader, shard, index, key)
-        if where is None:
-            row["previous_images"], pose = row["images"], np.zeros(3, np.float32)
-        else:
-            before = self.reader.read(*where)
-            if self.sums is not None:
-                self.sums.check_sample(before, where[0])
-            check_members(before, cameras, where[0])
-            check_jpeg_sizes(before, cameras, self.manifest["image_size"], where[0])
-            images = np.stack([decode_jpeg(before[f"{c}.jpg"], where[0], before["__key__"], f"{c}.jpg") for c in cameras])
-            row["previous_images"] = torch.from_numpy(images).permute(0, 3, 1, 2)
-            pose = previous_pose(row["past_trajectory"].numpy())
-        row["previous_pose"] = torch.from_numpy(pose)
+        images, poses = [], []
+        newest, past, where = row["images"], row["past_trajectory"].numpy(), (shard, index)
+        for _ in range(self.pipeline.model.temporal_frames):
+            where = previous_location(self.shards, self.reader, *where, key) if where is not None else None
+            if where is None:
+                images.append(newest)
+                poses.append(np.zeros(3, np.float32))
+                continue
+            before = self._read_key_frame(*where)
+            poses.append(previous_pose(past))
+            newest = torch.from_numpy(np.stack([decode_jpeg(before[f"{c}.jpg"], where[0], before["__key__"], f"{c}.jpg")
+                                                for c in self.manifest["cameras"]])).permute(0, 3, 1, 2)
+            images.append(newest)
+            key, past = before["__key__"], decode_arrays(before, where[0], ("past",))["past"]
+        row["previous_images"], row["previous_pose"] = images[0], torch.from_numpy(poses[0])
+        if len(images) > 1:
+            row["earlier_images"] = torch.cat(images[1:])
+            row["earlier_poses"] = torch.from_numpy(np.stack(poses[1:]))
+
+    def _read_key_frame(self, shard: str, index: int) -> dict:
+        """A sample read as the previous key frame of another, checked as any sample is."""
+        before = self.reader.read(shard, index)
+        if self.sums is not None:
+            self.sums.check_sample(before, shard)
+        check_members(before, self.manifest["cameras"], shard)
+        check_jpeg_sizes(before, self.manifest["cameras"], self.manifest["image_size"], shard)
+        return before
 
     def _rows(self, samples: list, rng: np.random.Generator):
         """Decoded (and augmented) rows of [(shard, index)]; with skip_bad_samples a bad sample is replaced by the

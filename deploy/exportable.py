@@ -17,7 +17,8 @@ import numpy as np
 import torch
 
 from stack.deploy.calibration import Calibration
-from stack.deploy.stateful import KEY_FRAME_PERIOD_S, MEMORY_OUTPUT, PREVIOUS_IMAGES, STATE_INPUTS
+from stack.deploy.stateful import (EARLIER_IMAGES, EARLIER_POSES, KEY_FRAME_PERIOD_S, MEMORY_OUTPUT, PREVIOUS_IMAGES,
+                                   STATE_INPUTS)
 from stack.errors import StackError
 from stack.models.outputs import output_names
 from stack.pipeline import Pipeline
@@ -153,10 +154,12 @@ def metadata(pipeline: Pipeline, calibration: Calibration | None = None) -> dict
 
 
 def _memory_shape(pipeline: Pipeline) -> tuple:
-    """(B, C, X, Y) of a stateful graph's BEV memory: the view transform's output at the export batch size."""
+    """(B, k C, X, Y) of a stateful graph's BEV memory at the export batch size: the (pre-encoded) view transform
+    output of each of the k = model.temporal_frames key frames it carries."""
     from stack.ops.bev_pool import grid_cells
 
-    return (pipeline.export.batch_size, pipeline.model.neck_channels, *grid_cells(pipeline.model.bev))
+    model = pipeline.model
+    return (pipeline.export.batch_size, model.neck_channels * model.temporal_frames, *grid_cells(model.bev))
 
 
 def _state_metadata(pipeline: Pipeline) -> dict:
@@ -166,7 +169,8 @@ def _state_metadata(pipeline: Pipeline) -> dict:
                       "period_s": KEY_FRAME_PERIOD_S, "period_tolerance_s": 0.1 * KEY_FRAME_PERIOD_S},
             "state_inputs": {
                 "previous_bev": f"float32 {shape}: the {MEMORY_OUTPUT} output of the key frame {KEY_FRAME_PERIOD_S} s "
-                                f"earlier (any values where previous_valid is 0)",
+                                f"earlier ({pipeline.model.temporal_frames} BEV(s) of {pipeline.model.neck_channels} "
+                                f"channels, newest first; any values where previous_valid is 0)",
                 "previous_pose": "float32 (B, 3): x, y (m), yaw (rad) of the ego at that key frame, in the current "
                                  "ego frame",
                 "previous_valid": "float32 (B,): 1 where previous_bev is given, 0 at a sequence start"}}
@@ -183,5 +187,9 @@ def batch_feeds(batch) -> list[dict]:
         previous, pose = batch.previous_images.numpy(), batch.previous_pose.numpy().astype(np.float32)
         for i, feed in enumerate(feeds):
             feed.update({PREVIOUS_IMAGES: previous[i:i + 1], STATE_INPUTS[1]: pose[i:i + 1]})
+    if batch.earlier_images is not None:  # k >= 2 key frames: the ones before the previous one
+        earlier, poses = batch.earlier_images.numpy(), batch.earlier_poses.numpy().astype(np.float32)
+        for i, feed in enumerate(feeds):
+            feed.update({EARLIER_IMAGES: earlier[i:i + 1], EARLIER_POSES: poses[i:i + 1]})
     return feeds
 

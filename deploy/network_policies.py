@@ -65,7 +65,8 @@ class CheckpointPolicy(GuardedNetworkPolicy):
         _, self.net = load_network(spec.source, needs_planner=True)
         self.geometry = rig_geometry(self.net, pipeline.data.rig)
         if self.net.temporal_frames and pipeline.drive.replan_hz != 2.0:
-            raise StackError(f"{spec.source} fuses the key frame 0.5 s earlier (model.temporal_frames=1), so it must "
+            raise StackError(f"{spec.source} fuses the key frames 0.5 s apart before it (model.temporal_frames="
+                             f"{self.net.temporal_frames}), so it must "
                              f"replan at 2 Hz; got drive.replan_hz={pipeline.drive.replan_hz}: set drive.replan_hz=2")
         self._memory, self._pose, self._episode = None, None, None
 

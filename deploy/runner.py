@@ -3,7 +3,7 @@
     net = DeployedNetwork.open("runs/tiny/export/cpu")          # the precision the bundle ships
     outputs = net.infer(images, ego_status, command, calibration)  # {output name: array}
 
-A stateful network (model.temporal_frames=1: it fuses the BEV memory of the key frame 0.5 s earlier) also
+A stateful network (model.temporal_frames=k: it fuses the BEV memory of the key frame 0.5 s earlier, k BEVs) also
 takes each frame's time and the ego's motion since that key frame, and carries its memory itself:
 
     outputs = net.infer(images, ego_status, command, calibration, time_s=t, previous_pose=pose)

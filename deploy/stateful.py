@@ -1,10 +1,10 @@
-"""The stateful graph of a temporal network (model.temporal_frames=1): its extra inputs and output, and feeds.
+"""The stateful graph of a temporal network (model.temporal_frames=k): its extra inputs and output, and feeds.
 
-A temporal network fuses the view transform's BEV of the key frame 0.5 s earlier (BEVDet4D,
+A temporal network fuses the view transform's BEVs of the k key frames before it, 0.5 s apart (BEVDet4D,
 `stack.models.temporal`). Exported, that memory becomes an input and an output of the graph, so a runtime
 carries it from one frame to the next (`stack.deploy.runner.DeployedNetwork`) and the graph stays one frame's
-work. The memory is the frame's BEV before fusion, not a running state: fusing frame t needs frame t-1's
-memory only, so a pair of frames scores frame t exactly as a whole sequence would (`with_memory`).
+work. The memory is the k newest frames' BEVs before fusion, not a running state: fusing frame t needs frames
+t-1 ... t-k only, so k + 1 frames score frame t exactly as a whole sequence would (`with_memory`).
 No torch here: a runtime imports this module.
 """
 
@@ -24,23 +24,39 @@ KEY_FRAME_PERIOD_S = 0.5
 """The time between a frame and the one whose memory it fuses (stack.data.sequences: key frames at 2 Hz)."""
 PREVIOUS_IMAGES = "previous_images"
 """Not a graph input: a feed that carries the previous key frame's images instead of its memory (`with_memory`)."""
+EARLIER_IMAGES, EARLIER_POSES = "earlier_images", "earlier_poses"
+"""Not graph inputs: for a network fusing k >= 2 key frames, the k - 1 frames before the previous one (newest first,
+N cameras each: (B, (k - 1) N, 3, H, W)) and each one's ego pose in the frame of the key frame after it
+((B, k - 1, 3)), which the previous frame's memory is built from (`with_memory`)."""
 
 
 def with_memory(feeds: dict, run: Callable[[dict], dict], memory_shape: tuple) -> dict:
-    """Graph feeds for one frame of a stateful graph. A feed with PREVIOUS_IMAGES (and previous_pose) gets its
-    previous_bev by `run` on those images first: `run(feeds) -> {output name: array}` is the graph being judged
-    (or the PyTorch network it came from), so each runs on its own memory, as it would on the road. The previous
-    frame's ego status and command do not reach the memory (it is the BEV before the heads). `memory_shape`: the
-    graph's previous_bev shape (zeros are fed where the start of a sequence ignores it)."""
+    """Graph feeds for one frame of a stateful graph. A feed with PREVIOUS_IMAGES (and previous_pose; for k >= 2
+    also EARLIER_IMAGES and EARLIER_POSES) gets its previous_bev by `run` on those frames first, oldest first, each
+    fed the memory of the one before it, as the graph carries it on the road: `run(feeds) -> {output name: array}`
+    is the graph being judged (or the PyTorch network it came from), so each runs on its own memory. The memory of
+    the oldest frame is a sequence start's; the k - 1 copies a start repeats are pushed out before they reach the
+    frame scored, so k + 1 frames score it exactly as a whole sequence would. The earlier frames' ego status and
+    command do not reach the memory (it is the BEV before the heads). `memory_shape`: the graph's previous_bev
+    shape (zeros are fed where the start of a sequence ignores it)."""
     if PREVIOUS_IMAGES not in feeds:
         return feeds
     previous = feeds[PREVIOUS_IMAGES]
-    batch = previous.shape[0]
-    start = {"images": previous, "ego_status": feeds["ego_status"], "command": feeds["command"],
-             STATE_INPUTS[0]: np.zeros(memory_shape, np.float32), STATE_INPUTS[1]: np.zeros((batch, 3), np.float32),
-             STATE_INPUTS[2]: np.zeros((batch,), np.float32)}
-    memory = np.asarray(run(start)[MEMORY_OUTPUT], np.float32)
-    concrete = {k: v for k, v in feeds.items() if k != PREVIOUS_IMAGES}
+    batch, cameras = previous.shape[:2]
+    frames, poses = [previous], []
+    if EARLIER_IMAGES in feeds:
+        earlier = feeds[EARLIER_IMAGES]
+        frames += [earlier[:, i:i + cameras] for i in range(0, earlier.shape[1], cameras)]
+        poses = [feeds[EARLIER_POSES][:, i] for i in range(feeds[EARLIER_POSES].shape[1])]
+    base = {"ego_status": feeds["ego_status"], "command": feeds["command"]}
+    memory = np.asarray(run({**base, "images": frames[-1], STATE_INPUTS[0]: np.zeros(memory_shape, np.float32),
+                             STATE_INPUTS[1]: np.zeros((batch, 3), np.float32),
+                             STATE_INPUTS[2]: np.zeros((batch,), np.float32)})[MEMORY_OUTPUT], np.float32)
+    for frame, pose in zip(reversed(frames[:-1]), reversed(poses)):
+        memory = np.asarray(run({**base, "images": frame, STATE_INPUTS[0]: memory,
+                                 STATE_INPUTS[1]: np.asarray(pose, np.float32),
+                                 STATE_INPUTS[2]: np.ones((batch,), np.float32)})[MEMORY_OUTPUT], np.float32)
+    concrete = {k: v for k, v in feeds.items() if k not in (PREVIOUS_IMAGES, EARLIER_IMAGES, EARLIER_POSES)}
     concrete.update({STATE_INPUTS[0]: memory, STATE_INPUTS[2]: np.ones((batch,), np.float32)})
     return concrete
 

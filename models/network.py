@@ -5,7 +5,7 @@ Data flow (per frame, N cameras):
     images ─► timm backbone + FPN ─┬─► segmentation head (stride segmentation_stride)
                                    └─► depth/context head (stride feature_stride)
     softmax(depth) x context ─► bev_pool (lift-splat, stack.ops) ─► BEV pre-encoder ─► BEV encoder
-        (model.temporal_frames = 1: the previous key frame's pre-encoded BEV, warped by the ego motion, is
+        (model.temporal_frames = k: the k previous key frames' pre-encoded BEVs, warped by the ego motion, are
          concatenated before the encoder: stack.models.temporal, BEVDet4D; the pre-encoder has
          model.temporal_pre_blocks residual blocks, none by default)
     BEV ─┬─► CenterPoint heatmap + box regression
@@ -104,9 +104,11 @@ class BevNet(nn.Module):
         """`bev_rotation` (B,) radians is the BEV augmentation's yaw (`Batch.bev_rotation`); None means 0 and is
         what export passes, so the exported graph keeps its inputs and, at 0, its outputs.
 
-        With model.temporal_frames = 1, `previous_bev` (B, C, X, Y) is the `bev_memory` output of the key frame
-        0.5 s earlier and `previous_pose` (B, 3) the ego pose then (`Batch.previous_pose`); None at a sequence
-        start, where the frame is fused with itself (BEVDet4D). `bev_memory` is this frame's, for the next.
+        With model.temporal_frames = k > 0, `previous_bev` (B, k C, X, Y) is the `bev_memory` output of the key frame
+        0.5 s earlier (that frame's BEV and the k - 1 before it, all on that frame's cells, newest first) and
+        `previous_pose` (B, 3) the ego pose then (`Batch.previous_pose`); None at a sequence start, where the frame
+        is fused with itself k times (BEVDet4D). `bev_memory` is this frame's, for the next: this frame's BEV and
+        the k - 1 newest of the warped memory, so one warp by one ego motion per key frame carries all k.
         `previous_valid` (B,), 1 or 0, says per sample whether `previous_bev` holds a memory or the sample starts a
         sequence: the exported stateful graph's way of saying None per sample (stack.deploy.exportable)."""
         batch, cameras = images.shape[:2]
@@ -120,7 +122,9 @@ class BevNet(nn.Module):
         if self.temporal_frames:
             aligned = self._aligned_previous(bev, previous_bev, previous_pose, bev_rotation)
             if previous_valid is not None:
-                aligned = torch.where(previous_valid.view(-1, 1, 1, 1) > 0.5, aligned, bev)
+                aligned = torch.where(previous_valid.view(-1, 1, 1, 1) > 0.5, aligned, self._repeated(bev))
+            if self.temporal_frames > 1:  # this frame's BEV, then the k - 1 newest of the memory it fused
+                memory = torch.cat([bev, aligned[:, :bev.shape[1] * (self.temporal_frames - 1)]], dim=1)
             bev = torch.cat([bev, aligned], dim=1)
         bev = self.bev_encoder(bev)
         detections = self.detection_head(bev)
@@ -137,14 +141,19 @@ class BevNet(nn.Module):
 
     def _aligned_previous(self, bev: torch.Tensor, previous_bev: torch.Tensor | None,
                           previous_pose: torch.Tensor | None, bev_rotation: torch.Tensor | None) -> torch.Tensor:
-        """The previous frame's BEV on this frame's cells; this frame's own where there is none."""
+        """The previous frames' BEVs (k C channels) on this frame's cells; this frame's own, k times, where there
+        are none."""
         if previous_bev is None:
-            return bev
+            return self._repeated(bev)
         if previous_pose is None:
             raise StackError("BevNet.forward got previous_bev without previous_pose: pass the ego pose of the previous "
                              "key frame in the current ego frame (Batch.previous_pose)")
         ranges = self.pipeline.model.bev
         return warp_previous_bev(previous_bev, previous_pose, bev_rotation, tuple(ranges.x_range), tuple(ranges.y_range))
+
+    def _repeated(self, bev: torch.Tensor) -> torch.Tensor:
+        """A sequence start's memory: the frame's own BEV in each of the k slots."""
+        return bev.repeat(1, self.temporal_frames, 1, 1) if self.temporal_frames > 1 else bev
 
     def memory(self, images: torch.Tensor, geometry: BevPoolGeometry | None) -> torch.Tensor:
         """The pre-encoded BEV of one frame without the heads: the previous key frame's `bev_memory`, computed in
@@ -198,13 +207,36 @@ class BevNet(nn.Module):
         geometry = None if self.view_transform.fixed is not None else self.geometry(batch.intrinsics, batch.cam_to_ego)
         previous = None
         if self.temporal_frames and fuse_previous:
-            if batch.previous_images is None:
-                raise StackError("this network fuses the previous key frame (model.temporal_frames=1) but the batch "
-                                 "carries none: load it with the torch loader of a pipeline with model.temporal_frames=1")
             with torch.no_grad():
-                previous = self.memory(batch.previous_images, geometry)
+                previous = self.previous_memory(batch, geometry)
         return self(batch.images, batch.ego_status, batch.command, geometry, batch.bev_rotation, previous,
                     batch.previous_pose)
+
+    def previous_memory(self, batch: Batch, geometry: BevPoolGeometry | None) -> torch.Tensor:
+        """The `bev_memory` the previous key frame would have output (B, k C, X, Y), from the batch's k previous key
+        frames: the oldest's BEV as a sequence start's memory, then each newer frame's BEV with the memory before
+        it warped onto its cells, as the deployed graph carries it from frame to frame (so the recurrence and this
+        window give the same memory, exactly: the k - 1 slots a start repeats are pushed out before they count)."""
+        k, cameras = self.temporal_frames, self.cameras
+        needed = {"previous_images": batch.previous_images, "previous_pose": batch.previous_pose}
+        if k > 1:
+            needed.update(earlier_images=batch.earlier_images, earlier_poses=batch.earlier_poses)
+        missing = [name for name, tensor in needed.items() if tensor is None]
+        if missing:
+            raise StackError(f"this network fuses the {k} previous key frame(s) (model.temporal_frames={k}) but the "
+                             f"batch carries no {', '.join(missing)}: load it with the torch loader of a pipeline with "
+                             f"model.temporal_frames={k}")
+        frames = [batch.previous_images]  # newest first
+        if k > 1:
+            frames += list(batch.earlier_images.unflatten(1, (k - 1, cameras)).unbind(1))
+        memory = self._repeated(self.memory(frames[-1], geometry))
+        ranges = self.pipeline.model.bev
+        for older, frame in reversed(list(enumerate(frames[:-1]))):
+            aligned = warp_previous_bev(memory, batch.earlier_poses[:, older], batch.bev_rotation,
+                                        tuple(ranges.x_range), tuple(ranges.y_range))
+            bev = self.memory(frame, geometry)
+            memory = torch.cat([bev, aligned[:, :bev.shape[1] * (k - 1)]], dim=1)
+        return memory
 
     def loss(self, outputs: dict[str, torch.Tensor], batch: Batch) -> dict[str, torch.Tensor]:
         """Per-term losses, per-task sums, and `total` weighted by `model.loss_weights`."""

@@ -90,11 +90,17 @@ def random_batch(pipeline: Pipeline, batch_size: int = 2, seed: int = 0) -> Batc
     n = len(rig.cameras)
     as_float = dict(dtype=torch.float32)
     temporal = {}
-    if model.temporal_frames:  # the frame 0.5 s earlier: the same scene a few pixels back, and the pose then
+    if model.temporal_frames:  # the frames 0.5 s apart before it: the same scene a few pixels back each, and the poses
         from stack.kinematics import previous_pose
 
-        temporal = {"previous_images": torch.as_tensor(np.clip(np.roll(images, 2, axis=-1), 0, 255).astype(np.uint8)),
-                    "previous_pose": torch.as_tensor(np.stack([previous_pose(p) for p in past]))}
+        def shifted(frames_back: int) -> torch.Tensor:
+            return torch.as_tensor(np.clip(np.roll(images, 2 * frames_back, axis=-1), 0, 255).astype(np.uint8))
+
+        pose = np.stack([previous_pose(p) for p in past])
+        temporal = {"previous_images": shifted(1), "previous_pose": torch.as_tensor(pose)}
+        if model.temporal_frames > 1:  # constant speed and yaw rate: every key frame moved as the last one did
+            temporal.update(earlier_images=torch.cat([shifted(j) for j in range(2, model.temporal_frames + 1)], dim=1),
+                            earlier_poses=torch.as_tensor(np.repeat(pose[:, None], model.temporal_frames - 1, 1)))
     return Batch(
         images=torch.as_tensor(np.clip(images, 0, 255).astype(np.uint8)),
         intrinsics=torch.as_tensor(ks, **as_float).expand(batch_size, n, 3, 3).contiguous(),

@@ -76,10 +76,17 @@ class Batch:
     export. None (a Batch built by hand) means zeros."""
     previous_images: "torch.Tensor | None" = None
     """uint8 (B, N, 3, H, W): the key frame 0.5 s earlier in the same sequence, augmented as `images` (the same
-    frame at a sequence start); only for a network with model.temporal_frames = 1 (`stack.data.sequences`)."""
+    frame at a sequence start); only for a network with model.temporal_frames >= 1 (`stack.data.sequences`)."""
     previous_pose: "torch.Tensor | None" = None
     """float32 (B, 3): x, y (m), yaw (rad) of the ego at the previous key frame in the current ego body frame
     (before BEV rotation); zeros at a sequence start. With `previous_images`."""
+    earlier_images: "torch.Tensor | None" = None
+    """uint8 (B, (k - 1) N, 3, H, W): the key frames before the previous one (1.0, 1.5 ... s earlier), newest first,
+    N cameras each, augmented as `images`; where the sequence has no such frame, the oldest frame it has. Only for
+    model.temporal_frames = k >= 2."""
+    earlier_poses: "torch.Tensor | None" = None
+    """float32 (B, k - 1, 3): the ego pose at each of `earlier_images`' frames in the ego frame of the key frame
+    after it (the first: in the previous key frame's); zeros where the sequence has no such frame."""
     box_attributes: "torch.Tensor | None" = None
     """int64 (B, M) each box's nuScenes attribute, an index into `stack.metrics.detection.ATTRIBUTES` (moving,
     stopped, parked ...); -1 for none and for padding. Both loaders fill it; None (a Batch built by hand) means
@@ -108,7 +115,7 @@ class Batch:
         """Shape and dtype name of every field for this pipeline, with B taken from `images`."""
         b, n = self.images.shape[0], len(pipeline.data.rig.cameras)
         h, w = pipeline.data.rig.image_height, pipeline.data.rig.image_width
-        m, t = pipeline.model.max_boxes, pipeline.model.planning_steps
+        m, t, k = pipeline.model.max_boxes, pipeline.model.planning_steps, pipeline.model.temporal_frames
         return {
             "images": ((b, n, 3, h, w), "uint8"), "intrinsics": ((b, n, 3, 3), "float32"),
             "cam_to_ego": ((b, n, 4, 4), "float32"), "depth": ((b, n, h, w), "float16"),
@@ -119,6 +126,8 @@ class Batch:
             "bev_rotation": ((b,), "float32"),
             **({"previous_images": ((b, n, 3, h, w), "uint8"), "previous_pose": ((b, 3), "float32")}
                if pipeline.model.temporal_frames else {}),
+            **({"earlier_images": ((b, (k - 1) * n, 3, h, w), "uint8"), "earlier_poses": ((b, k - 1, 3), "float32")}
+               if k > 1 else {}),
             **({"box_attributes": ((b, m), "int64")} if self.box_attributes is not None else {}),
         }
 

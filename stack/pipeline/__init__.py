@@ -49,7 +49,9 @@ def temporal_problems(pipeline: "Pipeline") -> Problems:
     if not pipeline.model.temporal_frames:
         return []
     found: Problems = []
-    data, why = pipeline.data, "model.temporal_frames=1 fuses the key frame 0.5 s earlier"
+    k = pipeline.model.temporal_frames
+    frames = "the key frame 0.5 s earlier" if k == 1 else f"the {k} key frames before it, 0.5 s apart"
+    data, why = pipeline.data, f"model.temporal_frames={k} fuses {frames}"
     if data.backend != "torch":
         found.append(("data.backend", f"got {data.backend}; {why}, which the torch loader reads: set data.backend=torch"))
     if data.layout != "frames":

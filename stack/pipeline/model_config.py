@@ -109,6 +109,9 @@ SEGMENTATION_CLASSES = [
 
 
 CIRCLE_NMS_MAX_M = 20.0
+MAX_TEMPORAL_FRAMES = 4
+"""Key frames a temporal network may fuse (2 s of history at 2 Hz): each adds an image encoder pass per training
+sample and C channels to the memory the deployed graph carries."""
 """Largest circle-NMS radius: beyond a bus's length a radius would merge distinct road users."""
 
 MODEL_BOUNDS = (
@@ -186,18 +189,19 @@ class ModelConfig:
     the best-scoring candidate that moves on and runs into no detection drives (the inertia problem)."""
     planning_velocity: bool = False
     """The path-speed planner's scorer also reads the detection head's velocity of whatever lies on each candidate's
-    path, resolved along and across it (`stack.models.path_speed_head`). Needs temporal_frames = 1: one frame holds
+    path, resolved along and across it (`stack.models.path_speed_head`). Needs temporal_frames >= 1: one frame holds
     no motion, so its velocity regression is a guess."""
     temporal_frames: int = 0
     """Previous key frames fused into the BEV (BEVDet4D, Huang & Huang 2022): 0, one frame (today's network), or
-    1: the key frame 0.5 s earlier is lifted by the same network (no gradient, as BEVDet4D trains it), warped into
-    the current ego frame by the ego motion and concatenated before the BEV encoder, so the heads see how things
-    moved. The torch loader reads it from the shards (`stack.data.sequences`); the closed loop carries it as state."""
+    k = 1 ... 4: the k key frames 0.5, 1.0 ... s earlier are lifted by the same network (no gradient, as BEVDet4D
+    trains it), warped into the current ego frame by the ego motion and concatenated before the BEV encoder, so the
+    heads see how things moved. The torch loader reads them from the shards (`stack.data.sequences`); the closed
+    loop and the exported graph carry them as one memory of k BEVs, warped once per key frame."""
     temporal_pre_blocks: int = 0
     """Residual blocks run on each frame's BEV before the temporal fusion, so that the memory carried to the next key
     frame is this small encoder's output rather than the view transform's sparse splat (BEVDet4D's `pre_process`
     net, two blocks in its configs: the paper finds fusing after a BEV encoder better). 0: the splat is fused as
-    is. Only with temporal_frames = 1."""
+    is. Only with temporal_frames >= 1."""
     path_points: int = 16
     """Points of the path-speed planner's path (one every path_spacing_m, from the ego)."""
     path_spacing_m: float = 2.5
@@ -248,7 +252,7 @@ class ModelConfig:
             if self.planning_modes != 1:
                 found.append(("planning_modes", f"got {self.planning_modes} with planning_accelerations set; the "
                                                 f"path-speed planner plans one path: set planning_modes: 1"))
-        in_range(found, "temporal_frames", self.temporal_frames, 0, 1)
+        in_range(found, "temporal_frames", self.temporal_frames, 0, MAX_TEMPORAL_FRAMES)
         in_range(found, "temporal_pre_blocks", self.temporal_pre_blocks, 0, 8)
         if self.temporal_pre_blocks and not self.temporal_frames:
             found.append(("temporal_pre_blocks", f"got {self.temporal_pre_blocks} with temporal_frames 0; the blocks "

@@ -1,5 +1,6 @@
 """The previous key frame of a sample (stack.data.sequences): found across shard boundaries, augmented with its
-frame, and the ego motion since it, as a temporal network (model.temporal_frames=1) is given them."""
+frame, and the ego motion since it, as a temporal network (model.temporal_frames=k) is given them; for k >= 2 the
+frames before it too."""
 
 import dataclasses
 import math
@@ -86,6 +87,47 @@ def test_the_loader_gives_each_frame_the_one_before_it(dataset, small_pipeline):
     assert single.previous_images is None, "a one-frame network's batches carry no previous frame"
 
 
+def test_the_loader_gives_each_frame_the_k_before_it_and_the_oldest_it_has_where_the_scene_starts(dataset,
+                                                                                                small_pipeline):
+    """k = 2, unshuffled: a row's earlier images are the frame two back in its scene (the previous frame's own
+    previous), posed in the previous frame's ego frame as that frame's past trajectory says; a scene's second frame
+    repeats its first with zero motion, and a first frame repeats itself in both."""
+    pipeline, manifest = dataset
+    root = pipeline.data.root
+    k2 = small_pipeline(root, "model.temporal_frames=2", "data.batch_size=1")
+    keys = _stored_keys(manifest, Path(root), "train")
+    rows = list(build_loader(k2, "train", 0, 1, shuffle=False, augment=False))
+    assert len(rows) == len(keys) and any(key.endswith("f0002") for key in keys)
+    for position, (key, batch) in enumerate(zip(keys, rows)):
+        assert batch.mismatches(k2) == [], key
+        frame = int(key[-4:])
+        if frame == 0:
+            assert torch.equal(batch.earlier_images, batch.images)
+            assert torch.equal(batch.earlier_poses, torch.zeros(1, 1, 3))
+        elif frame == 1:
+            assert torch.equal(batch.earlier_images, rows[position - 1].images), key
+            assert torch.equal(batch.earlier_poses, torch.zeros(1, 1, 3)), key
+        else:
+            assert torch.equal(batch.earlier_images, rows[position - 2].images), key
+            assert torch.equal(batch.earlier_poses[:, 0], rows[position - 1].previous_pose), key
+            assert float(batch.earlier_poses.abs().sum()) > 0
+        if frame:
+            assert torch.equal(batch.previous_images, rows[position - 1].images), key
+
+
+def test_every_frame_of_a_row_gets_one_augmentation(dataset, small_pipeline):
+    """k = 2: a first frame's previous and earlier images are its own pixels, so after augmentation all three must be
+    equal bit for bit (same resize, crop and colour jitter)."""
+    pipeline, manifest = dataset
+    k2 = small_pipeline(pipeline.data.root, "model.temporal_frames=2", "data.batch_size=1")
+    keys = _stored_keys(manifest, Path(pipeline.data.root), "train")
+    firsts = [batch for key, batch in zip(keys, build_loader(k2, "train", 0, 1, shuffle=False, augment=True))
+              if key.endswith("f0000")]
+    assert firsts
+    for batch in firsts:
+        assert torch.equal(batch.previous_images, batch.images) and torch.equal(batch.earlier_images, batch.images)
+
+
 def test_both_frames_of_a_row_get_one_augmentation(dataset, small_pipeline):
     """BEVDet4D's rule: a first frame's previous images are its own pixels, so after augmentation they must still
     equal the augmented images bit for bit (same resize, crop and colour jitter)."""
@@ -105,7 +147,7 @@ def test_a_temporal_network_refuses_what_cannot_give_it_the_previous_frame(small
     from stack.errors import StackError
 
     for override, named in (("data.backend=dali", "data.backend"), ("data.layout=clips", "data.layout"),
-                            ("drive.replan_hz=4", "drive.replan_hz"), ("model.temporal_frames=2", "temporal_frames")):
+                            ("drive.replan_hz=4", "drive.replan_hz"), ("model.temporal_frames=5", "temporal_frames")):
         extra = [] if override.startswith("model.") else ["model.temporal_frames=1"]
         with pytest.raises(StackError, match=named.replace(".", r"\.")):
             small_pipeline(tmp_path, *extra, override)

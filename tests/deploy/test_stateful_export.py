@@ -1,4 +1,4 @@
-"""A temporal network (model.temporal_frames=1) exported as a stateful graph: the BEV memory of the key frame 0.5 s
+"""A temporal network (model.temporal_frames=1; 2) exported as a stateful graph: the BEV memory of the key frame 0.5 s
 earlier is an input and the frame's own an output; ONNX Runtime matches PyTorch given the same memory;
 `DeployedNetwork` carries the memory between frames, fuses it only at the trained period and starts a sequence
 otherwise; the deploy gates score frame pairs, each runtime on its own memory."""
@@ -91,6 +91,34 @@ def test_a_pre_encoded_memory_exports_as_pytorch_computes_it(tmp_path):
                         pipeline.export.parity_rtol)
     assert all(row.passed for row in rows), [r for r in rows if not r.passed]
     assert {MEMORY_OUTPUT, "heatmap"} <= {row.output for row in rows}
+
+
+def test_a_memory_of_two_key_frames_exports_and_three_frames_score_the_newest_as_pytorch_does(tmp_path):
+    """model.temporal_frames=2: the graph's memory is two BEVs wide; a feed with the two frames before (the
+    loader's previous and earlier images) is resolved oldest first by the runtime itself, and the graph's outputs
+    match the PyTorch network's on the window it trained on (`forward_batch`)."""
+    warnings.filterwarnings("ignore")
+    torch.manual_seed(0)
+    pipeline = load_pipeline(TINY, ["model.temporal_frames=2", "export.batch_size=1"])
+    model = build_model(pipeline)
+    network = export_network(pipeline, model.state_dict())
+    path = tmp_path / "model.onnx"
+    export_onnx(network.net, network.example, network.output_names, path, pipeline.export.opset, network.metadata)
+    shape = tuple(network.example[STATE_INPUTS[0]].shape)
+    assert shape == (1, 2 * pipeline.model.neck_channels, 64, 64)
+    assert "2 BEV(s)" in read_metadata(path)["state_inputs"]["previous_bev"]
+    batch = random_batch(pipeline, batch_size=1, seed=1)
+    feeds = [with_memory(batch_feeds(batch)[0], torch_runner(network.net), shape)]
+    rows = check_parity(network.net, path, feeds, network.output_names, pipeline.export.parity_atol,
+                        pipeline.export.parity_rtol)
+    assert all(row.passed for row in rows), [r for r in rows if not r.passed]
+    from stack.deploy.gates.accuracy import session_runner
+
+    graph = session_runner(path)(batch_feeds(batch)[0])
+    with torch.no_grad():
+        window = model.eval().forward_batch(batch)
+    np.testing.assert_allclose(graph["heatmap"], window["heatmap"].numpy(), atol=pipeline.export.parity_atol,
+                               rtol=1e-3)
 
 
 def test_previous_valid_zero_is_the_sequence_start_and_one_fuses_the_memory(exported):

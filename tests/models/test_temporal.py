@@ -1,6 +1,7 @@
 """Temporal BEV fusion (stack.models.temporal, model.temporal_frames=1): the previous BEV lands where the ego motion
 says, a frame fused with itself at zero motion is the sequence-start rule, and the one-frame network is unchanged."""
 
+import dataclasses
 import math
 
 import pytest
@@ -99,3 +100,36 @@ def test_a_pre_encoder_without_temporal_fusion_is_refused():
 
     with pytest.raises(ConfigError, match="temporal_pre_blocks.*temporal_frames: 1"):
         load_pipeline(TINY, ["model.temporal_pre_blocks=2"])
+
+
+def test_k_frames_carried_as_one_memory_give_what_the_training_window_gives():
+    """model.temporal_frames=2: stepping the network frame by frame, oldest first, each fed the memory the one
+    before returned (the deployed graph's recurrence), scores the newest frame exactly as `forward_batch` does from
+    the window of k previous frames the loader gives (`BevNet.previous_memory`), under BEV rotation too. A sequence
+    start's memory holds its own BEV in every slot, and the memory is k BEVs wide."""
+    torch.manual_seed(0)
+    pipeline = load_pipeline(TINY, ["model.temporal_frames=2"])
+    net = build_model(pipeline).eval()
+    batch = random_batch(pipeline, batch_size=2, seed=0)
+    batch.bev_rotation = torch.tensor([0.3, -0.2])
+    assert batch.mismatches(pipeline) == []
+    geometry = net.geometry(batch.intrinsics, batch.cam_to_ego)
+    status, command, theta = batch.ego_status, batch.command, batch.bev_rotation
+    with torch.no_grad():
+        oldest = net(batch.earlier_images, status, command, geometry, theta)
+        previous = net(batch.previous_images, status, command, geometry, theta, oldest["bev_memory"],
+                       batch.earlier_poses[:, 0])
+        stepped = net(batch.images, status, command, geometry, theta, previous["bev_memory"], batch.previous_pose)
+        window = net.forward_batch(batch)
+    channels = pipeline.model.neck_channels
+    assert stepped["bev_memory"].shape == (2, 2 * channels, 64, 64)
+    assert torch.equal(oldest["bev_memory"][:, :channels], oldest["bev_memory"][:, channels:]), "a start repeats"
+    for name in output_names(pipeline.model):
+        assert torch.allclose(stepped[name], window[name], atol=1e-5), name
+    with torch.no_grad():  # the oldest frame matters: another one there changes the newest frame's detections
+        other = dataclasses.replace(batch, earlier_images=batch.previous_images)
+        assert not torch.allclose(net.forward_batch(other)["heatmap"], window["heatmap"], atol=1e-5)
+    one = {name: tuple(p.shape) for name, p in build_model(load_pipeline(TINY, ["model.temporal_frames=1"]))
+           .state_dict().items()}
+    two = {name: tuple(p.shape) for name, p in net.state_dict().items()}
+    assert one.keys() == two.keys() and all(n.startswith("bev_encoder.stem.") for n in two if one[n] != two[n])

@@ -255,16 +255,18 @@ def test_a_temporal_checkpoint_carries_its_bev_memory_through_each_episode(tmp_p
         assert all(-8.0 < x < -1.0 for x in moved), f"the ego was 0.5 s of driving behind: {moved}"
 
 
-def test_a_temporal_checkpoint_and_its_stateful_onnx_drive_the_same_episode(tmp_path):
-    """The exported stateful graph in closed loop: DeployedNetwork carries the BEV memory between replans and
-    forgets it at an episode's start, as the checkpoint policy does, so both drive the same trajectory."""
+@pytest.mark.parametrize("frames", [1, 2])
+def test_a_temporal_checkpoint_and_its_stateful_onnx_drive_the_same_episode(tmp_path, frames):
+    """The exported stateful graph in closed loop: DeployedNetwork carries the BEV memory (of k = 1 or 2 key frames)
+    between replans and forgets it at an episode's start, as the checkpoint policy does, so both drive the same
+    trajectory."""
     from stack.checkpoint.model_file import save_model_checkpoint
     from stack.deploy.calibration import Calibration
     from stack.deploy.export import export_onnx
     from stack.deploy.exportable import export_network
     from stack.models import build_model
 
-    temporal = micro_pipeline("model.temporal_frames=1")
+    temporal = micro_pipeline(f"model.temporal_frames={frames}")
     torch.manual_seed(0)
     state_dict = build_model(temporal).state_dict()
     checkpoint = save_model_checkpoint(tmp_path / "model.pt", temporal, state_dict)
