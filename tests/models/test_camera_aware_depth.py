@@ -92,3 +92,81 @@ def test_export_bakes_the_rig_camera_as_it_bakes_the_pooling(aware):
         torch.testing.assert_close(fixed[name], dynamic[name], atol=1e-4, rtol=1e-4)
     with pytest.raises(StackError, match="camera_aware"):
         net(batch.images, batch.ego_status, batch.command)
+
+
+def _seen_at(distance: torch.Tensor, focal: torch.Tensor, channels: int) -> torch.Tensor:
+    """Lift features (B, C, 5, 5) of an image that shows one road user 1.5 m tall, `distance` metres away under a
+    lens of `focal` pixels (B,), at the centre feature: its height in pixels, coded over the channels as radial
+    bases of the log (the backbone's part, done here). Apparent size is depth's cue, and it depends on the focal
+    length as much as on the distance."""
+    size = torch.log(focal * 1.5 / distance) - math.log(20.0)
+    centres = torch.linspace(-1.3, 1.4, channels)
+    width = float(centres[1] - centres[0])
+    features = torch.zeros(distance.shape[0], channels, 5, 5)
+    features[:, :, 2, 2] = torch.exp(-(size[:, None] - centres[None]) ** 2 / (2 * width ** 2))
+    return features
+
+
+def _cameras(focal: torch.Tensor, size=(128, 256)) -> torch.Tensor:
+    """camera_vector of cameras with focal length `focal` (B,) pixels, centred, 1.5 m up, level."""
+    k = torch.zeros(focal.shape[0], 1, 3, 3)
+    k[:, 0, 0, 0], k[:, 0, 1, 1], k[:, 0, 2, 2] = focal, focal, 1.0
+    k[:, 0, 0, 2], k[:, 0, 1, 2] = size[1] / 2, size[0] / 2
+    pose = torch.eye(4).expand(focal.shape[0], 1, 4, 4).clone()
+    pose[..., 2, 3] = 1.5
+    return camera_vector(k, pose, size)
+
+
+def test_told_its_focal_length_the_depth_head_resolves_what_the_image_alone_cannot():
+    """The mechanism of the camera-aware head (BEVDepth's DepthNet), isolated: both heads learn the depth of a road
+    user from its apparent size while the focal length varies as the resize augmentation varies it (x0.9-1.1 of a
+    200-pixel lens). A size alone cannot tell a near thing under a short lens from a far one under a long lens: the
+    plain head learns the average lens and is wrong by the lens's ratio on any other vehicle (x1.08 here), while the
+    camera-aware head, given each image's camera, degrades less than half as much. (In the rendered world the plain
+    network reads the scale from other cues, the padded border and the horizon, so there the two degrade alike:
+    BENCHMARKS.md, camera-aware depth.)"""
+    from stack.models.image_heads import DepthContextHead, expected_depth
+    from stack.ops.bev_pool import depth_bin_centres
+
+    pipeline = load_pipeline(TINY, [])
+    centres = depth_bin_centres(pipeline.model.depth, dtype=torch.float32)
+    channels, generator = 16, torch.Generator().manual_seed(0)
+
+    def draw(count: int, scale: torch.Tensor | None = None):
+        distance = torch.exp(torch.empty(count).uniform_(math.log(5.0), math.log(40.0), generator=generator))
+        scale = torch.empty(count).uniform_(0.9, 1.1, generator=generator) if scale is None else scale
+        return _seen_at(distance, 200.0 * scale, channels), _cameras(200.0 * scale), distance
+
+    def log_error(head, scale: float) -> float:
+        features, cameras, distance = draw(2000, torch.full((2000,), scale))
+        with torch.no_grad():
+            depth = expected_depth(head.eval()(features, cameras)[0], centres)[:, 2, 2]
+        return float((depth.log() - distance.log()).abs().mean())
+
+    errors, threads = {}, torch.get_num_threads()
+    torch.set_num_threads(1)  # 5 x 5 maps: threads cost more than they give
+    try:
+        for aware in (False, True):
+            errors[aware] = _trained_errors(DepthContextHead, aware, draw, log_error, centres, channels)
+    finally:
+        torch.set_num_threads(threads)
+    plain, told = errors[False], errors[True]
+    assert plain[1.08] - plain[1.0] > 0.025, f"another lens must fool the plain head: {errors}"
+    assert told[1.08] - told[1.0] < 0.5 * (plain[1.08] - plain[1.0]), errors
+    assert told[1.08] < 0.5 * plain[1.08], errors
+
+
+def _trained_errors(head_class, aware: bool, draw, log_error, centres, channels) -> dict:
+    """{lens scale: mean |log depth error|} of a depth head trained 400 Adam steps on `draw`'s images."""
+    from stack.models.image_heads import expected_depth
+
+    torch.manual_seed(0)
+    head = head_class(channels, len(centres), camera_aware=aware)
+    optimizer = torch.optim.Adam(head.parameters(), lr=1e-2)
+    for _ in range(400):
+        features, cameras, distance = draw(256)
+        depth = expected_depth(head.train()(features, cameras)[0], centres)[:, 2, 2]
+        optimizer.zero_grad()
+        (depth.log() - distance.log()).abs().mean().backward()
+        optimizer.step()
+    return {scale: log_error(head, scale) for scale in (1.0, 1.08)}
