@@ -93,8 +93,8 @@ def summary(metrics: dict, prefix: str = "motion/") -> str:
         return float(metrics.get(prefix + key, math.nan))
 
     return (f"velocity of {get('moving_boxes'):.0f} moving road users (> {MOVING_MPS:g} m/s) at their centres: error "
-            f"{get('velocity_error'):.3f} m/s with the previous key frame, {get('velocity_error_alone'):.3f} with the "
-            f"frame fused with itself (the previous frame removes {get('previous_frame_share'):.0%} of it); "
+            f"{get('velocity_error'):.3f} m/s with the previous key frame(s), {get('velocity_error_alone'):.3f} with the "
+            f"frame fused with itself (the previous frames remove {get('previous_frame_share'):.0%} of it); "
             f"speed ratio {get('speed_ratio'):.2f} vs {get('speed_ratio_alone'):.2f} (1 reads speed right, 0 says "
             f"everything stands); along the ray from the ego {get('along_ray_error'):.3f} vs "
             f"{get('along_ray_error_alone'):.3f}, across it {get('across_ray_error'):.3f} vs "
