@@ -46,7 +46,7 @@ def test_a_network_that_reads_motion_scores_it_and_one_that_guesses_does_not():
     assert guessing.compute()["previous_frame_share"] == 0
     metric.merge(guessing)
     assert metric.compute()["moving_boxes"] == 4
-    assert "removes 50% of it" in summary({f"motion/{k}": v for k, v in metric.compute().items()})
+    assert "remove 50% of it" in summary({f"motion/{k}": v for k, v in metric.compute().items()})
 
 
 def test_no_moving_road_user_gives_nan_figures_not_a_crash():
