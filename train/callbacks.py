@@ -38,7 +38,9 @@ A utilisation above 100% is never reported:
 `perf/achieved_tflops` (the hardware's rate) is logged either way: it needs no peak.
 On more than one rank with `count_comm=True` (train.count_comm_bytes), `perf/comm_sent_mb` is what this rank
 sent in collectives per step (`stack.train.comm`, measured at the calls) and `perf/comm_wire_mb` what it put
-on the wire in the same windows (TCP bytes the kernel counted; gloo only, absent where the kernel cannot say).
+on the wire in the same windows (TCP payload bytes the kernel counted, each once; gloo only, absent where the
+kernel cannot say), `perf/comm_retransmitted_mb` the bytes it sent again (a lossy network, or a late ACK on a
+busy machine).
 Counting is opt-in: it wraps
 torch.distributed's collectives and swaps DDP's C++ gradient all-reduce for torch's Python default comm hook,
 a cost and a change of code path no ordinary training run should carry to log one number.
@@ -253,8 +255,8 @@ class StepStats(pl.Callback):
         self._counter: FlopCounterMode | None = None
         self.comm = None  # stack.train.comm.CommBytes on more than one rank, when count_comm
         self.wire = None  # stack.train.comm.WireBytes beside it
-        self._wire_start: int | None = None
-        self._wire_sent = 0
+        self._wire_start = None  # stack.train.comm.WireCount at this step's start
+        self._wire_sent = None  # and summed over the window's steps; None once the kernel cannot say
         self._reset_window()
         self._last_end: float | None = None
         self._start = 0.0
@@ -275,10 +277,11 @@ class StepStats(pl.Callback):
         if pl_module.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(pl_module.device)
         if self.count_comm and trainer.world_size > 1:
-            from stack.train.comm import CommBytes, WireBytes, count_ddp
+            from stack.train.comm import CommBytes, WireBytes, WireCount, count_ddp
 
             self.comm = CommBytes()
             self.wire = WireBytes()
+            self._wire_sent = WireCount(0, 0)
             count_ddp(trainer.strategy.model)
 
     def _choose_peak(self, device: torch.device) -> None:
@@ -377,9 +380,10 @@ class StepStats(pl.Callback):
             comm = self.comm.summary(self._steps)
             stats["perf/comm_sent_mb"] = self.comm.sent_bytes() / self._steps / 2**20
             if self._wire_sent is not None:
-                stats["perf/comm_wire_mb"] = self._wire_sent / self._steps / 2**20
+                stats["perf/comm_wire_mb"] = self._wire_sent.payload / self._steps / 2**20
+                stats["perf/comm_retransmitted_mb"] = self._wire_sent.retransmitted / self._steps / 2**20
+                self._wire_sent -= self._wire_sent
             self.comm.reset()
-            self._wire_sent = 0
         self.history.append({"step": trainer.global_step, **stats, "mfu_text": mfu_text, "comm": comm})
         pl_module.log_dict(stats, on_step=True, on_epoch=False, rank_zero_only=True)
         if self.print_lines and trainer.is_global_zero:

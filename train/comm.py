@@ -16,7 +16,10 @@ rank sends nothing.
 
 `WireBytes` counts the same traffic where it leaves the process: the kernel's per-connection
 count of TCP payload bytes sent (`tcp_info.tcpi_bytes_sent`, Linux >= 4.19) summed over this
-process's TCP connections, less those of the rendezvous store (MASTER_PORT). It sees what gloo
+process's TCP connections, less those of the rendezvous store (MASTER_PORT), and less the bytes sent again
+(`tcpi_bytes_retrans`), counted apart: a retransmission carries nothing new. On a busy two-core machine the
+kernel's tail loss probe (RFC 8985) resends a connection's last segment when the peer's ACK is late, and a
+whole segment (measured: 20 KiB in one step on loopback) would otherwise read as traffic the collectives made. It sees what gloo
 puts on the wire; NCCL over NVLink or InfiniBand bypasses TCP, so on GPUs it reads nothing and
 the counts at the calls are what there is. Measured with it (2 and 3 ranks, torch 2.14 gloo): an
 all-gather and an all-reduce send exactly what the ring algorithm above says; a reduce-scatter
@@ -31,6 +34,7 @@ import os
 import socket
 import struct
 from collections import defaultdict
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -121,7 +125,32 @@ def count_ddp(model) -> bool:
 
 
 _TCP_INFO_BYTES_SENT = 200
-"""Byte offset of `tcpi_bytes_sent` (u64) in Linux's `struct tcp_info` (include/uapi/linux/tcp.h, since 4.19)."""
+"""Byte offset of `tcpi_bytes_sent` (u64) in Linux's `struct tcp_info` (include/uapi/linux/tcp.h, since 4.19);
+`tcpi_bytes_retrans` (u64, the same kernel) follows it."""
+_TCP_INFO_LENGTH = _TCP_INFO_BYTES_SENT + 16
+
+
+@dataclass(frozen=True)
+class WireCount:
+    """TCP bytes sent: `payload` each byte once, `retransmitted` the bytes sent again (loss, or a late ACK)."""
+
+    payload: int
+    retransmitted: int
+
+    def __add__(self, other: WireCount) -> WireCount:
+        return WireCount(self.payload + other.payload, self.retransmitted + other.retransmitted)
+
+    def __sub__(self, other: WireCount) -> WireCount:
+        return WireCount(self.payload - other.payload, self.retransmitted - other.retransmitted)
+
+
+def wire_count(tcp_info: bytes) -> WireCount | None:
+    """The sent and retransmitted byte counts in a `getsockopt(TCP_INFO)` answer; None if it is too short to hold
+    them (a kernel older than 4.19)."""
+    if len(tcp_info) < _TCP_INFO_LENGTH:
+        return None
+    sent, retransmitted = struct.unpack_from("QQ", tcp_info, _TCP_INFO_BYTES_SENT)
+    return WireCount(sent - retransmitted, retransmitted)
 
 
 class WireBytes:
@@ -131,12 +160,12 @@ class WireBytes:
         port = store_port if store_port is not None else os.environ.get("MASTER_PORT")
         self.store_port = int(port) if port else None
 
-    def total(self) -> int | None:
+    def total(self) -> WireCount | None:
         """Bytes sent so far on every open TCP connection of this process except the store's; None where the
         kernel does not say (not Linux, or a kernel older than 4.19). A connection closed meanwhile drops out."""
         if not hasattr(socket, "TCP_INFO") or not os.path.isdir("/proc/self/fd"):
             return None
-        total = 0
+        total = WireCount(0, 0)
         for name in os.listdir("/proc/self/fd"):
             sent = self._sent_on(int(name))
             if sent is None:
@@ -144,25 +173,23 @@ class WireBytes:
             total += sent
         return total
 
-    def _sent_on(self, fd: int) -> int | None:
-        """Bytes sent on `fd` if it is a connected TCP socket not talking to the store, 0 otherwise, None if the
-        kernel's tcp_info is too short to hold the count."""
+    def _sent_on(self, fd: int) -> WireCount | None:
+        """Bytes sent on `fd` if it is a connected TCP socket not talking to the store, none otherwise, None if
+        the kernel's tcp_info is too short to hold the counts."""
+        nothing = WireCount(0, 0)
         try:
             if not os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
-                return 0
+                return nothing
             sock = socket.socket(fileno=os.dup(fd))
         except OSError:  # closed since listdir, or not ours to read
-            return 0
+            return nothing
         with sock:
             if sock.type != socket.SOCK_STREAM or sock.family not in (socket.AF_INET, socket.AF_INET6):
-                return 0
+                return nothing
             try:
                 ports = (sock.getsockname()[1], sock.getpeername()[1])
             except OSError:  # listening or not connected
-                return 0
+                return nothing
             if self.store_port in ports:
-                return 0
-            info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256)
-            if len(info) < _TCP_INFO_BYTES_SENT + 8:
-                return None
-            return struct.unpack_from("Q", info, _TCP_INFO_BYTES_SENT)[0]
+                return nothing
+            return wire_count(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256))
