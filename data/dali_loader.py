@@ -15,6 +15,12 @@ With augmentation on, each batch's parameters are drawn in Python as the torch b
 draws them and fed beside its members; the graph resizes, crops and jitters the pixels
 and the labels follow the same parameters (`stack.data.dali_augment`).
 
+For a temporal network (model.temporal_frames = k) each sample also carries its k previous
+key frames, found and checked by the same `key_frame_history` as the torch backend: their
+JPEGs enter the graph as k more sets of cameras, decoded and augmented with the sample's own
+parameters (BEVDet4D: one augmentation for every frame of a sample), and their ego poses,
+read from each frame's past trajectory, are label fields built in Python.
+
 The graph is built once per loader and reused for every epoch: an epoch is just a
 new plan fed through the external sources, so nothing is rebuilt and no reader state
 carries over between epochs. The dynamic executor hands out its output buffers
@@ -34,9 +40,9 @@ import torch
 from stack.batch import IGNORE_INDEX, Batch
 from stack.data.dali_augment import GraphAugment
 from stack.data.checksums import ShardSums
-from stack.data.loader import check_arrays, check_layout, dataset_shards, read_manifest
-from stack.data.samples import (LOADER_MEMBERS, BadSample, ClassMaps, check_jpeg_sizes, check_members,
-                                decode_arrays, label_fields, stack_fields)
+from stack.data.loader import (check_arrays, check_layout, dataset_shards, key_frame_history, read_checked,
+                               read_manifest)
+from stack.data.samples import LOADER_MEMBERS, BadSample, ClassMaps, decode_arrays, label_fields, stack_fields
 from stack.data.shard_index import SampleReader
 from stack.data.sharding import batches_per_rank, locate, rank_samples
 from stack.errors import StackError
@@ -52,27 +58,36 @@ def dali_device() -> int | None:
     return torch.cuda.current_device() if torch.cuda.is_available() else None
 
 
-def inputs(cameras: list) -> list:
+def jpeg_inputs(cameras: list, history: int = 0) -> list:
+    """Names of the graph's JPEG sources: the key frame's cameras, then those of each of its `history` previous key
+    frames, newest first (decoded and augmented as more cameras: one set of parameters for every frame)."""
+    return [f"{c}.jpg" for c in cameras] + [f"previous{j}.{c}.jpg" for j in range(1, history + 1) for c in cameras]
+
+
+def inputs(cameras: list, history: int = 0) -> list:
     """Names of the graph's external sources, one per encoded member fed to it: the JPEGs, then DENSE."""
-    return [f"{c}.jpg" for c in cameras] + [f"{name}.npy" for name in DENSE]
+    return jpeg_inputs(cameras, history) + [f"{name}.npy" for name in DENSE]
 
 
-def build_pipeline(cameras: list, maps: ClassMaps, batch_size: int, threads: int, seed: int = 0, augment=None):
-    """DALI graph from encoded members (fed per batch, `feed`) to (one HWC uint8 image per camera, depth float16,
-    semantic uint8) per sample; with `augment` (a `dali_augment.GraphAugment`, its parameters fed per batch too)
-    the cameras, depth and semantics are resized, cropped and colour-jittered in the graph."""
+def build_pipeline(cameras: list, maps: ClassMaps, batch_size: int, threads: int, seed: int = 0, augment=None,
+                   history: int = 0):
+    """DALI graph from encoded members (fed per batch, `feed`) to (one HWC uint8 image per camera of the key frame
+    and of each of its `history` previous key frames, depth float16, semantic uint8) per sample; with `augment` (a
+    `dali_augment.GraphAugment`, its parameters fed per batch too) the cameras of every frame, depth and semantics
+    are resized, cropped and colour-jittered in the graph."""
     from nvidia.dali import fn, pipeline_def, types
 
     device_id = dali_device()
+    images = len(jpeg_inputs(cameras, history))
 
     @pipeline_def(batch_size=batch_size, num_threads=threads, device_id=device_id, seed=seed, exec_dynamic=True,
                   prefetch_queue_depth=1)
     def frames():
-        members = [fn.external_source(name=name, dtype=types.UINT8, ndim=1) for name in inputs(cameras)]
+        members = [fn.external_source(name=name, dtype=types.UINT8, ndim=1) for name in inputs(cameras, history)]
         decoded = [fn.decoders.image(members[i], device="mixed" if device_id is not None else "cpu",
-                                     output_type=types.RGB) for i in range(len(cameras))]
-        depth = fn.decoders.numpy(members[len(cameras)])
-        semantic = fn.decoders.numpy(members[len(cameras) + 1])
+                                     output_type=types.RGB) for i in range(images)]
+        depth = fn.decoders.numpy(members[images])
+        semantic = fn.decoders.numpy(members[images + 1])
         if not maps.semantic_is_identity:
             keys = list(range(256))
             semantic = fn.lookup_table(semantic, keys=keys, values=[int(maps.semantic[k]) for k in keys],
@@ -88,10 +103,15 @@ def build_pipeline(cameras: list, maps: ClassMaps, batch_size: int, threads: int
     return pipe
 
 
-def feed(pipe, cameras: list, samples: list) -> None:
-    """Give the graph the encoded members of one batch of samples (WebDataset-style dicts)."""
+def feed(pipe, cameras: list, samples: list, history: int = 0) -> None:
+    """Give the graph the encoded members of one batch of samples (WebDataset-style dicts; with `history`, each
+    carries its previous key frames' stored samples under "history", newest first: `key_frame_history`)."""
     for name in inputs(cameras):
         pipe.feed_input(name, [np.frombuffer(sample[name], np.uint8) for sample in samples])
+    for j in range(1, history + 1):
+        for c in cameras:
+            pipe.feed_input(f"previous{j}.{c}.jpg",
+                            [np.frombuffer(sample["history"][j - 1][0][0][f"{c}.jpg"], np.uint8) for sample in samples])
 
 
 def _images(outputs: list) -> torch.Tensor:
@@ -130,6 +150,7 @@ class DaliLoader:
                              "(PyAV, CPU), or on a GPU with stack.data.clips.decode_h264_gpu (DALI cannot decode H.264 "
                              "on the CPU)")
         self.shards = dataset_shards(pipeline, self.manifest, split)
+        self.history = pipeline.model.temporal_frames  # previous key frames each sample carries
         self.maps = ClassMaps.build(self.manifest, pipeline)
         self.sums = ShardSums() if verify else None
         self.reader = SampleReader()
@@ -153,7 +174,7 @@ class DaliLoader:
             try:
                 self._pipe = build_pipeline(self.manifest["cameras"], self.maps, self.pipeline.data.batch_size,
                                             max(self.pipeline.data.num_workers, 1), self.pipeline.train.seed,
-                                            self.graph_augment)
+                                            self.graph_augment, self.history)
             except RuntimeError as exc:
                 raise BadSample(f"DALI could not build its pipeline: {_dali_message(exc)}") from exc
         return self._pipe
@@ -183,7 +204,7 @@ class DaliLoader:
         runs it in DALI's threads while Python reads the next batch, so reading, hashing and label decoding
         overlap decoding instead of adding to it."""
         samples = [self._read(shard, index) for shard, index in where]
-        feed(pipe, self.manifest["cameras"], samples)
+        feed(pipe, self.manifest["cameras"], samples, self.history)
         params = self.graph_augment.draw(rng, len(samples)) if self.augment else None
         if params is not None:  # drawn as the torch backend draws them for these rows
             self.graph_augment.feed(pipe, params)
@@ -203,15 +224,16 @@ class DaliLoader:
                 pass
 
     def _read(self, shard: str, index: int) -> dict:
-        """One sample's members, checked (hashes, schema, label arrays) before DALI sees them."""
-        sample = self.reader.read(shard, index)
-        if self.sums is not None:
-            self.sums.check_sample(sample, shard)
-        check_members(sample, self.manifest["cameras"], shard)
-        check_jpeg_sizes(sample, self.manifest["cameras"], self.manifest["image_size"], shard)
+        """One sample's members, checked (hashes, schema, label arrays) before DALI sees them, and for a temporal
+        network its previous key frames' (`key_frame_history`: read and checked alike, their JPEGs fed as more
+        cameras)."""
+        sample = read_checked(self.reader, self.sums, self.manifest, shard, index)
         arrays = decode_arrays(sample, shard, LOADER_MEMBERS)  # views over the bytes: the dense ones are checked here,
         check_arrays(arrays, self.manifest, shard, sample["__key__"])  # decoded in the graph, which cannot name them
         sample["arrays"] = {name: arrays[name] for name in SMALL}
+        if self.history:
+            sample["history"] = key_frame_history(self.shards, self.reader, self.sums, self.manifest, sample, shard,
+                                                  index, self.history)
         return sample
 
     def _schedule(self, pipe, where: list, samples: list) -> None:
@@ -237,13 +259,28 @@ class DaliLoader:
     def _batch(self, outputs, samples: list, params: list | None) -> Batch:
         """A Batch from DALI's dense outputs and the samples' small labels (their geometry augmented by `params`,
         the parameters the graph augmented the pixels with)."""
-        cameras = len(self.manifest["cameras"])
-        dense = {"images": _images(outputs[:cameras]), "depth": _zero_copy(outputs[cameras]),
-                 "semantic": _zero_copy(outputs[cameras + 1])}
-        labels = [label_fields(sample["arrays"], self.maps, self.pipeline) for sample in samples]
+        cameras, frames = len(self.manifest["cameras"]), self.history + 1
+        images = [_images(outputs[j * cameras:(j + 1) * cameras]) for j in range(frames)]
+        dense = {"images": images[0], "depth": _zero_copy(outputs[frames * cameras]),
+                 "semantic": _zero_copy(outputs[frames * cameras + 1])}
+        if self.history:
+            dense["previous_images"] = images[1]
+        if self.history > 1:
+            dense["earlier_images"] = torch.cat(images[2:], dim=1)
+        labels = [self._labels(sample) for sample in samples]
         if params is not None:
             self.graph_augment.geometry(labels, params)
         return Batch(**dense, **stack_fields(labels, labels[0]))
+
+    def _labels(self, sample: dict) -> dict:
+        """The sample's small label fields, and for a temporal network the ego poses of its previous key frames."""
+        row = label_fields(sample["arrays"], self.maps, self.pipeline)
+        if self.history:
+            poses = [torch.from_numpy(pose) for _, pose in sample["history"]]
+            row["previous_pose"] = poses[0]
+            if len(poses) > 1:
+                row["earlier_poses"] = torch.stack(poses[1:])
+        return row
 
 
 def _dali_message(exc: RuntimeError) -> str:

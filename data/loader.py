@@ -158,6 +158,39 @@ def check_layout(pipeline: Pipeline, manifest: dict, root) -> None:
                          f"`stack data make data.layout={pipeline.data.layout}`")
 
 
+def read_checked(reader: SampleReader, sums: ShardSums | None, manifest: dict, shard: str, index: int) -> dict:
+    """One stored frame sample's members, hashed against its shard's table (`sums`; None reads unhashed, as only
+    `stack bench data` does) and checked against the manifest's cameras and image size: what both backends read."""
+    sample = reader.read(shard, index)
+    if sums is not None:
+        sums.check_sample(sample, shard)
+    check_members(sample, manifest["cameras"], shard)
+    check_jpeg_sizes(sample, manifest["cameras"], manifest["image_size"], shard)
+    return sample
+
+
+def key_frame_history(shards: list, reader: SampleReader, sums: ShardSums | None, manifest: dict, sample: dict,
+                      shard: str, index: int, frames: int) -> list:
+    """The `frames` key frames before `sample` (stored at (shard, index) of the split's `shards`), newest first, as
+    ((stored sample, its shard), ego pose then): each pose in the ego frame of the key frame after it, from that
+    frame's own past trajectory (`stack.kinematics.previous_pose`). Where the sequence starts, the oldest frame it
+    has (the sample itself at a first frame) stands in with zero motion, as BEVDet4D does. Both backends read their
+    history here (`stack.data.sequences`)."""
+    from stack.data.sequences import previous_location
+    from stack.kinematics import previous_pose
+
+    history, newest, where = [], (sample, shard), (shard, index)
+    for _ in range(frames):
+        where = previous_location(shards, reader, *where, newest[0]["__key__"]) if where is not None else None
+        if where is None:
+            history.append((newest, np.zeros(3, np.float32)))
+            continue
+        pose = previous_pose(decode_arrays(newest[0], newest[1], ("past",))["past"])
+        newest = (read_checked(reader, sums, manifest, *where), where[0])
+        history.append((newest, pose))
+    return history
+
+
 class _Failure:
     """A worker's error, carried to the main process as data (so its message arrives without a worker traceback)."""
 
@@ -225,41 +258,26 @@ class FrameSamples(IterableDataset):
         images = np.stack([decode_jpeg(sample[f"{c}.jpg"], shard, key, f"{c}.jpg") for c in cameras])
         return [to_fields(images, arrays, self.maps, self.pipeline)]
 
-    def add_previous(self, row: dict, key: str, shard: str, index: int) -> None:
-        """The k = model.temporal_frames key frames before the row's (`stack.data.sequences`): the previous one's
+    def add_previous(self, row: dict, sample: dict, shard: str, index: int) -> None:
+        """The k = model.temporal_frames key frames before the row's (`key_frame_history`): the previous one's
         images and the ego pose then in the row's ego frame, and for k >= 2 the ones before it (`earlier_images`,
-        `earlier_poses`: each pose in the frame of the key frame after it). Where the sequence starts, the oldest
-        frame it has stands in with zero motion. Augmentation later treats every frame alike."""
-        from stack.data.sequences import previous_location
-        from stack.kinematics import previous_pose
-
-        images, poses = [], []
-        newest, past, where = row["images"], row["past_trajectory"].numpy(), (shard, index)
-        for _ in range(self.pipeline.model.temporal_frames):
-            where = previous_location(self.shards, self.reader, *where, key) if where is not None else None
-            if where is None:
-                images.append(newest)
-                poses.append(np.zeros(3, np.float32))
-                continue
-            before = self._read_key_frame(*where)
-            poses.append(previous_pose(past))
-            newest = torch.from_numpy(np.stack([decode_jpeg(before[f"{c}.jpg"], where[0], before["__key__"], f"{c}.jpg")
-                                                for c in self.manifest["cameras"]])).permute(0, 3, 1, 2)
-            images.append(newest)
-            key, past = before["__key__"], decode_arrays(before, where[0], ("past",))["past"]
-        row["previous_images"], row["previous_pose"] = images[0], torch.from_numpy(poses[0])
+        `earlier_poses`: each pose in the frame of the key frame after it). Augmentation later treats every frame
+        alike."""
+        history = key_frame_history(self.shards, self.reader, self.sums, self.manifest, sample, shard, index,
+                                    self.pipeline.model.temporal_frames)
+        decoded = {id(sample): row["images"]}  # a sequence start repeats a frame: decode each stored frame once
+        images = []
+        for (before, before_shard), _ in history:
+            if id(before) not in decoded:
+                decoded[id(before)] = torch.from_numpy(np.stack([
+                    decode_jpeg(before[f"{c}.jpg"], before_shard, before["__key__"], f"{c}.jpg")
+                    for c in self.manifest["cameras"]])).permute(0, 3, 1, 2)
+            images.append(decoded[id(before)])
+        poses = [torch.from_numpy(pose) for _, pose in history]
+        row["previous_images"], row["previous_pose"] = images[0], poses[0]
         if len(images) > 1:
             row["earlier_images"] = torch.cat(images[1:])
-            row["earlier_poses"] = torch.from_numpy(np.stack(poses[1:]))
-
-    def _read_key_frame(self, shard: str, index: int) -> dict:
-        """A sample read as the previous key frame of another, checked as any sample is."""
-        before = self.reader.read(shard, index)
-        if self.sums is not None:
-            self.sums.check_sample(before, shard)
-        check_members(before, self.manifest["cameras"], shard)
-        check_jpeg_sizes(before, self.manifest["cameras"], self.manifest["image_size"], shard)
-        return before
+            row["earlier_poses"] = torch.stack(poses[1:])
 
     def _rows(self, samples: list, rng: np.random.Generator):
         """Decoded (and augmented) rows of [(shard, index)]; with skip_bad_samples a bad sample is replaced by the
@@ -270,7 +288,7 @@ class FrameSamples(IterableDataset):
                 sample = self.reader.read(shard, index)
                 rows = self.decode(sample, shard)
                 if self.pipeline.model.temporal_frames:
-                    self.add_previous(rows[0], sample["__key__"], shard, index)
+                    self.add_previous(rows[0], sample, shard, index)
             except BadSample as exc:
                 if not skip:
                     raise

@@ -195,7 +195,7 @@ class ModelConfig:
     """Previous key frames fused into the BEV (BEVDet4D, Huang & Huang 2022): 0, one frame (today's network), or
     k = 1 ... 4: the k key frames 0.5, 1.0 ... s earlier are lifted by the same network (no gradient, as BEVDet4D
     trains it), warped into the current ego frame by the ego motion and concatenated before the BEV encoder, so the
-    heads see how things moved. The torch loader reads them from the shards (`stack.data.sequences`); the closed
+    heads see how things moved. Both loaders read them from the shards (`stack.data.sequences`); the closed
     loop and the exported graph carry them as one memory of k BEVs, warped once per key frame."""
     temporal_pre_blocks: int = 0
     """Residual blocks run on each frame's BEV before the temporal fusion, so that the memory carried to the next key

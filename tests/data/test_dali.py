@@ -33,6 +33,23 @@ def test_both_backends_agree_without_augmentation(dataset, small_pipeline, split
     _compare(torch_batches, dali_batches, pipeline, JPEG_TOLERANCE)
 
 
+def test_both_backends_give_a_temporal_network_the_same_frames(dataset, small_pipeline):
+    """k = 2, unshuffled, across shard boundaries and scene starts: DALI decodes each sample's previous key frames as
+    more cameras and reads their poses as the torch backend does (`key_frame_history`), so every field agrees."""
+    pipeline, _ = dataset
+    k2 = ("model.temporal_frames=2", "data.batch_size=1")
+    plain = small_pipeline(pipeline.data.root, *k2)
+    dali = small_pipeline(pipeline.data.root, "data.backend=dali", *k2)
+    torch_batches = list(build_loader(plain, "train", 0, 1, shuffle=False, augment=False))
+    dali_batches = list(build_loader(dali, "train", 0, 1, shuffle=False, augment=False))
+    _compare(torch_batches, dali_batches, plain, JPEG_TOLERANCE)
+    for a, b in zip(torch_batches, dali_batches):
+        for name in ("previous_images", "earlier_images"):
+            assert (getattr(a, name).int() - getattr(b, name).int()).abs().max() <= JPEG_TOLERANCE, name
+        assert torch.equal(a.previous_pose, b.previous_pose) and torch.equal(a.earlier_poses, b.earlier_poses)
+    assert any(float(b.earlier_poses.abs().sum()) > 0 for b in dali_batches), "no frame had two before it"
+
+
 @pytest.mark.gpu
 def test_mixed_gpu_decode_agrees_with_the_cpu_backend(dataset, small_pipeline):
     pipeline, _ = dataset

@@ -1,5 +1,7 @@
 """Augmentation in the DALI graph agrees with the torch backend's, and keeps labels on their pixels."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -11,6 +13,7 @@ from stack.pipeline import AugmentConfig
 from stack.rig import scale_intrinsics
 from tests.data.test_augment import marked_pixel_misses
 from tests.data.test_dali import JPEG_TOLERANCE
+from tests.data.test_sequences import _stored_keys
 
 pytest.importorskip("nvidia.dali")
 
@@ -99,6 +102,24 @@ def test_both_loaders_augment_alike_for_the_same_seed(dataset, small_pipeline):
         for name in ("depth", "semantic", *GEOMETRY):
             assert torch.equal(getattr(a, name), getattr(b, name)), name
         assert (a.images.int() - b.images.int()).abs().max() <= RESAMPLE_TOLERANCE + JPEG_TOLERANCE
+
+
+def test_both_loaders_augment_every_frame_of_a_temporal_sample_alike(dataset, small_pipeline):
+    """k = 1: the graph augments a sample's previous key frame with the sample's own parameters, as the torch
+    backend does; at a scene start the previous frame is the frame itself, so the two stay equal bit for bit."""
+    pipeline, manifest = dataset
+    k1 = ("model.temporal_frames=1", "data.batch_size=1", *STRONG)
+    plain, dali = small_pipeline(pipeline.data.root, *k1), small_pipeline(pipeline.data.root, "data.backend=dali", *k1)
+    torch_batches = list(build_loader(plain, "train", 0, 1, shuffle=False, augment=True))
+    dali_batches = list(build_loader(dali, "train", 0, 1, shuffle=False, augment=True))
+    keys = _stored_keys(manifest, Path(pipeline.data.root), "train")
+    assert len(torch_batches) == len(dali_batches) == len(keys) > 0 and any(k.endswith("f0000") for k in keys)
+    for key, a, b in zip(keys, torch_batches, dali_batches):
+        assert b.mismatches(dali) == []
+        assert (a.previous_images.int() - b.previous_images.int()).abs().max() <= RESAMPLE_TOLERANCE + JPEG_TOLERANCE
+        assert torch.equal(a.previous_pose, b.previous_pose) and torch.equal(a.bev_rotation, b.bev_rotation)
+        if key.endswith("f0000"):
+            assert torch.equal(b.previous_images, b.images), key
 
 
 def test_graph_augmentation_keeps_a_box_centre_on_its_marked_pixel(dataset, small_pipeline):
