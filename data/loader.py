@@ -191,6 +191,28 @@ def key_frame_history(shards: list, reader: SampleReader, sums: ShardSums | None
     return history
 
 
+def add_clip_history(rows: list, pasts: list, frames: int) -> None:
+    """Give each row of one clip (a whole scene's key frames, in order) its `frames` previous key frames, as
+    `key_frame_history` gives a frame sample its: the frame before in the clip, posed by the row's own past
+    trajectory, and at the scene start the oldest frame there is with zero motion. The rows share the decoded
+    pixels (augmentation makes each row's own copy)."""
+    from stack.kinematics import previous_pose
+
+    for t, row in enumerate(rows):
+        images, poses, newest = [], [], t
+        for _ in range(frames):
+            if newest == 0:
+                poses.append(torch.zeros(3))
+            else:
+                poses.append(torch.from_numpy(previous_pose(pasts[newest])))
+                newest -= 1
+            images.append(rows[newest]["images"])
+        row["previous_images"], row["previous_pose"] = images[0], poses[0]
+        if frames > 1:
+            row["earlier_images"] = torch.cat(images[1:])
+            row["earlier_poses"] = torch.stack(poses[1:])
+
+
 class _Failure:
     """A worker's error, carried to the main process as data (so its message arrives without a worker traceback)."""
 
@@ -250,7 +272,10 @@ class FrameSamples(IterableDataset):
             frames = [frame_arrays(clip, t) for t in range(videos.shape[1])]
             for t, arrays in enumerate(frames):
                 check_arrays(arrays, self.manifest, shard, f"{key} frame {t}")
-            return [to_fields(videos[:, t], arrays, self.maps, self.pipeline) for t, arrays in enumerate(frames)]
+            rows = [to_fields(videos[:, t], arrays, self.maps, self.pipeline) for t, arrays in enumerate(frames)]
+            if self.pipeline.model.temporal_frames:
+                add_clip_history(rows, [arrays["past"] for arrays in frames], self.pipeline.model.temporal_frames)
+            return rows
         check_members(sample, cameras, shard)
         check_jpeg_sizes(sample, cameras, self.manifest["image_size"], shard)
         arrays = decode_arrays(sample, shard, LOADER_MEMBERS)
@@ -287,8 +312,8 @@ class FrameSamples(IterableDataset):
             try:
                 sample = self.reader.read(shard, index)
                 rows = self.decode(sample, shard)
-                if self.pipeline.model.temporal_frames:
-                    self.add_previous(rows[0], sample, shard, index)
+                if self.pipeline.model.temporal_frames and self.manifest.get("layout") != "clips":
+                    self.add_previous(rows[0], sample, shard, index)  # a clip's rows have theirs (`decode`)
             except BadSample as exc:
                 if not skip:
                     raise

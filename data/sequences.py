@@ -5,7 +5,9 @@ scenes, `d{episode}f{frame}` for closed-loop episodes, `i{iteration}e{episode}f{
 the writers store a sequence's frames one after another, so the previous key frame of the sample at
 (shard, index) is the sample before it: in the same shard, or the last of the shard before it in the
 split. `previous_location` finds it and checks its key; a sequence's first frame has none, and then
-the network is given the frame itself with zero motion, as BEVDet4D does at a sequence start.
+the network is given the frame itself with zero motion, as BEVDet4D does at a sequence start. A clip
+shard holds a whole recorded scene's key frames in order, so there the previous key frame is the clip's
+frame before (`stack.data.loader.add_clip_history`).
 
 Key frames are 0.5 s apart (2 Hz: recorded scenes and the replanning instants of the closed loop alike;
 `stack.pipeline.temporal_problems` refuses other rates), which is the spacing of the stored past

@@ -52,8 +52,6 @@ def temporal_problems(pipeline: "Pipeline") -> Problems:
     k = pipeline.model.temporal_frames
     frames = "the key frame 0.5 s earlier" if k == 1 else f"the {k} key frames before it, 0.5 s apart"
     data, why = pipeline.data, f"model.temporal_frames={k} fuses {frames}"
-    if data.layout != "frames":
-        found.append(("data.layout", f"got {data.layout}; {why}, read from frame shards: set data.layout=frames"))
     if data.world.frame_rate_hz != 2.0:
         found.append(("data.world.frame_rate_hz", f"got {data.world.frame_rate_hz}; {why}: key frames at 2 Hz"))
     if pipeline.drive.replan_hz != 2.0:

@@ -42,6 +42,29 @@ def test_clip_frames_match_the_frame_shards(dataset, clips):
         assert _psnr(a.images.numpy(), b.images.numpy()) > 30
 
 
+def test_a_temporal_network_gets_the_same_history_from_clips_as_from_frames(dataset, clips, small_pipeline):
+    """k = 2: a clip holds its scene's key frames in order, so each row's previous and earlier images are the clip's
+    rows before it (its first frame's: its own), posed as the frame shards' loader poses them."""
+    frames_pipeline, _ = dataset
+    k2 = ("model.temporal_frames=2", "data.batch_size=1")
+    from_frames = list(build_loader(small_pipeline(frames_pipeline.data.root, *k2), "val", 0, 1, shuffle=False,
+                                    augment=False))
+    clip_pipeline = small_pipeline(clips[0].data.root, "data.layout=clips", *k2)
+    from_clips = list(build_loader(clip_pipeline, "val", 0, 1, shuffle=False, augment=False))
+    assert len(from_frames) == len(from_clips) > 2
+    for position, (a, b) in enumerate(zip(from_frames, from_clips)):
+        assert b.mismatches(clip_pipeline) == []
+        assert torch.equal(a.previous_pose, b.previous_pose) and torch.equal(a.earlier_poses, b.earlier_poses)
+        t = position % clips[1]["frames_per_clip"]  # the frame's index in its scene
+        back = [from_clips[position - min(t, j)].images for j in (1, 2)]
+        assert torch.equal(b.previous_images, back[0]) and torch.equal(b.earlier_images, back[1]), position
+        assert _psnr(a.earlier_images.numpy(), b.earlier_images.numpy()) > 30
+    moved = [b for b in from_clips if b.earlier_poses.any()]
+    assert moved, "no frame had two before it"
+    augmented = next(iter(build_loader(clip_pipeline, "train", 0, 1, shuffle=True, augment=True)))
+    assert augmented.mismatches(clip_pipeline) == []
+
+
 def test_clip_loader_gives_equal_batches_per_rank(clips, small_pipeline):
     pipeline, _ = clips
     one = small_pipeline(pipeline.data.root, "data.layout=clips", "data.batch_size=1", "data.num_workers=2")

@@ -146,8 +146,8 @@ def test_both_frames_of_a_row_get_one_augmentation(dataset, small_pipeline):
 def test_a_temporal_network_refuses_what_cannot_give_it_the_previous_frame(small_pipeline, tmp_path):
     from stack.errors import StackError
 
-    for override, named in (("data.layout=clips", "data.layout"),
-                            ("drive.replan_hz=4", "drive.replan_hz"), ("model.temporal_frames=5", "temporal_frames")):
+    for override, named in (("data.world.frame_rate_hz=4", "frame_rate_hz"), ("drive.replan_hz=4", "drive.replan_hz"),
+                            ("model.temporal_frames=5", "temporal_frames")):
         extra = [] if override.startswith("model.") else ["model.temporal_frames=1"]
         with pytest.raises(StackError, match=named.replace(".", r"\.")):
             small_pipeline(tmp_path, *extra, override)
