@@ -19,8 +19,10 @@ def test_a_recorded_loader_rate_keeps_every_repeat_and_its_bare_decode_floor():
     from stack.data.bench import record_figures
 
     log = FigureLog()
-    record_figures(log, 61.5, {"torch": [40.0, 42.0, 41.0], "pil": [90.0, 95.0, 80.0], "dali_augment_graph": [30.0]})
+    record_figures(log, 61.5, {"torch": [40.0, 42.0, 41.0], "pil": [90.0, 95.0, 80.0], "dali_augment_graph": [30.0],
+                               "torch_previous_frame": [25.0]})
     figures = {figure.name: figure for figure in log.figures}
+    assert figures["rate: torch_previous_frame"].floor == 47.5, "twice the JPEGs a sample: half the decode rate"
     assert figures["rate: torch"].samples == (40.0, 42.0, 41.0) and figures["rate: torch"].floor == 95.0
     assert not figures["rate: torch"].lower_is_better and figures["rate: pil"].floor is None
     assert figures["generator (make, end to end)"].samples == (61.5,)
