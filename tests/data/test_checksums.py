@@ -49,6 +49,15 @@ def test_skip_bad_samples_counts_a_corrupt_member(dataset, tmp_path, small_pipel
     assert len(list(loader)) == len(loader) and loader.skipped.value == 1
 
 
+def test_a_frame_whose_previous_key_frame_is_corrupt_is_skipped_too(dataset, tmp_path, small_pipeline):
+    """A temporal network's sample reads its previous key frame as checked as its own members: the frame after the
+    corrupt one (...f0002, whose previous frame is ...f0001) is not given garbage pixels as its history."""
+    pipeline, *_ = _corrupt_copy(dataset, tmp_path, small_pipeline, "data.skip_bad_samples=true",
+                                 "model.temporal_frames=1")
+    loader = build_loader(pipeline, "train", 0, 1, shuffle=False, augment=False)
+    assert len(list(loader)) == len(loader) and loader.skipped.value == 2
+
+
 def test_dali_names_the_corrupt_member_too(dataset, tmp_path, small_pipeline):
     pytest.importorskip("nvidia.dali")
     pipeline, _, _, key = _corrupt_copy(dataset, tmp_path, small_pipeline, "data.backend=dali")
