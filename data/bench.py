@@ -357,9 +357,10 @@ def bench_scenes(frames_per_scene: int) -> int:
 
 FLOORS = {"torch": "pil", "torch_unverified": "pil", "dali": "dali_floor", "dali_unverified": "dali_floor",
           "dali_graph": "dali_floor"}
-HALF_FLOORS = {"torch_previous_frame": "pil", "dali_previous_frame": "dali_floor"}
-"""Loader measure -> the bare decode whose half rate bounds it: each sample decodes twice the JPEGs."""
 """Loader measure -> the bare-decode measure that bounds its rate."""
+HALF_FLOORS = {"torch_previous_frame": "pil", "dali_previous_frame": "dali_floor"}
+"""Loader measure -> the bare decode whose half rate bounds it: each sample decodes twice the JPEGs (the torch
+backend decodes a scene's first frame once, its own previous frame: with 6-frame scenes its floor is ~8% higher)."""
 
 
 def record_figures(figures, generator_rate: float, rates: dict) -> None:

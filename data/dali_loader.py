@@ -150,7 +150,7 @@ class DaliLoader:
                              "(PyAV, CPU), or on a GPU with stack.data.clips.decode_h264_gpu (DALI cannot decode H.264 "
                              "on the CPU)")
         self.shards = dataset_shards(pipeline, self.manifest, split)
-        self.history = pipeline.model.temporal_frames  # previous key frames each sample carries
+        self.frames_back = pipeline.model.temporal_frames  # previous key frames each sample carries (k)
         self.maps = ClassMaps.build(self.manifest, pipeline)
         self.sums = ShardSums() if verify else None
         self.reader = SampleReader()
@@ -174,7 +174,7 @@ class DaliLoader:
             try:
                 self._pipe = build_pipeline(self.manifest["cameras"], self.maps, self.pipeline.data.batch_size,
                                             max(self.pipeline.data.num_workers, 1), self.pipeline.train.seed,
-                                            self.graph_augment, self.history)
+                                            self.graph_augment, self.frames_back)
             except RuntimeError as exc:
                 raise BadSample(f"DALI could not build its pipeline: {_dali_message(exc)}") from exc
         return self._pipe
@@ -204,7 +204,7 @@ class DaliLoader:
         runs it in DALI's threads while Python reads the next batch, so reading, hashing and label decoding
         overlap decoding instead of adding to it."""
         samples = [self._read(shard, index) for shard, index in where]
-        feed(pipe, self.manifest["cameras"], samples, self.history)
+        feed(pipe, self.manifest["cameras"], samples, self.frames_back)
         params = self.graph_augment.draw(rng, len(samples)) if self.augment else None
         if params is not None:  # drawn as the torch backend draws them for these rows
             self.graph_augment.feed(pipe, params)
@@ -224,16 +224,16 @@ class DaliLoader:
                 pass
 
     def _read(self, shard: str, index: int) -> dict:
-        """One sample's members, checked (hashes, schema, label arrays) before DALI sees them, and for a temporal
-        network its previous key frames' (`key_frame_history`: read and checked alike, their JPEGs fed as more
+        """One sample's members, checked (hashes, schema, label arrays) before DALI sees them; for a temporal network
+        also its previous key frames (`key_frame_history`: read and checked alike, their JPEGs fed as more
         cameras)."""
         sample = read_checked(self.reader, self.sums, self.manifest, shard, index)
         arrays = decode_arrays(sample, shard, LOADER_MEMBERS)  # views over the bytes: the dense ones are checked here,
         check_arrays(arrays, self.manifest, shard, sample["__key__"])  # decoded in the graph, which cannot name them
         sample["arrays"] = {name: arrays[name] for name in SMALL}
-        if self.history:
+        if self.frames_back:
             sample["history"] = key_frame_history(self.shards, self.reader, self.sums, self.manifest, sample, shard,
-                                                  index, self.history)
+                                                  index, self.frames_back)
         return sample
 
     def _schedule(self, pipe, where: list, samples: list) -> None:
@@ -259,13 +259,13 @@ class DaliLoader:
     def _batch(self, outputs, samples: list, params: list | None) -> Batch:
         """A Batch from DALI's dense outputs and the samples' small labels (their geometry augmented by `params`,
         the parameters the graph augmented the pixels with)."""
-        cameras, frames = len(self.manifest["cameras"]), self.history + 1
+        cameras, frames = len(self.manifest["cameras"]), self.frames_back + 1
         images = [_images(outputs[j * cameras:(j + 1) * cameras]) for j in range(frames)]
         dense = {"images": images[0], "depth": _zero_copy(outputs[frames * cameras]),
                  "semantic": _zero_copy(outputs[frames * cameras + 1])}
-        if self.history:
+        if self.frames_back:
             dense["previous_images"] = images[1]
-        if self.history > 1:
+        if self.frames_back > 1:
             dense["earlier_images"] = torch.cat(images[2:], dim=1)
         labels = [self._labels(sample) for sample in samples]
         if params is not None:
@@ -275,8 +275,8 @@ class DaliLoader:
     def _labels(self, sample: dict) -> dict:
         """The sample's small label fields, and for a temporal network the ego poses of its previous key frames."""
         row = label_fields(sample["arrays"], self.maps, self.pipeline)
-        if self.history:
-            poses = [torch.from_numpy(pose) for _, pose in sample["history"]]
+        if self.frames_back:  # popped: at a scene start the history holds the sample itself (a reference cycle)
+            poses = [torch.from_numpy(pose) for _, pose in sample.pop("history")]
             row["previous_pose"] = poses[0]
             if len(poses) > 1:
                 row["earlier_poses"] = torch.stack(poses[1:])

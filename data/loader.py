@@ -195,7 +195,7 @@ def add_clip_history(rows: list, pasts: list, frames: int) -> None:
     """Give each row of one clip (a whole scene's key frames, in order) its `frames` previous key frames, as
     `key_frame_history` gives a frame sample its: the frame before in the clip, posed by the row's own past
     trajectory, and at the scene start the oldest frame there is with zero motion. The rows share the decoded
-    pixels (augmentation makes each row's own copy)."""
+    pixels, read only (augmentation and collation write new tensors)."""
     from stack.kinematics import previous_pose
 
     for t, row in enumerate(rows):

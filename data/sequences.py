@@ -30,16 +30,18 @@ def sequence_of(key: str) -> str:
     return match["sequence"][:-1] if match else key
 
 
-def split_sequences(pipeline, split: str) -> list[str] | None:
-    """The sequence of every sample of `split` in its unshuffled order (the order `read_split` counts in), from the
-    shards' tar headers; None for clip shards, whose samples are not key frames."""
+def split_sequences(pipeline, split: str) -> list[str]:
+    """The sequence of every frame of `split` in its unshuffled order (the order `read_split` counts in), from the
+    shards' tar headers: a frame sample's key names it; a clip sample (key `s{scene}`) is a whole scene, whose
+    frames_per_clip frames all belong to it."""
     from stack.data.loader import read_manifest, split_shards
     from stack.data.shard_index import scan
 
-    if pipeline.data.layout != "frames":
-        return None
     root = pipeline.data.root
-    return [sequence_of(key) for shard, _ in split_shards(read_manifest(root), root, split) for key, _ in scan(shard)]
+    manifest = read_manifest(root)
+    frames = manifest.get("frames_per_clip", 1) if manifest.get("layout") == "clips" else 1
+    return [sequence_of(key) for shard, _ in split_shards(manifest, root, split) for key, _ in scan(shard)
+            for _ in range(frames)]
 
 
 def previous_key(key: str) -> str | None:

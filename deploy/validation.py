@@ -70,11 +70,13 @@ def read_split(pipeline: Pipeline, split: str, indices) -> list[tuple[int, Batch
 
 
 def split_size(pipeline: Pipeline, split: str) -> int:
-    """Samples in `split` according to the dataset manifest."""
+    """Frames in `split` according to the dataset manifest (a clip shard's sample is a scene of frames_per_clip)."""
     from stack.data.loader import read_manifest, split_shards
 
     root = pipeline.data.root
-    return sum(count for _, count in split_shards(read_manifest(root), root, split))
+    manifest = read_manifest(root)
+    frames = manifest.get("frames_per_clip", 1) if manifest.get("layout") == "clips" else 1
+    return frames * sum(count for _, count in split_shards(manifest, root, split))
 
 
 def split_batch(batch: Batch) -> list[Batch]:
@@ -124,12 +126,12 @@ def deploy_samples(pipeline: Pipeline) -> DeploySamples:
     return DeploySamples(calibration, sensitivity, [batch for _, batch in accuracy], ids, source, scenes)
 
 
-def _scenes_of(pipeline: Pipeline, positions: list) -> list | None:
-    """The scene of each validation sample at `positions` (split order), or None where shards name none."""
+def _scenes_of(pipeline: Pipeline, positions: list) -> list:
+    """The scene of each validation frame at `positions` (split order)."""
     from stack.data.sequences import split_sequences
 
     scenes = split_sequences(pipeline, "val")
-    return None if scenes is None else [scenes[i] for i in positions]
+    return [scenes[i] for i in positions]
 
 
 def calibration_and_accuracy(pipeline: Pipeline) -> tuple[list, list, str]:

@@ -57,6 +57,8 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.flop_counter import FlopCounterMode, conv_flop_count
 
+from stack.train.comm import WireCount
+
 MAX_REMEASURES = 3
 """Peak re-measurements a run may make (each costs about a second of training)."""
 
@@ -277,7 +279,7 @@ class StepStats(pl.Callback):
         if pl_module.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(pl_module.device)
         if self.count_comm and trainer.world_size > 1:
-            from stack.train.comm import CommBytes, WireBytes, WireCount, count_ddp
+            from stack.train.comm import CommBytes, WireBytes, count_ddp
 
             self.comm = CommBytes()
             self.wire = WireBytes()
@@ -382,7 +384,7 @@ class StepStats(pl.Callback):
             if self._wire_sent is not None:
                 stats["perf/comm_wire_mb"] = self._wire_sent.payload / self._steps / 2**20
                 stats["perf/comm_retransmitted_mb"] = self._wire_sent.retransmitted / self._steps / 2**20
-                self._wire_sent -= self._wire_sent
+                self._wire_sent = WireCount(0, 0)
             self.comm.reset()
         self.history.append({"step": trainer.global_step, **stats, "mfu_text": mfu_text, "comm": comm})
         pl_module.log_dict(stats, on_step=True, on_epoch=False, rank_zero_only=True)

@@ -16,11 +16,12 @@ rank sends nothing.
 
 `WireBytes` counts the same traffic where it leaves the process: the kernel's per-connection
 count of TCP payload bytes sent (`tcp_info.tcpi_bytes_sent`, Linux >= 4.19) summed over this
-process's TCP connections, less those of the rendezvous store (MASTER_PORT), and less the bytes sent again
-(`tcpi_bytes_retrans`), counted apart: a retransmission carries nothing new. On a busy two-core machine the
-kernel's tail loss probe (RFC 8985) resends a connection's last segment when the peer's ACK is late, and a
-whole segment (measured: 20 KiB in one step on loopback) would otherwise read as traffic the collectives made. It sees what gloo
-puts on the wire; NCCL over NVLink or InfiniBand bypasses TCP, so on GPUs it reads nothing and
+process's TCP connections, less those of the rendezvous store (MASTER_PORT), and less the bytes
+sent again (`tcpi_bytes_retrans`), counted apart: a retransmission carries nothing new. On a busy
+two-core machine the kernel's tail loss probe (RFC 8985) resends a connection's last segment when
+the peer's ACK is late, and a whole segment (seen: 20 KiB in one step on loopback) would otherwise
+read as traffic the collectives made. It sees what gloo
+puts on the wire (each byte once); NCCL over NVLink or InfiniBand bypasses TCP, so on GPUs it reads nothing and
 the counts at the calls are what there is. Measured with it (2 and 3 ranks, torch 2.14 gloo): an
 all-gather and an all-reduce send exactly what the ring algorithm above says; a reduce-scatter
 sends as much as an all-reduce of the same input, twice the ring figure (gloo reduces the whole
@@ -161,8 +162,9 @@ class WireBytes:
         self.store_port = int(port) if port else None
 
     def total(self) -> WireCount | None:
-        """Bytes sent so far on every open TCP connection of this process except the store's; None where the
-        kernel does not say (not Linux, or a kernel older than 4.19). A connection closed meanwhile drops out."""
+        """The bytes sent so far (payload and retransmitted) on every open TCP connection of this process except
+        the store's; None where the kernel does not say (not Linux, or a kernel older than 4.19). A connection
+        closed meanwhile drops out."""
         if not hasattr(socket, "TCP_INFO") or not os.path.isdir("/proc/self/fd"):
             return None
         total = WireCount(0, 0)
@@ -174,8 +176,8 @@ class WireBytes:
         return total
 
     def _sent_on(self, fd: int) -> WireCount | None:
-        """Bytes sent on `fd` if it is a connected TCP socket not talking to the store, none otherwise, None if
-        the kernel's tcp_info is too short to hold the counts."""
+        """Bytes sent on `fd` if it is a connected TCP socket not talking to the store, WireCount(0, 0) for any
+        other descriptor, None if the kernel's tcp_info is too short to hold the counts."""
         nothing = WireCount(0, 0)
         try:
             if not os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):

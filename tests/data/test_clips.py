@@ -65,6 +65,18 @@ def test_a_temporal_network_gets_the_same_history_from_clips_as_from_frames(data
     assert augmented.mismatches(clip_pipeline) == []
 
 
+def test_a_clip_dataset_names_the_scene_of_every_frame_as_the_frame_dataset_does(dataset, clips):
+    """The deploy gates count frames and resample whole scenes: a clip is one scene of frames_per_clip frames."""
+    from stack.data.sequences import split_sequences
+    from stack.deploy.validation import split_size
+
+    frames_pipeline, _ = dataset
+    clip_pipeline, _ = clips
+    scenes = split_sequences(clip_pipeline, "val")
+    assert scenes == split_sequences(frames_pipeline, "val") and len(set(scenes)) < len(scenes)
+    assert split_size(clip_pipeline, "val") == split_size(frames_pipeline, "val") == len(scenes)
+
+
 def test_clip_loader_gives_equal_batches_per_rank(clips, small_pipeline):
     pipeline, _ = clips
     one = small_pipeline(pipeline.data.root, "data.layout=clips", "data.batch_size=1", "data.num_workers=2")

@@ -43,8 +43,6 @@ def test_every_validation_frame_names_its_scene_in_the_order_deploy_reads_them(d
     positions = [int(i.split("/")[1]) for i in samples.ids["accuracy"]]
     assert samples.accuracy_scenes == [keys[i][:6] for i in positions]
     assert f"({len(set(samples.accuracy_scenes))} scenes)" in samples.source
-    clips = dataclasses.replace(pipeline, data=dataclasses.replace(pipeline.data, layout="clips"))
-    assert split_sequences(clips, "val") is None
 
 
 @pytest.mark.parametrize("radius", [8.0, 30.0, -15.0])

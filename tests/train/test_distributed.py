@@ -191,17 +191,18 @@ def test_cpu_offload_is_refused_on_cpu_ranks(tmp_path):
 @pytest.mark.serial
 def test_bytes_counted_at_the_collectives_are_the_bytes_on_the_wire(ddp_run, fsdp_run):
     """What the trainer logs as sent (`perf/comm_sent_mb`, counted at the calls under the ring algorithm) is what
-    the kernel saw leave each rank over TCP (`perf/comm_wire_mb`, each byte once: a segment the kernel sent again,
-    as its tail loss probe does when a busy core ACKs late, is `perf/comm_retransmitted_mb`; seen once, 20 KiB in
-    a step, 2026-11-28), plus gloo's own messages (measured: 0.4-1.1 KiB a call; 2 KiB allowed): DDP's all-reduce as counted; FSDP2's all-gathers as counted and its reduce-scatters at an
-    all-reduce's bytes, twice the ring figure, because gloo's reduce-scatter reduces the whole tensor on every rank
-    (NCCL's is a ring: the count is its floor). The first step is judged: later windows also carry the background
+    the kernel saw leave each rank over TCP (`perf/comm_wire_mb`, each byte once: a segment the kernel sent
+    again, as its tail loss probe does when a busy core ACKs late, is `perf/comm_retransmitted_mb`; seen once,
+    20 KiB in a step, 2026-11-28), plus gloo's own messages (measured: 0.4-1.1 KiB a call; 2 KiB allowed): DDP's
+    all-reduce as counted; FSDP2's all-gathers as counted and its reduce-scatters at an all-reduce's bytes, twice
+    the ring figure, because gloo's reduce-scatter reduces the whole tensor on every rank (NCCL's is a ring: the
+    count is its floor). The first step is judged: later windows also carry the background
     write of the checkpoint before them (its own process group)."""
     for rank in (0, 1):
         ddp = summaries(ddp_run)[rank]["stats"][0]
         headers = _calls(ddp) * 2048 / 2**20
         assert 0 <= ddp["perf/comm_wire_mb"] - ddp["perf/comm_sent_mb"] <= headers, ddp
-        assert ddp["perf/comm_retransmitted_mb"] >= 0, ddp
+        assert "perf/comm_retransmitted_mb" in ddp, ddp
         fsdp = summaries(fsdp_run)[rank]["stats"][0]
         reduced = sum(v["sent_mb"] for k, v in fsdp["comm"].items() if k.startswith("reduce_scatter/"))
         assert reduced > 0.1 * fsdp["perf/comm_sent_mb"], fsdp["comm"]
