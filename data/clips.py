@@ -17,8 +17,9 @@ A clip sample's key is `s{scene:05d}`; its members:
 
 Videos are encoded with PyAV's bundled libx264 (single-threaded, bit-exact
 flags, so shards stay byte-identical for a seed). On the CPU they decode with
-PyAV; on a GPU DALI's `fn.experimental.decoders.video` (NVDEC) decodes the same
-bytes — DALI cannot decode H.264 on the CPU.
+PyAV, for either backend (`data.backend=dali` feeds the decoded frames to its graph,
+`stack.data.dali_loader`); on a GPU DALI's `fn.experimental.decoders.video` (NVDEC) decodes the same
+bytes (`decode_h264_gpu`) — DALI cannot decode H.264 on the CPU.
 """
 
 from __future__ import annotations
@@ -104,6 +105,35 @@ def decode_clip(sample: dict, cameras: list, shard: str) -> tuple[dict, np.ndarr
             raise BadSample(f"shard {shard}, clip {key}: {camera}.mp4 has {len(videos[-1])} frames, the clip "
                             f"{meta['frames']}; re-create the shard")
     return decode_arrays(sample, shard, LOADER_MEMBERS), np.stack(videos)
+
+
+def clip_frames(sample: dict, manifest: dict, shard: str) -> tuple[list, np.ndarray]:
+    """(each frame's label arrays, checked against the manifest; the clip's uint8 videos (N, T, H, W, 3)) of a clip
+    sample whose member hashes were checked: what both backends read of a clip."""
+    from stack.data.loader import check_arrays
+
+    clip, videos = decode_clip(sample, manifest["cameras"], shard)
+    frames = [frame_arrays(clip, t) for t in range(videos.shape[1])]
+    for t, arrays in enumerate(frames):
+        check_arrays(arrays, manifest, shard, f"{sample.get('__key__')} frame {t}")
+    return frames, videos
+
+
+def clip_history(pasts: list, t: int, frames: int) -> list:
+    """[(frame index in the clip, ego pose then)] of the `frames` key frames before frame `t` of a clip, newest first,
+    as `stack.data.loader.key_frame_history` finds a frame sample's: the frame before, posed in the ego frame of the
+    one after it by that one's past trajectory (`pasts`: each frame's `past` array); at the scene start the oldest
+    frame there is stands in with zero motion (BEVDet4D)."""
+    from stack.kinematics import previous_pose
+
+    history, newest = [], t
+    for _ in range(frames):
+        if newest == 0:
+            history.append((0, np.zeros(3, np.float32)))
+        else:
+            history.append((newest - 1, previous_pose(pasts[newest])))
+            newest -= 1
+    return history
 
 
 def decode_h264_gpu(videos: list, device_id: int = 0) -> list:

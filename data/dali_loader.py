@@ -21,6 +21,13 @@ JPEGs enter the graph as k more sets of cameras, decoded and augmented with the 
 parameters (BEVDet4D: one augmentation for every frame of a sample), and their ego poses,
 read from each frame's past trajectory, are label fields built in Python.
 
+Clip shards (data.layout=clips: one H.264 video per camera per scene) are decoded with PyAV, as the torch backend
+decodes them (DALI cannot decode H.264 on the CPU), and their frames enter the graph decoded (`build_pipeline(...,
+decoded=True)`): the graph resizes, crops and jitters them as it does decoded JPEGs. Their rows follow the torch
+backend's order for one loader process (data.num_workers=0): clips in the planned order, each clip's augmentation
+parameters drawn as its frames are decoded, frames mixed with other clips' through the same shuffle buffer, so both
+backends give the same batches.
+
 The graph is built once per loader and reused for every epoch: an epoch is just a
 new plan fed through the external sources, so nothing is rebuilt and no reader state
 carries over between epochs. The dynamic executor hands out its output buffers
@@ -32,6 +39,7 @@ plans — so data-parallel ranks never wait on each other.
 
 from __future__ import annotations
 
+import math
 import re
 
 import numpy as np
@@ -40,11 +48,12 @@ import torch
 from stack.batch import IGNORE_INDEX, Batch
 from stack.data.dali_augment import GraphAugment
 from stack.data.checksums import ShardSums
+from stack.data.clips import clip_frames, clip_history
 from stack.data.loader import (check_arrays, check_layout, dataset_shards, key_frame_history, read_checked,
-                               read_manifest)
+                               read_manifest, shuffle_buffer)
 from stack.data.samples import LOADER_MEMBERS, BadSample, ClassMaps, decode_arrays, label_fields, stack_fields
 from stack.data.shard_index import SampleReader
-from stack.data.sharding import batches_per_rank, locate, rank_samples
+from stack.data.sharding import batches_per_rank, locate, rank_quota, rank_samples
 from stack.errors import StackError
 from stack.pipeline import Pipeline
 
@@ -69,38 +78,64 @@ def inputs(cameras: list, history: int = 0) -> list:
     return jpeg_inputs(cameras, history) + [f"{name}.npy" for name in DENSE]
 
 
+def decoded_inputs(cameras: list, history: int = 0) -> list:
+    """Names of the graph's external sources for decoded frames (a clip's): one HWC uint8 image per camera of the
+    key frame and of each previous one, newest first, then DENSE as arrays."""
+    return [f"{name[:-len('.jpg')]}.rgb" for name in jpeg_inputs(cameras, history)] + list(DENSE)
+
+
 def build_pipeline(cameras: list, maps: ClassMaps, batch_size: int, threads: int, seed: int = 0, augment=None,
-                   history: int = 0):
-    """DALI graph from encoded members (fed per batch, `feed`) to (one HWC uint8 image per camera of the key frame
-    and of each of its `history` previous key frames, depth float16, semantic uint8) per sample; with `augment` (a
-    `dali_augment.GraphAugment`, its parameters fed per batch too) the cameras of every frame, depth and semantics
-    are resized, cropped and colour-jittered in the graph."""
+                   history: int = 0, decoded: bool = False):
+    """DALI graph from encoded members (fed per batch, `feed`; with `decoded`, decoded frames and label arrays,
+    `feed_decoded`) to (one HWC uint8 image per camera of the key frame and of each of its `history` previous key
+    frames, depth float16, semantic uint8) per sample; with `augment` (a `dali_augment.GraphAugment`, its parameters
+    fed per batch too) the cameras of every frame, depth and semantics are resized, cropped and colour-jittered in
+    the graph."""
     from nvidia.dali import fn, pipeline_def, types
 
     device_id = dali_device()
-    images = len(jpeg_inputs(cameras, history))
 
     @pipeline_def(batch_size=batch_size, num_threads=threads, device_id=device_id, seed=seed, exec_dynamic=True,
                   prefetch_queue_depth=1)
     def frames():
-        members = [fn.external_source(name=name, dtype=types.UINT8, ndim=1) for name in inputs(cameras, history)]
-        decoded = [fn.decoders.image(members[i], device="mixed" if device_id is not None else "cpu",
-                                     output_type=types.RGB) for i in range(images)]
-        depth = fn.decoders.numpy(members[images])
-        semantic = fn.decoders.numpy(members[images + 1])
+        if decoded:
+            pixels, dense = _decoded_sources(fn, types, cameras, history, device_id)
+        else:
+            pixels, dense = _encoded_sources(fn, types, cameras, history, device_id)
+        depth, semantic = dense
         if not maps.semantic_is_identity:
             keys = list(range(256))
             semantic = fn.lookup_table(semantic, keys=keys, values=[int(maps.semantic[k]) for k in keys],
                                        default_value=IGNORE_INDEX, dtype=types.UINT8)
         if augment is not None:
-            decoded, depth, semantic = augment.apply(fn, types, decoded, depth, semantic)
+            pixels, depth, semantic = augment.apply(fn, types, pixels, depth, semantic)
         # cameras leave the graph as decoded (HWC): stacking and transposing them here took two passes
         # (0.49 ms CPU a sample at 6 x 256x128), one strided copy into the Batch takes 0.14 ms (`_images`)
-        return (*decoded, depth, semantic)
+        return (*pixels, depth, semantic)
 
     pipe = frames()
     pipe.build()
     return pipe
+
+
+def _encoded_sources(fn, types, cameras: list, history: int, device_id: int | None) -> tuple:
+    """The graph's JPEG and `.npy` sources, decoded: JPEGs with nvJPEG on a GPU (`mixed`), on the CPU without one."""
+    members = [fn.external_source(name=name, dtype=types.UINT8, ndim=1) for name in inputs(cameras, history)]
+    images = len(jpeg_inputs(cameras, history))
+    pixels = [fn.decoders.image(members[i], device="mixed" if device_id is not None else "cpu", output_type=types.RGB)
+              for i in range(images)]
+    return pixels, (fn.decoders.numpy(members[images]), fn.decoders.numpy(members[images + 1]))
+
+
+def _decoded_sources(fn, types, cameras: list, history: int, device_id: int | None) -> tuple:
+    """The graph's sources of decoded frames (HWC uint8, moved to the GPU when there is one, as nvJPEG's output is)
+    and dense label arrays ((camera, H, W) float16 depth and uint8 semantics, as `fn.decoders.numpy` gives them)."""
+    names = decoded_inputs(cameras, history)
+    pixels = [fn.external_source(name=name, dtype=types.UINT8, ndim=3, layout="HWC") for name in names[:-2]]
+    if device_id is not None:
+        pixels = [image.gpu() for image in pixels]
+    return pixels, (fn.external_source(name=names[-2], dtype=types.FLOAT16, ndim=3),
+                    fn.external_source(name=names[-1], dtype=types.UINT8, ndim=3))
 
 
 def feed(pipe, cameras: list, samples: list, history: int = 0) -> None:
@@ -112,6 +147,17 @@ def feed(pipe, cameras: list, samples: list, history: int = 0) -> None:
         for c in cameras:
             pipe.feed_input(f"previous{j}.{c}.jpg",
                             [np.frombuffer(sample["history"][j - 1][0][0][f"{c}.jpg"], np.uint8) for sample in samples])
+
+
+def feed_decoded(pipe, cameras: list, rows: list, history: int = 0) -> None:
+    """Give the graph one batch of clip rows (`DaliLoader._clip_rows`): each row's cameras of its key frame and of its
+    `history` previous ones (frames of its clip's decoded videos), and its depth and semantic arrays."""
+    names = decoded_inputs(cameras, history)
+    for j in range(history + 1):
+        for c in range(len(cameras)):
+            pipe.feed_input(names[j * len(cameras) + c], [row["videos"][c, row["frames"][j]] for row in rows])
+    for name in DENSE:
+        pipe.feed_input(name, [row[name] for row in rows])
 
 
 def _images(outputs: list) -> torch.Tensor:
@@ -145,10 +191,7 @@ class DaliLoader:
         self.graph_augment = GraphAugment(pipeline.data.augment, rig.image_height, rig.image_width) if augment else None
         self.manifest = read_manifest(pipeline.data.root)
         check_layout(pipeline, self.manifest, pipeline.data.root)
-        if self.manifest.get("layout") == "clips":
-            raise StackError("data.backend=dali reads frame shards; clip shards (H.264) decode with data.backend=torch "
-                             "(PyAV, CPU), or on a GPU with stack.data.clips.decode_h264_gpu (DALI cannot decode H.264 "
-                             "on the CPU)")
+        self.clips = self.manifest.get("layout") == "clips"
         self.shards = dataset_shards(pipeline, self.manifest, split)
         self.frames_back = pipeline.model.temporal_frames  # previous key frames each sample carries (k)
         self.maps = ClassMaps.build(self.manifest, pipeline)
@@ -162,8 +205,11 @@ class DaliLoader:
                              f"per rank for {world_size} rank(s); render more scenes or lower data.batch_size")
 
     def __len__(self) -> int:
-        total = sum(count for _, count in self.shards)
-        return batches_per_rank(total, self.world_size, 1, self.pipeline.data.batch_size, self.drop_last)
+        total, batch_size = sum(count for _, count in self.shards), self.pipeline.data.batch_size
+        if self.clips:  # the rank's clips, each of frames_per_clip rows, batched as they come
+            frames = rank_quota(total, self.world_size, 1, self.drop_last) * self.manifest["frames_per_clip"]
+            return math.ceil(frames / batch_size)
+        return batches_per_rank(total, self.world_size, 1, batch_size, self.drop_last)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch, self._epoch_set = epoch, True
@@ -174,7 +220,7 @@ class DaliLoader:
             try:
                 self._pipe = build_pipeline(self.manifest["cameras"], self.maps, self.pipeline.data.batch_size,
                                             max(self.pipeline.data.num_workers, 1), self.pipeline.train.seed,
-                                            self.graph_augment, self.frames_back)
+                                            self.graph_augment, self.frames_back, self.clips)
             except RuntimeError as exc:
                 raise BadSample(f"DALI could not build its pipeline: {_dali_message(exc)}") from exc
         return self._pipe
@@ -184,29 +230,79 @@ class DaliLoader:
         if not self._epoch_set:
             self.epoch += 1
         self._epoch_set = False
-        total = sum(count for _, count in self.shards)
-        ids = rank_samples(total, self.rank, self.world_size, batch_size, self.drop_last, epoch,
-                           self.pipeline.train.seed, self.shuffle)
-        rng = np.random.default_rng([self.pipeline.train.seed, epoch, self.rank])
+        seed, total = self.pipeline.train.seed, sum(count for _, count in self.shards)
+        ids = rank_samples(total, self.rank, self.world_size, 1 if self.clips else batch_size, self.drop_last, epoch,
+                           seed, self.shuffle)
         pipe = self.graph()
         self._drain(pipe)
+        if self.clips:  # the torch backend's generator for its one loader process (data.num_workers=0: worker 0)
+            batches = self._clip_batches(ids, np.random.default_rng([seed, epoch, self.rank, 0]))
+        else:
+            batches = self._frame_batches(ids, np.random.default_rng([seed, epoch, self.rank]))
         pending = None
-        for start in range(0, len(ids), batch_size):
-            submitted = self._submit(pipe, locate(self.shards, ids[start:start + batch_size]), rng)
+        for where, samples, params in batches:
+            submitted = self._submit(pipe, where, samples, params)
             if pending is not None:  # batch k is collected once batch k + 1 is read, fed and scheduled
                 yield self._collect(pipe, *pending)
             pending = submitted
         if pending is not None:
             yield self._collect(pipe, *pending)
 
-    def _submit(self, pipe, where: list, rng: np.random.Generator) -> tuple:
-        """Read and check one batch's samples, feed them to the graph and schedule its run. The dynamic executor
-        runs it in DALI's threads while Python reads the next batch, so reading, hashing and label decoding
-        overlap decoding instead of adding to it."""
-        samples = [self._read(shard, index) for shard, index in where]
-        feed(pipe, self.manifest["cameras"], samples, self.frames_back)
-        params = self.graph_augment.draw(rng, len(samples)) if self.augment else None
-        if params is not None:  # drawn as the torch backend draws them for these rows
+    def _frame_batches(self, ids: np.ndarray, rng: np.random.Generator):
+        """(where, samples, augmentation parameters or None) of each batch of frame samples, read and checked."""
+        batch_size = self.pipeline.data.batch_size
+        for start in range(0, len(ids), batch_size):
+            where = locate(self.shards, ids[start:start + batch_size])
+            samples = [self._read(shard, index) for shard, index in where]
+            # drawn as the torch backend draws them for these rows
+            yield where, samples, self.graph_augment.draw(rng, len(samples)) if self.augment else None
+
+    def _clip_batches(self, ids: np.ndarray, rng: np.random.Generator):
+        """(where, rows, augmentation parameters or None) of each batch of clip frames: the planned clips decoded, each
+        clip's parameters drawn as its frames are decoded, frames mixed through the shuffle buffer when shuffling,
+        all with one generator, as `stack.data.loader.FrameSamples` does in one process."""
+        rows = self._clip_rows(locate(self.shards, ids), rng)
+        batch, batch_size = [], self.pipeline.data.batch_size
+        for row in shuffle_buffer(rows, rng) if self.shuffle else rows:
+            batch.append(row)
+            if len(batch) == batch_size:
+                yield self._rows_batch(batch)
+                batch = []
+        if batch:
+            yield self._rows_batch(batch)
+
+    def _rows_batch(self, rows: list) -> tuple:
+        params = [row.pop("params") for row in rows]
+        return [row["where"] for row in rows], rows, params if self.augment else None
+
+    def _clip_rows(self, where: list, rng: np.random.Generator):
+        """Each planned clip's frames as rows: its decoded videos (shared), the frame's index and its previous key
+        frames' (`clip_history`), its dense and small label arrays, and its augmentation parameters."""
+        for shard, index in where:
+            sample = self.reader.read(shard, index)
+            if self.sums is not None:
+                self.sums.check_sample(sample, shard)
+            frames, videos = clip_frames(sample, self.manifest, shard)
+            pasts = [arrays["past"] for arrays in frames]
+            params = self.graph_augment.draw(rng, len(frames)) if self.augment else [None] * len(frames)
+            for t, arrays in enumerate(frames):
+                history = clip_history(pasts, t, self.frames_back)
+                row = {"__key__": f"{sample['__key__']} frame {t}", "where": (shard, index), "videos": videos,
+                       "frames": [t] + [before for before, _ in history], "params": params[t],
+                       "arrays": {name: arrays[name] for name in SMALL}, **{name: arrays[name] for name in DENSE}}
+                if self.frames_back:
+                    row["history"] = history
+                yield row
+
+    def _submit(self, pipe, where: list, samples: list, params: list | None) -> tuple:
+        """Feed one batch's samples (frame samples, or clip rows) and augmentation parameters to the graph and
+        schedule its run. The dynamic executor runs it in DALI's threads while Python reads the next batch, so
+        reading, hashing and label decoding overlap decoding instead of adding to it."""
+        if self.clips:
+            feed_decoded(pipe, self.manifest["cameras"], samples, self.frames_back)
+        else:
+            feed(pipe, self.manifest["cameras"], samples, self.frames_back)
+        if params is not None:
             self.graph_augment.feed(pipe, params)
         self._schedule(pipe, where, samples)
         return where, samples, params

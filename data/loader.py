@@ -193,20 +193,14 @@ def key_frame_history(shards: list, reader: SampleReader, sums: ShardSums | None
 
 def add_clip_history(rows: list, pasts: list, frames: int) -> None:
     """Give each row of one clip (a whole scene's key frames, in order) its `frames` previous key frames, as
-    `key_frame_history` gives a frame sample its: the frame before in the clip, posed by the row's own past
-    trajectory, and at the scene start the oldest frame there is with zero motion. The rows share the decoded
+    `key_frame_history` gives a frame sample its (`stack.data.clips.clip_history`). The rows share the decoded
     pixels, read only (augmentation and collation write new tensors)."""
-    from stack.kinematics import previous_pose
+    from stack.data.clips import clip_history
 
     for t, row in enumerate(rows):
-        images, poses, newest = [], [], t
-        for _ in range(frames):
-            if newest == 0:
-                poses.append(torch.zeros(3))
-            else:
-                poses.append(torch.from_numpy(previous_pose(pasts[newest])))
-                newest -= 1
-            images.append(rows[newest]["images"])
+        history = clip_history(pasts, t, frames)
+        images = [rows[index]["images"] for index, _ in history]
+        poses = [torch.from_numpy(pose) for _, pose in history]
         row["previous_images"], row["previous_pose"] = images[0], poses[0]
         if frames > 1:
             row["earlier_images"] = torch.cat(images[1:])
@@ -256,7 +250,7 @@ class FrameSamples(IterableDataset):
         rows = self._rows(samples, rng)
         clips = self.manifest.get("layout") == "clips"
         try:  # a clip's frames are one scene: a buffer mixes them with other clips' frames
-            yield from (_shuffled(rows, rng) if self.shuffle and clips else rows)
+            yield from (shuffle_buffer(rows, rng) if self.shuffle and clips else rows)
         except BadSample as exc:
             yield _Failure(str(exc))
 
@@ -266,12 +260,9 @@ class FrameSamples(IterableDataset):
         if self.sums is not None:
             self.sums.check_sample(sample, shard)
         if self.manifest.get("layout") == "clips":
-            from stack.data.clips import decode_clip, frame_arrays
+            from stack.data.clips import clip_frames
 
-            clip, videos = decode_clip(sample, cameras, shard)
-            frames = [frame_arrays(clip, t) for t in range(videos.shape[1])]
-            for t, arrays in enumerate(frames):
-                check_arrays(arrays, self.manifest, shard, f"{key} frame {t}")
+            frames, videos = clip_frames(sample, self.manifest, shard)
             rows = [to_fields(videos[:, t], arrays, self.maps, self.pipeline) for t, arrays in enumerate(frames)]
             if self.pipeline.model.temporal_frames:
                 add_clip_history(rows, [arrays["past"] for arrays in frames], self.pipeline.model.temporal_frames)
@@ -337,7 +328,9 @@ class FrameSamples(IterableDataset):
         return count
 
 
-def _shuffled(rows, rng: np.random.Generator, size: int = SHUFFLE_BUFFER):
+def shuffle_buffer(rows, rng: np.random.Generator, size: int = SHUFFLE_BUFFER):
+    """`rows` in a locally shuffled order: each row enters a buffer of `size`, and a full buffer gives up one drawn at
+    random (a clip's frames are one scene; the buffer mixes them with other clips' frames)."""
     buffer = []
     for row in rows:
         buffer.append(row)

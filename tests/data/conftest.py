@@ -28,3 +28,13 @@ def dataset(tmp_path_factory):
     root = tmp_path_factory.mktemp("world")
     pipeline = small_pipeline(root)
     return pipeline, make_dataset(pipeline, log=lambda *_: None)
+
+
+@pytest.fixture(scope="session")
+def clips(tmp_path_factory):
+    """(pipeline, manifest) of the same small world rendered as clip shards (data.layout=clips)."""
+    from stack.data.make import make_dataset
+
+    root = tmp_path_factory.mktemp("clips")
+    pipeline = small_pipeline(root, "data.layout=clips")
+    return pipeline, make_dataset(pipeline, log=lambda *_: None)

@@ -157,3 +157,26 @@ def test_graph_augmentation_on_the_gpu_agrees_with_the_torch_backend(dataset, sm
         for name in ("depth", "semantic", *GEOMETRY):
             assert torch.equal(getattr(a, name), getattr(b, name).cpu()), name
         assert (a.images.int() - b.images.cpu().int()).abs().max() <= RESAMPLE_TOLERANCE + JPEG_TOLERANCE
+
+
+def test_both_loaders_shuffle_and_augment_clip_frames_alike(clips, small_pipeline):
+    """Clip shards, k = 1, shuffled and augmented: DALI plans the clips, draws each clip's parameters and mixes its
+    frames through the shuffle buffer as the torch backend's one loader process does, so the batches hold the same
+    frames in the same order with the same labels; pixels differ only by the two resize filters."""
+    pipeline, manifest = clips
+    k1 = ("data.layout=clips", "model.temporal_frames=1", "data.batch_size=2", *STRONG)
+    plain, dali = small_pipeline(pipeline.data.root, *k1), small_pipeline(pipeline.data.root, "data.backend=dali", *k1)
+    for epoch in (0, 1):
+        loaders = [build_loader(config, "train", 0, 1, shuffle=True, augment=True) for config in (plain, dali)]
+        for loader in loaders:
+            loader.set_epoch(epoch)
+        torch_batches, dali_batches = (list(loader) for loader in loaders)
+        assert len(torch_batches) == len(dali_batches) == len(loaders[1]) > 1
+        order = [b.past_trajectory.flatten(1).sum(1).tolist() for b in dali_batches]
+        assert order != sorted(order), "the frames came unshuffled"
+        for a, b in zip(torch_batches, dali_batches):
+            assert b.mismatches(dali) == []
+            for name in ("depth", "semantic", "previous_pose", *GEOMETRY):
+                assert torch.equal(getattr(a, name), getattr(b, name)), name
+            for name in ("images", "previous_images"):
+                assert (getattr(a, name).int() - getattr(b, name).int()).abs().max() <= RESAMPLE_TOLERANCE, name
