@@ -254,25 +254,26 @@ class FrameSamples(IterableDataset):
         except BadSample as exc:
             yield _Failure(str(exc))
 
-    def decode(self, sample: dict, shard: str) -> list:
-        """The Batch rows of one stored sample: one for a frame sample, one per frame for a clip."""
-        cameras, key = self.manifest["cameras"], sample.get("__key__")
-        if self.sums is not None:
-            self.sums.check_sample(sample, shard)
+    def decode(self, shard: str, index: int) -> tuple[dict, list]:
+        """(the stored sample, its Batch rows): one row for a frame sample (read by `read_checked`, as the DALI
+        backend reads it), one per frame for a clip (`stack.data.clips.clip_frames`, as DALI reads it)."""
         if self.manifest.get("layout") == "clips":
             from stack.data.clips import clip_frames
 
+            sample = self.reader.read(shard, index)
+            if self.sums is not None:
+                self.sums.check_sample(sample, shard)
             frames, videos = clip_frames(sample, self.manifest, shard)
             rows = [to_fields(videos[:, t], arrays, self.maps, self.pipeline) for t, arrays in enumerate(frames)]
             if self.pipeline.model.temporal_frames:
                 add_clip_history(rows, [arrays["past"] for arrays in frames], self.pipeline.model.temporal_frames)
-            return rows
-        check_members(sample, cameras, shard)
-        check_jpeg_sizes(sample, cameras, self.manifest["image_size"], shard)
+            return sample, rows
+        sample = read_checked(self.reader, self.sums, self.manifest, shard, index)
         arrays = decode_arrays(sample, shard, LOADER_MEMBERS)
-        check_arrays(arrays, self.manifest, shard, key)
-        images = np.stack([decode_jpeg(sample[f"{c}.jpg"], shard, key, f"{c}.jpg") for c in cameras])
-        return [to_fields(images, arrays, self.maps, self.pipeline)]
+        check_arrays(arrays, self.manifest, shard, sample["__key__"])
+        images = np.stack([decode_jpeg(sample[f"{c}.jpg"], shard, sample["__key__"], f"{c}.jpg")
+                           for c in self.manifest["cameras"]])
+        return sample, [to_fields(images, arrays, self.maps, self.pipeline)]
 
     def add_previous(self, row: dict, sample: dict, shard: str, index: int) -> None:
         """The k = model.temporal_frames key frames before the row's (`key_frame_history`): the previous one's
@@ -301,8 +302,7 @@ class FrameSamples(IterableDataset):
         skip, last_good, owed = self.pipeline.data.skip_bad_samples, None, 0
         for shard, index in samples:
             try:
-                sample = self.reader.read(shard, index)
-                rows = self.decode(sample, shard)
+                sample, rows = self.decode(shard, index)
                 if self.pipeline.model.temporal_frames and self.manifest.get("layout") != "clips":
                     self.add_previous(rows[0], sample, shard, index)  # a clip's rows have theirs (`decode`)
             except BadSample as exc:

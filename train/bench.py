@@ -178,11 +178,14 @@ def comm_cell(comm: dict, kind: str) -> str:
 
 
 def wire_cell(row: dict) -> str:
-    """The bytes a rank put on the wire per step, and their ratio to the bytes counted at the calls."""
+    """The bytes a rank put on the wire per step (each once), their ratio to the bytes counted at the calls, and
+    what TCP sent again (`stack.train.comm.WireCount`: a loaded machine's late ACKs make the kernel resend)."""
     if row.get("wire_mb") is None:
         return "not readable here"
     counted = sum(value["sent_mb"] for value in row["comm"].values())
-    return f"{row['wire_mb']:.2f} ({row['wire_mb'] / counted:.2f}x)" if counted else f"{row['wire_mb']:.2f}"
+    cell = f"{row['wire_mb']:.2f} ({row['wire_mb'] / counted:.2f}x)" if counted else f"{row['wire_mb']:.2f}"
+    retransmitted = row.get("retransmitted_mb") or 0.0
+    return f"{cell}, {retransmitted:.2f} resent" if retransmitted else cell
 
 
 def record_memory_figures(figures, rows: dict) -> None:
@@ -244,7 +247,7 @@ def parallel_case(pipeline: Pipeline) -> dict | None:
     last = stats.history[-1]
     return {"train_state_mb": last["perf/train_state_mb"], "peak_memory_mb": last["perf/peak_memory_mb"],
             "step_ms": last["perf/step_ms"], "rank": trainer.global_rank, "comm": last["comm"],
-            "wire_mb": last.get("perf/comm_wire_mb"),
+            "wire_mb": last.get("perf/comm_wire_mb"), "retransmitted_mb": last.get("perf/comm_retransmitted_mb"),
             "params": sum(p.numel() for p in module.model.parameters()),
             "fp32_params": sum(p.numel() for m in fp32_modules(module.model) for p in m.parameters())
             } if trainer.is_global_zero else None

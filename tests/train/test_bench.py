@@ -20,9 +20,9 @@ def test_floor_cell_refuses_a_bound_slower_than_the_measured_step():
 
 # `stack bench train-memory`: the bf16-gather bar fails a run whose bf16-mixed FSDP2 still gathers fp32.
 
-def memory_row(state_mb: float, comm: dict, wire_mb: float | None = None) -> dict:
+def memory_row(state_mb: float, comm: dict, wire_mb: float | None = None, resent_mb: float | None = None) -> dict:
     return {"train_state_mb": state_mb, "peak_memory_mb": 1500.0, "step_ms": 3000.0, "rank": 0, "comm": comm,
-            "params": 2_615_797, "fp32_params": 23_005, "wire_mb": wire_mb}
+            "params": 2_615_797, "fp32_params": 23_005, "wire_mb": wire_mb, "retransmitted_mb": resent_mb}
 
 
 def sent(kind_dtype_mb: dict) -> dict:
@@ -37,7 +37,8 @@ def run_memory_with(monkeypatch, bf16_gathers: dict) -> tuple[int, str]:
     from stack.train import bench
 
     rows = {"32-true ddp": memory_row(39.9, sent({"all_reduce/float32": 9.98})),
-            "32-true fsdp": memory_row(20.0, sent({"all_gather/float32": 10.01, "reduce_scatter/float32": 5.01})),
+            "32-true fsdp": memory_row(20.0, sent({"all_gather/float32": 10.01, "reduce_scatter/float32": 5.01}),
+                                       wire_mb=15.03, resent_mb=0.02),
             "bf16-mixed fsdp": memory_row(20.0, sent({**bf16_gathers, "reduce_scatter/float32": 5.01}), wire_mb=15.09)}
 
     def child(config, overrides, mode):
@@ -57,6 +58,7 @@ def test_train_memory_passes_bf16_gathers_and_fails_fp32_ones(monkeypatch):
     assert "| fsdp | bf16-mixed | 20.0 | 0.50 | 1500 | 3000 | 5.05 (bfloat16, float32) / 5.01 (float32) / - | " \
            "10.06 | 15.09 (1.50x) | 10.02 |" in text
     assert "| ddp | 32-true | 39.9 | 1.00 | 1500 | 3000 | - / - / 9.98 (float32) | 9.98 | not readable here |" in text
+    assert "| 15.02 | 15.03 (1.00x), 0.02 resent |" in text  # what TCP sent again is shown apart, never in the count
     code, text = run_memory_with(monkeypatch, {"all_gather/float32": 10.01})  # no MixedPrecisionPolicy
     assert code == 1 and "1.00x the bytes" in text
 
