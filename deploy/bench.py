@@ -189,20 +189,26 @@ def _latency_predictions(pipeline, figures) -> None:
 
 def drive(pipeline, args) -> int:
     """`stack bench drive`: the closed loop's speed (`stack.sim.bench`) with the network as the camera policy:
-    `{train.out_dir}/model.pt` when it exists, else the pipeline's network with untrained weights (same cost)."""
+    `{train.out_dir}/model.pt` when it exists, else the pipeline's network with untrained weights (same cost); with
+    `stack bench drive BUNDLE ...` also each deploy bundle's model on ONNX Runtime."""
     from stack.checkpoint.model_file import save_model_checkpoint
-    from stack.deploy.network_policies import checkpoint_spec
+    from stack.commands.drive import check_bundle
+    from stack.deploy.network_policies import bundle_spec, checkpoint_spec
     from stack.models import build_model
     from stack.sim import bench
 
+    bundles = list(getattr(args, "bundles", []))
+    for bundle in bundles:
+        check_bundle(bundle, pipeline)  # before minutes of driving
+    deployed = [bundle_spec(f"bundle {Path(bundle).name}", bundle) for bundle in bundles]
     checkpoint = Path(pipeline.train.out_dir) / "model.pt"
     if checkpoint.is_file():
         return bench.run(pipeline, checkpoint_spec("checkpoint", str(checkpoint)), f"trained weights ({checkpoint})",
-                         figures_of(args))
+                         figures_of(args), deployed)
     with tempfile.TemporaryDirectory() as folder:
         path = save_model_checkpoint(Path(folder) / "untrained.pt", pipeline, build_model(pipeline).state_dict())
         return bench.run(pipeline, checkpoint_spec("checkpoint", str(path)), "untrained weights (same cost as trained)",
-                         figures_of(args))
+                         figures_of(args), deployed)
 
 
 

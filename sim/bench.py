@@ -1,9 +1,10 @@
 """`stack bench drive`: how fast the closed loop runs, and where its time goes.
 
 Drives `BENCH_EPISODES` episodes (one per scenario family, round-robin) in this process, one thread,
-twice: with a camera policy (`stack bench drive` gives the network, `stack.deploy.bench.drive`: the
+with a camera policy (`stack bench drive` gives the network, `stack.deploy.bench.drive`: the
 trained `{train.out_dir}/model.pt` when it exists, else the pipeline's network with untrained weights,
-whose cost is the same) and with the blind ego-status rollout, which renders nothing.
+whose cost is the same), with each deployed bundle's model on ONNX Runtime given (`stack bench drive BUNDLE ...`),
+and with the blind ego-status rollout, which renders nothing.
 A third run drives the network as `stack dagger` does: every replanning instant is also rendered with its labels
 and labelled by the expert (`stack.sim.recording`). Reports episodes per minute, simulated seconds per wall
 second and the split into render / policy / simulation / labelling.
@@ -20,6 +21,7 @@ import time
 
 BENCH_EPISODES = 4
 NETWORK_ROW = "network (checkpoint, PyTorch)"
+BLIND_ROW = "blind (ego-status rollout)"
 
 
 PARTS = ("render", "policy", "simulation", "labelling")
@@ -39,20 +41,27 @@ def _drive(pipeline, spec, episodes, record: bool = False) -> dict:
             "replans": replans, "simulated": pipeline.drive.episode_seconds * len(episodes)}
 
 
-def record_figures(figures, results: dict, floor_rate: float) -> None:
-    """Each policy's simulated seconds per wall second (one run of BENCH_EPISODES; the network's floor: the rate
-    with policy and simulation free) and its timed parts per episode, for --record."""
+def floor_rate(result: dict) -> float:
+    """Simulated seconds per wall second of a camera policy whose planning and simulation were free: the rate its
+    rendering alone allows."""
+    return result["simulated"] / max(result["parts"]["render"], 1e-9)
+
+
+def record_figures(figures, results: dict, cameras: set) -> None:
+    """Each policy's simulated seconds per wall second (one run of BENCH_EPISODES; for the camera policies named in
+    `cameras`, the floor: the rate with policy and simulation free) and its timed parts per episode, for --record."""
     for name, r in results.items():
         figures.add(f"{name}: sim-s per wall-s", [r["simulated"] / r["wall"]], "sim-s/wall-s", lower_is_better=False,
-                    floor=floor_rate if name == NETWORK_ROW else None)
+                    floor=floor_rate(r) if name in cameras else None)
         for part, seconds in r["per_episode"].items():
             if any(seconds):
                 figures.add(f"{name}: {part} per episode", seconds, "s")
 
 
-def run(pipeline, network, weights: str, figures=None) -> int:
-    """Time the camera policy `network` (a PolicySpec; `weights` says which) beside the blind rollout, and print
-    the table for BENCHMARKS.md; the figures go into `figures` (a `stack.benchrecord.FigureLog`) when given."""
+def run(pipeline, network, weights: str, figures=None, bundles=()) -> int:
+    """Time the camera policy `network` (a PolicySpec; `weights` says which), and the deployed `bundles` (PolicySpecs),
+    beside the blind rollout, and print the table for BENCHMARKS.md; the figures go into `figures` (a
+    `stack.benchrecord.FigureLog`) when given."""
     from stack.benchrecord.machine import cpu_model
     from stack.sim.policies import PolicySpec
     from stack.sim.scenarios import episode_specs
@@ -63,9 +72,11 @@ def run(pipeline, network, weights: str, figures=None) -> int:
           f"replanning {cfg.replan_hz:g} Hz, {len(pipeline.data.rig.cameras)} cameras at "
           f"{pipeline.data.rig.image_width}x{pipeline.data.rig.image_height}; one process, one thread; "
           f"{cpu_model()}; network: {weights}")
-    results = {NETWORK_ROW: _drive(pipeline, network, episodes),
-               DAGGER_ROW: _drive(pipeline, network, episodes, record=True),
-               "blind (ego-status rollout)": _drive(pipeline, PolicySpec("ego_rollout", "ego_rollout"), episodes)}
+    results = {NETWORK_ROW: _drive(pipeline, network, episodes)}
+    for bundle in bundles:
+        results[bundle_row(bundle)] = _drive(pipeline, bundle, episodes)
+    results[DAGGER_ROW] = _drive(pipeline, network, episodes, record=True)
+    results[BLIND_ROW] = _drive(pipeline, PolicySpec("ego_rollout", "ego_rollout"), episodes)
     print("\n| policy | episodes / min | sim-s / wall-s | wall s | render s | policy s | simulation s | labelling s | other s |")
     print("|---|---|---|---|---|---|---|---|---|")
     for name, r in results.items():
@@ -73,17 +84,27 @@ def run(pipeline, network, weights: str, figures=None) -> int:
         print(f"| {name} | {len(episodes) / r['wall'] * 60:.1f} | {r['simulated'] / r['wall']:.2f} | {r['wall']:.1f} | "
               + " | ".join(f"{r['parts'][k]:.1f}" for k in PARTS) + f" | {other:.1f} |")
     net = results[NETWORK_ROW]
-    per_frame = net["parts"]["render"] / max(net["replans"], 1)
-    floor = net["simulated"] / max(net["parts"]["render"], 1e-9)
+    timed = [NETWORK_ROW] + [bundle_row(bundle) for bundle in bundles]  # a plan per rendered frame
     if figures is not None:
-        record_figures(figures, results, floor)
-    print(f"\nfloor: rendering {len(pipeline.data.rig.cameras)} cameras takes {per_frame * 1000:.0f} ms per replan "
-          f"({net['replans']} replans); with policy and simulation free a camera policy would run at "
-          f"{floor:.2f} sim-s / wall-s; measured {net['simulated'] / net['wall']:.2f} "
-          f"({net['simulated'] / net['wall'] / floor:.0%} of the floor's rate).")
+        record_figures(figures, results, set(timed))
+    for name in timed:
+        print(floor_line(name, results[name], len(pipeline.data.rig.cameras)))
     baselines = len(set(cfg.baselines) | {"expert"})
-    per_episode = (net["wall"] + baselines * results["blind (ego-status rollout)"]["wall"]) / len(episodes)
+    per_episode = (net["wall"] + baselines * results[BLIND_ROW]["wall"]) / len(episodes)
     projected = cfg.episodes * per_episode / max(cfg.workers, 1)
     print(f"projected `stack drive` of {cfg.episodes} episodes (the network + {baselines} baselines, {cfg.workers} workers on idle "
           f"cores): {projected / 60:.1f} min (goal: under 10 min for the tiny preset), plus clips.")
     return 0
+
+
+def bundle_row(bundle) -> str:
+    return f"network ({bundle.name}, ONNX Runtime)"
+
+
+def floor_line(name: str, result: dict, cameras: int) -> str:
+    """What the renderer allows a camera policy and how close `name` came to it."""
+    per_frame, floor = result["parts"]["render"] / max(result["replans"], 1), floor_rate(result)
+    measured = result["simulated"] / result["wall"]
+    return (f"\n{name}: rendering {cameras} cameras takes {per_frame * 1000:.0f} ms per replan ({result['replans']} "
+            f"replans); with policy and simulation free it would run at {floor:.2f} sim-s / wall-s (the floor); "
+            f"measured {measured:.2f}: {measured / floor:.0%} of the floor's rate (goal: 80%).")

@@ -40,6 +40,7 @@ INSTRUCTIONS = "instructions"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.usage = ("stack bench NAME [-c FILE ...] [key=value ...] [--record [PATH]]  |  "
+                    "stack bench drive [BUNDLE ...] [-c FILE ...] [key=value ...]  |  "
                     "stack bench instructions [--check | --update-baseline]  |  "
                     "stack bench compare BASELINE.json CANDIDATE.json  |  stack bench compare [RECORD.json] --history [DIR]")
     parser.add_argument("name", choices=sorted(BENCHMARKS) + [COMPARE],
@@ -82,6 +83,7 @@ def _bench(args: argparse.Namespace) -> int:
     destination = None if args.record is None else Path(args.record)
     if destination is not None:
         check_destination(destination)  # before minutes of measuring, not after
+    _take_bundles(args)
     pipeline = load_pipeline_from_args(args)
     args.figures = FigureLog()
     meter = LoadMeter()
@@ -91,6 +93,18 @@ def _bench(args: argparse.Namespace) -> int:
         path = write_record(build_record(args.name, args, pipeline, args.figures, code, meter.finish()), destination)
         print(f"recorded {len(args.figures.figures)} figures with their samples: {path}")
     return code
+
+
+def _take_bundles(args: argparse.Namespace) -> None:
+    """`stack bench drive BUNDLE ...`: the words that are not key=value are deploy bundle folders to drive beside the
+    checkpoint (`args.bundles`); no other benchmark takes such words."""
+    from stack.errors import StackError
+
+    words = [word for word in args.overrides if "=" not in word]
+    if words and args.name != "drive":
+        raise StackError(f"`stack bench {args.name}` takes key=value overrides; {words[0]!r} is not one (deploy bundle "
+                         f"folders are for `stack bench drive BUNDLE ...`)")
+    args.bundles, args.overrides = words, [word for word in args.overrides if "=" in word]
 
 
 def _compare(args: argparse.Namespace) -> int:

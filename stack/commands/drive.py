@@ -90,7 +90,7 @@ def _pipeline(sources: list[str], args):
     """The pipeline to drive under: -c files + overrides, or the first source's own pipeline + overrides;
     refused when any source holds another network or was built for another camera rig."""
     from stack.checkpoint.model_file import check_has_planner, load_model_checkpoint, pipeline_for_checkpoint
-    from stack.config import pipeline_from_yaml, pipeline_to_yaml
+    from stack.config import pipeline_to_yaml
 
     stored = []
     for source in sources:
@@ -99,10 +99,7 @@ def _pipeline(sources: list[str], args):
             check_has_planner(state_dict, source)
             _check_trained_cameras(source, pipeline, meta.get("dataset"))
         else:
-            file = Path(source) / "pipeline.yaml"
-            if not file.is_file():
-                raise StackError(f"bundle {source} has no pipeline.yaml; deploy it again with this stack")
-            pipeline = pipeline_from_yaml(file.read_text(), source=f"the pipeline of bundle {source}")
+            pipeline = _bundle_pipeline(source)
         stored.append((source, pipeline))
     first_source, first = stored[0]
     pipeline = pipeline_for_checkpoint(first, first_source, args.config, args.overrides)
@@ -111,6 +108,25 @@ def _pipeline(sources: list[str], args):
     if args.print_config:
         print(pipeline_to_yaml(pipeline), end="", flush=True)
     return pipeline
+
+
+def _bundle_pipeline(source: str):
+    """The pipeline a bundle folder was deployed from (its pipeline.yaml)."""
+    from stack.config import pipeline_from_yaml
+
+    file = Path(source) / "pipeline.yaml"
+    if not file.is_file():
+        raise StackError(f"bundle {source} has no pipeline.yaml; deploy it again with this stack")
+    return pipeline_from_yaml(file.read_text(), source=f"the pipeline of bundle {source}")
+
+
+def check_bundle(source: str, pipeline) -> None:
+    """Refuse `source` unless it is a deploy bundle folder of `pipeline`'s network, built for the camera rig the world
+    renders with, as `stack drive` refuses it (`stack bench drive --bundle`)."""
+    if _kind(source) != "bundle":
+        raise StackError(f"{source} is a checkpoint file, not a deploy bundle folder: give the folder `stack deploy` "
+                         f"wrote (e.g. runs/tiny/export/ci-cpu)")
+    _check_same(source, _bundle_pipeline(source), pipeline)
 
 
 def _check_trained_cameras(source: str, stored, dataset: dict | None) -> None:

@@ -6,6 +6,7 @@ Network policies use a micro BevNet (128x64 images) with untrained weights: what
 (determinism, equality of the two runtimes, the plumbing) does not depend on training.
 """
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -131,7 +132,9 @@ def test_latency_delays_the_reaction_on_the_braking_scenario():
     assert gap(late) < gap(prompt) - 1.0, "a policy that reacts 1 s later must come closer to the braking car"
 
 
-def test_the_checkpoint_and_its_fp32_onnx_drive_the_same_episode(pipeline, checkpoint, tmp_path):
+@pytest.fixture(scope="module")
+def onnx_path(pipeline, checkpoint, tmp_path_factory):
+    """The checkpoint's network exported to fp32 ONNX with the rig's calibration, as a bundle ships it."""
     from stack.checkpoint.model_file import load_model_checkpoint
     from stack.deploy.calibration import Calibration
     from stack.deploy.export import export_onnx
@@ -139,8 +142,12 @@ def test_the_checkpoint_and_its_fp32_onnx_drive_the_same_episode(pipeline, check
 
     _, state_dict, _ = load_model_checkpoint(checkpoint)
     network = export_network(pipeline, state_dict, Calibration.from_rig(pipeline.data.rig))
-    onnx_path = tmp_path / "model.onnx"
-    export_onnx(network.net, network.example, network.output_names, onnx_path, pipeline.export.opset, network.metadata)
+    path = tmp_path_factory.mktemp("onnx") / "model.onnx"
+    export_onnx(network.net, network.example, network.output_names, path, pipeline.export.opset, network.metadata)
+    return path
+
+
+def test_the_checkpoint_and_its_fp32_onnx_drive_the_same_episode(pipeline, checkpoint, onnx_path):
     spec = episode("lead_brake", 1, 0)
     torch_run = drive_once(pipeline, checkpoint_spec("checkpoint", str(checkpoint)), spec).trace
     onnx_run = drive_once(pipeline, bundle_spec("fp32", "", str(onnx_path)), spec).trace
@@ -206,23 +213,40 @@ def test_bad_input_exits_2_with_a_clear_message(checkpoint, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "another pipeline" in err and "data.rig" in err, err
     assert main(["drive", str(tmp_path / "missing.pt")]) == 2
+    assert main(["bench", "drive", str(checkpoint)]) == 2
+    assert "not a deploy bundle folder" in capsys.readouterr().err
+    assert main(["bench", "drive", str(bundle)]) == 2  # the default pipeline's network is not the bundle's
+    assert "another pipeline" in capsys.readouterr().err
+    assert main(["bench", "model", str(bundle)]) == 2
+    assert "deploy bundle folders are for `stack bench drive BUNDLE ...`" in capsys.readouterr().err
 
 
-def test_bench_drive_reports_the_network_the_dagger_recording_and_the_blind_rollout(checkpoint, capsys):
+def test_bench_drive_reports_the_network_the_bundle_the_dagger_recording_and_the_blind_rollout(checkpoint, onnx_path,
+                                                                                             capsys):
     from stack.benchrecord import FigureLog
     from stack.sim import bench
 
     pipeline = micro_pipeline("drive.episode_seconds=2.0")
     figures = FigureLog()
-    assert bench.run(pipeline, checkpoint_spec("checkpoint", str(checkpoint)), "untrained weights", figures) == 0
+    deployed = bundle_spec("bundle fp32", "", str(onnx_path))
+    assert bench.run(pipeline, checkpoint_spec("checkpoint", str(checkpoint)), "untrained weights", figures,
+                     [deployed]) == 0
     out = capsys.readouterr().out
     rows = {line.split("|")[1].strip(): line.split("|")[2:-1] for line in out.splitlines() if line.startswith("| ")}
-    assert {bench.NETWORK_ROW, bench.DAGGER_ROW, "blind (ego-status rollout)"} <= set(rows)
+    bundle_row = "network (bundle fp32, ONNX Runtime)"
+    assert {bench.NETWORK_ROW, bundle_row, bench.DAGGER_ROW, bench.BLIND_ROW} <= set(rows)
     labelling = {name: float(cells[6]) for name, cells in rows.items() if name != "policy"}
     assert labelling[bench.DAGGER_ROW] > 0 and labelling[bench.NETWORK_ROW] == 0, "only DAgger's drive labels"
-    assert "floor:" in out
+    rendered = {name: float(cells[3]) for name, cells in rows.items() if name != "policy"}
+    assert rendered[bundle_row] > 0 and rendered[bench.BLIND_ROW] < 0.05, "the blind rollout renders nothing"
+    shares = re.findall(r"^(.*?): rendering .*: (\d+)% of the floor's rate \(goal: 80%\)", out, re.M)
+    assert [name.strip() for name, _ in shares] == [bench.NETWORK_ROW, bundle_row]
+    assert all(0 < int(share) <= 100 for _, share in shares), "a policy cannot outrun the renderer it waits for"
     recorded = {figure.name: figure for figure in figures.figures}  # what --record keeps: a sample per episode
     assert recorded[f"{bench.NETWORK_ROW}: sim-s per wall-s"].floor > 0
+    assert recorded[f"{bundle_row}: sim-s per wall-s"].floor > 0
+    assert recorded[f"{bench.BLIND_ROW}: sim-s per wall-s"].floor is None
+    assert recorded[f"{bench.DAGGER_ROW}: sim-s per wall-s"].floor is None
     assert len(recorded[f"{bench.DAGGER_ROW}: labelling per episode"].samples) == bench.BENCH_EPISODES
     assert f"{bench.NETWORK_ROW}: labelling per episode" not in recorded
 
