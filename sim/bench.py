@@ -7,11 +7,13 @@ whose cost is the same), with each deployed bundle's model on ONNX Runtime given
 and with the blind ego-status rollout, which renders nothing.
 A third run drives the network as `stack dagger` does: every replanning instant is also rendered with its labels
 and labelled by the expert (`stack.sim.recording`). Reports episodes per minute, simulated seconds per wall
-second and the split into render / policy / simulation / labelling.
+second and the split into render / policy / simulation / labelling / world building, with the policy's one
+build (a worker process builds each policy once for all its episodes: `stack.sim.policies.build_policy`) in a
+column of its own and left out of the rates.
 
 The floor: a camera policy cannot run faster than the renderer makes its frames (cameras x replans per
-episode); if the policy and the simulation were free, simulated-s per wall-s would be episode seconds
-over render seconds. The gap between that and the measured figure is what policy and simulation cost.
+episode); if the policy, the simulation and building the episode's world were free, simulated-s per wall-s
+would be episode seconds over render seconds. The gap between that and the measured figure is what they cost.
 The projection for `drive.episodes` with `drive.workers` processes assumes the cores are otherwise idle.
 """
 
@@ -24,7 +26,9 @@ NETWORK_ROW = "network (checkpoint, PyTorch)"
 BLIND_ROW = "blind (ego-status rollout)"
 
 
-PARTS = ("render", "policy", "simulation", "labelling")
+PARTS = ("render", "policy", "simulation", "labelling", "world", "build")
+"""The timed parts of a drive: per replan (render, policy, labelling), per step (simulation), per episode (world:
+building or copying its world) and per process (build: the policy, built once and cached)."""
 DAGGER_ROW = "network, recorded for DAgger (labelled frames)"
 
 
@@ -41,6 +45,11 @@ def _drive(pipeline, spec, episodes, record: bool = False) -> dict:
             "replans": replans, "simulated": pipeline.drive.episode_seconds * len(episodes)}
 
 
+def steady_rate(result: dict) -> float:
+    """Simulated seconds per wall second once the policy is built (a worker builds it once for all its episodes)."""
+    return result["simulated"] / max(result["wall"] - result["parts"]["build"], 1e-9)
+
+
 def floor_rate(result: dict) -> float:
     """Simulated seconds per wall second of a camera policy whose planning and simulation were free: the rate its
     rendering alone allows."""
@@ -51,7 +60,7 @@ def record_figures(figures, results: dict, cameras: set) -> None:
     """Each policy's simulated seconds per wall second (one run of BENCH_EPISODES; for the camera policies named in
     `cameras`, the floor: the rate with policy and simulation free) and its timed parts per episode, for --record."""
     for name, r in results.items():
-        figures.add(f"{name}: sim-s per wall-s", [r["simulated"] / r["wall"]], "sim-s/wall-s", lower_is_better=False,
+        figures.add(f"{name}: sim-s per wall-s", [steady_rate(r)], "sim-s/wall-s", lower_is_better=False,
                     floor=floor_rate(r) if name in cameras else None)
         for part, seconds in r["per_episode"].items():
             if any(seconds):
@@ -77,11 +86,13 @@ def run(pipeline, network, weights: str, figures=None, bundles=()) -> int:
         results[bundle_row(bundle)] = _drive(pipeline, bundle, episodes)
     results[DAGGER_ROW] = _drive(pipeline, network, episodes, record=True)
     results[BLIND_ROW] = _drive(pipeline, PolicySpec("ego_rollout", "ego_rollout"), episodes)
-    print("\n| policy | episodes / min | sim-s / wall-s | wall s | render s | policy s | simulation s | labelling s | other s |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for name, r in results.items():
+    print("\n| policy | episodes / min | sim-s / wall-s | wall s | render s | policy s | simulation s | labelling s | "
+          "world s | policy built s | other s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for name, r in results.items():  # rates once the policy is built; its one build is a column of its own
         other = r["wall"] - sum(r["parts"].values())
-        print(f"| {name} | {len(episodes) / r['wall'] * 60:.1f} | {r['simulated'] / r['wall']:.2f} | {r['wall']:.1f} | "
+        steady = r["wall"] - r["parts"]["build"]
+        print(f"| {name} | {len(episodes) / steady * 60:.1f} | {steady_rate(r):.2f} | {r['wall']:.1f} | "
               + " | ".join(f"{r['parts'][k]:.1f}" for k in PARTS) + f" | {other:.1f} |")
     net = results[NETWORK_ROW]
     timed = [NETWORK_ROW] + [bundle_row(bundle) for bundle in bundles]  # a plan per rendered frame
@@ -103,8 +114,9 @@ def bundle_row(bundle) -> str:
 
 def floor_line(name: str, result: dict, cameras: int) -> str:
     """What the renderer allows a camera policy and how close `name` came to it."""
-    per_frame, floor = result["parts"]["render"] / max(result["replans"], 1), floor_rate(result)
-    measured = result["simulated"] / result["wall"]
+    per_frame, floor, measured = result["parts"]["render"] / max(result["replans"], 1), floor_rate(result), \
+        steady_rate(result)
     return (f"\n{name}: rendering {cameras} cameras takes {per_frame * 1000:.0f} ms per replan ({result['replans']} "
-            f"replans); with policy and simulation free it would run at {floor:.2f} sim-s / wall-s (the floor); "
-            f"measured {measured:.2f}: {measured / floor:.0%} of the floor's rate (goal: 80%).")
+            f"replans); with policy, simulation and world building free it would run at {floor:.2f} sim-s / wall-s "
+            f"(the floor); measured {measured:.2f} once the policy is built: {measured / floor:.0%} of the floor's "
+            f"rate (goal: 80%).")

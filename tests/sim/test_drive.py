@@ -237,6 +237,9 @@ def test_bench_drive_reports_the_network_the_bundle_the_dagger_recording_and_the
     assert {bench.NETWORK_ROW, bundle_row, bench.DAGGER_ROW, bench.BLIND_ROW} <= set(rows)
     labelling = {name: float(cells[6]) for name, cells in rows.items() if name != "policy"}
     assert labelling[bench.DAGGER_ROW] > 0 and labelling[bench.NETWORK_ROW] == 0, "only DAgger's drive labels"
+    built = {name: (float(cells[7]), float(cells[8])) for name, cells in rows.items() if name != "policy"}
+    assert all(world > 0 for world, _ in built.values()), "every row builds its episodes' worlds"
+    assert built[bench.NETWORK_ROW][1] > 0 and built[bench.DAGGER_ROW][1] < 0.05, "a policy is built once a process"
     rendered = {name: float(cells[3]) for name, cells in rows.items() if name != "policy"}
     assert rendered[bundle_row] > 0 and rendered[bench.BLIND_ROW] < 0.05, "the blind rollout renders nothing"
     shares = re.findall(r"^(.*?): rendering .*: (\d+)% of the floor's rate \(goal: 80%\)", out, re.M)
