@@ -82,8 +82,9 @@ def frame_arrays(clip: dict, t: int) -> dict:
     return arrays
 
 
-def decode_clip(sample: dict, cameras: list, shard: str) -> tuple[dict, np.ndarray]:
-    """(label arrays, uint8 videos (N, T, H, W, 3)) of a clip sample; bad members raise BadSample."""
+def decode_clip(sample: dict, cameras: list, shard: str, pool=None) -> tuple[dict, np.ndarray]:
+    """(label arrays, uint8 videos (N, T, H, W, 3)) of a clip sample; bad members raise BadSample. With `pool` (a
+    `concurrent.futures` executor) the cameras' videos decode in its threads: libavcodec runs without the GIL."""
     from stack.data.samples import LOADER_MEMBERS, BadSample, decode_arrays
 
     key = sample.get("__key__")
@@ -95,24 +96,26 @@ def decode_clip(sample: dict, cameras: list, shard: str) -> tuple[dict, np.ndarr
     if meta.get("schema") != SCHEMA_VERSION:
         raise BadSample(f"shard {shard}, clip {key}: schema version {meta.get('schema')!r}, this stack reads version "
                         f"{SCHEMA_VERSION}; re-create the shards with `stack data make`")
-    videos = []
-    for camera in cameras:
+    def video(camera: str) -> np.ndarray:
         try:
-            videos.append(decode_h264(sample[f"{camera}.mp4"]))
+            frames = decode_h264(sample[f"{camera}.mp4"])
         except Exception as exc:  # PyAV raises its own error family (av.error.*)
             raise BadSample(f"shard {shard}, clip {key}: member {camera}.mp4 is not decodable H.264 ({exc})") from exc
-        if len(videos[-1]) != meta["frames"]:
-            raise BadSample(f"shard {shard}, clip {key}: {camera}.mp4 has {len(videos[-1])} frames, the clip "
+        if len(frames) != meta["frames"]:
+            raise BadSample(f"shard {shard}, clip {key}: {camera}.mp4 has {len(frames)} frames, the clip "
                             f"{meta['frames']}; re-create the shard")
+        return frames
+
+    videos = list((pool.map if pool is not None else map)(video, cameras))
     return decode_arrays(sample, shard, LOADER_MEMBERS), np.stack(videos)
 
 
-def clip_frames(sample: dict, manifest: dict, shard: str) -> tuple[list, np.ndarray]:
+def clip_frames(sample: dict, manifest: dict, shard: str, pool=None) -> tuple[list, np.ndarray]:
     """(each frame's label arrays, checked against the manifest; the clip's uint8 videos (N, T, H, W, 3)) of a clip
-    sample whose member hashes were checked: what both backends read of a clip."""
+    sample whose member hashes were checked: what both backends read of a clip (`pool`: see `decode_clip`)."""
     from stack.data.loader import check_arrays
 
-    clip, videos = decode_clip(sample, manifest["cameras"], shard)
+    clip, videos = decode_clip(sample, manifest["cameras"], shard, pool)
     frames = [frame_arrays(clip, t) for t in range(videos.shape[1])]
     for t, arrays in enumerate(frames):
         check_arrays(arrays, manifest, shard, f"{sample.get('__key__')} frame {t}")

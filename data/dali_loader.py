@@ -22,7 +22,7 @@ parameters (BEVDet4D: one augmentation for every frame of a sample), and their e
 read from each frame's past trajectory, are label fields built in Python.
 
 Clip shards (data.layout=clips: one H.264 video per camera per scene) are decoded with PyAV, as the torch backend
-decodes them (DALI cannot decode H.264 on the CPU), and their frames enter the graph decoded (`build_pipeline(...,
+decodes them (DALI cannot decode H.264 on the CPU), a clip's cameras side by side in data.num_workers threads, and their frames enter the graph decoded (`build_pipeline(...,
 decoded=True)`): the graph resizes, crops and jitters them as it does decoded JPEGs. Their rows follow the torch
 backend's order for one loader process (data.num_workers=0): clips in the planned order, each clip's augmentation
 parameters drawn as its frames are decoded, frames mixed with other clips' through the same shuffle buffer, so both
@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import math
 import re
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -199,7 +200,7 @@ class DaliLoader:
         self.reader = SampleReader()
         self.epoch, self._epoch_set = 0, False
         self.skipped = 0
-        self._pipe, self._in_flight = None, 0
+        self._pipe, self._in_flight, self._pool = None, 0, None
         if len(self) == 0:
             raise StackError(f"split {split!r} has fewer than one batch of data.batch_size={pipeline.data.batch_size} "
                              f"per rank for {world_size} rank(s); render more scenes or lower data.batch_size")
@@ -282,7 +283,7 @@ class DaliLoader:
             sample = self.reader.read(shard, index)
             if self.sums is not None:
                 self.sums.check_sample(sample, shard)
-            frames, videos = clip_frames(sample, self.manifest, shard)
+            frames, videos = clip_frames(sample, self.manifest, shard, self._decoder())
             pasts = [arrays["past"] for arrays in frames]
             params = self.graph_augment.draw(rng, len(frames)) if self.augment else [None] * len(frames)
             for t, arrays in enumerate(frames):
@@ -293,6 +294,13 @@ class DaliLoader:
                 if self.frames_back:
                     row["history"] = history
                 yield row
+
+    def _decoder(self) -> ThreadPoolExecutor:
+        """Threads that decode a clip's cameras side by side (as many as the graph's: data.num_workers, at least 1),
+        made on first use and kept."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max(self.pipeline.data.num_workers, 1), thread_name_prefix="clip-decode")
+        return self._pool
 
     def _submit(self, pipe, where: list, samples: list, params: list | None) -> tuple:
         """Feed one batch's samples (frame samples, or clip rows) and augmentation parameters to the graph and
