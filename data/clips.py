@@ -110,16 +110,21 @@ def decode_clip(sample: dict, cameras: list, shard: str, pool=None) -> tuple[dic
     return decode_arrays(sample, shard, LOADER_MEMBERS), np.stack(videos)
 
 
-def clip_frames(sample: dict, manifest: dict, shard: str, pool=None) -> tuple[list, np.ndarray]:
-    """(each frame's label arrays, checked against the manifest; the clip's uint8 videos (N, T, H, W, 3)) of a clip
-    sample whose member hashes were checked: what both backends read of a clip (`pool`: see `decode_clip`)."""
+def clip_frames(reader, sums, manifest: dict, shard: str, index: int, pool=None) -> tuple[dict, list, np.ndarray]:
+    """(the stored clip sample, each frame's label arrays checked against the manifest, the clip's uint8 videos
+    (N, T, H, W, 3)) of the clip at (shard, index), read by `reader` (a SampleReader) and hashed against its shard's
+    table (`sums`, a ShardSums; None reads unhashed): what both backends read of a clip (`pool`: see
+    `decode_clip`)."""
     from stack.data.loader import check_arrays
 
+    sample = reader.read(shard, index)
+    if sums is not None:
+        sums.check_sample(sample, shard)
     clip, videos = decode_clip(sample, manifest["cameras"], shard, pool)
     frames = [frame_arrays(clip, t) for t in range(videos.shape[1])]
     for t, arrays in enumerate(frames):
         check_arrays(arrays, manifest, shard, f"{sample.get('__key__')} frame {t}")
-    return frames, videos
+    return sample, frames, videos
 
 
 def clip_history(pasts: list, t: int, frames: int) -> list:

@@ -22,8 +22,8 @@ parameters (BEVDet4D: one augmentation for every frame of a sample), and their e
 read from each frame's past trajectory, are label fields built in Python.
 
 Clip shards (data.layout=clips: one H.264 video per camera per scene) are decoded with PyAV, as the torch backend
-decodes them (DALI cannot decode H.264 on the CPU), a clip's cameras side by side in data.num_workers threads, and their frames enter the graph decoded (`build_pipeline(...,
-decoded=True)`): the graph resizes, crops and jitters them as it does decoded JPEGs. Their rows follow the torch
+decodes them (DALI cannot decode H.264 on the CPU), a clip's cameras side by side in data.num_workers threads, and
+their frames enter the graph decoded (`build_pipeline(..., decoded=True)`): the graph resizes, crops and jitters them as it does decoded JPEGs. Their rows follow the torch
 backend's order for one loader process (data.num_workers=0): clips in the planned order, each clip's augmentation
 parameters drawn as its frames are decoded, frames mixed with other clips' through the same shuffle buffer, so both
 backends give the same batches.
@@ -280,10 +280,7 @@ class DaliLoader:
         """Each planned clip's frames as rows: its decoded videos (shared), the frame's index and its previous key
         frames' (`clip_history`), its dense and small label arrays, and its augmentation parameters."""
         for shard, index in where:
-            sample = self.reader.read(shard, index)
-            if self.sums is not None:
-                self.sums.check_sample(sample, shard)
-            frames, videos = clip_frames(sample, self.manifest, shard, self._decoder())
+            sample, frames, videos = clip_frames(self.reader, self.sums, self.manifest, shard, index, self._decoder())
             pasts = [arrays["past"] for arrays in frames]
             params = self.graph_augment.draw(rng, len(frames)) if self.augment else [None] * len(frames)
             for t, arrays in enumerate(frames):

@@ -260,10 +260,7 @@ class FrameSamples(IterableDataset):
         if self.manifest.get("layout") == "clips":
             from stack.data.clips import clip_frames
 
-            sample = self.reader.read(shard, index)
-            if self.sums is not None:
-                self.sums.check_sample(sample, shard)
-            frames, videos = clip_frames(sample, self.manifest, shard)
+            sample, frames, videos = clip_frames(self.reader, self.sums, self.manifest, shard, index)
             rows = [to_fields(videos[:, t], arrays, self.maps, self.pipeline) for t, arrays in enumerate(frames)]
             if self.pipeline.model.temporal_frames:
                 add_clip_history(rows, [arrays["past"] for arrays in frames], self.pipeline.model.temporal_frames)
