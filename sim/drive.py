@@ -228,6 +228,17 @@ def worst_episodes(rows: list[dict], per_policy: int) -> list[dict]:
     return chosen
 
 
+def best_episodes(rows: list[dict], per_family: int) -> list[dict]:
+    """The `per_family` highest driving scores (then PDMS) of each policy in each scenario family."""
+    chosen = []
+    for name in dict.fromkeys(r["policy"] for r in rows):
+        own = [r for r in rows if r["policy"] == name]
+        for family in dict.fromkeys(r["family"] for r in own):
+            chosen += sorted((r for r in own if r["family"] == family),
+                             key=lambda r: (-r["metrics"]["driving_score"], -r["metrics"]["pdms"], r["index"]))[:per_family]
+    return chosen
+
+
 def drive(pipeline, policies: list[PolicySpec], log=print, sources: dict | None = None) -> dict:
     """`stack drive`: drive every policy on drive.episodes held-out episodes, write drive.md / .json / .png and
     the clips of each policy's worst episodes into drive.out_dir; returns {"summary", "rows", "files"}."""
@@ -250,7 +261,7 @@ def drive(pipeline, policies: list[PolicySpec], log=print, sources: dict | None 
     bars = {p.name: closed_loop_bar(rows, p.name) for p in policies if p.kind not in BASELINE_KINDS}
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    clips = _write_clips(pipeline, policies, rows, out, log) if cfg.clips else {}
+    clips = _write_clips(pipeline, policies, rows, out, log) if cfg.clips or cfg.best_clips else {}
     meta = {"pipeline": pipeline.name, "sources": sources or {}, "cpu": cpu_model(), "host_cores": os.cpu_count(),
             "episodes": len(episodes), "split": cfg.split, "seeds": list(cfg.seeds), "scenarios": list(cfg.scenarios),
             "episode_seconds": cfg.episode_seconds, "sim_hz": cfg.sim_hz, "replan_hz": cfg.replan_hz,
@@ -266,23 +277,27 @@ def drive(pipeline, policies: list[PolicySpec], log=print, sources: dict | None 
 
 
 def _write_clips(pipeline, policies: list[PolicySpec], rows: list[dict], out: Path, log) -> dict:
-    """Replay each policy's worst episodes (runs are deterministic) with the front camera and write MP4s."""
+    """Replay each policy's worst episodes, and its best of every family (runs are deterministic), with the front
+    camera and write MP4s."""
     by_name = {p.name: p for p in policies}
     by_name.setdefault("expert", PolicySpec("expert", "expert"))
-    tasks, names = [], []
-    for row in worst_episodes(rows, pipeline.drive.clips):
-        spec = next(e for e in episodes_of(pipeline) if (e.family, e.seed, e.index) ==
-                    (row["family"], row["seed"], row["index"]))
+    chosen = [(row, "worst") for row in worst_episodes(rows, pipeline.drive.clips)]
+    chosen += [(row, "best") for row in best_episodes(rows, pipeline.drive.best_clips)]
+    specs = {(e.family, e.seed, e.index): e for e in episodes_of(pipeline)}
+    tasks, entries = [], []
+    for row, kind in chosen:
         label = re.sub(r"[^\w.-]+", "_", row["policy"])
-        name = f"{label}-{row['family']}-seed{row['seed']}-ep{row['index']:03d}.mp4"
-        tasks.append((by_name[row["policy"]], spec, str(out / "clips" / name)))
-        names.append((row["policy"], name, row["metrics"]["driving_score"], row["index"]))
+        name = f"{label}{'-best' if kind == 'best' else ''}-{row['family']}-seed{row['seed']}-ep{row['index']:03d}.mp4"
+        tasks.append((by_name[row["policy"]], specs[(row["family"], row["seed"], row["index"])], str(out / "clips" / name)))
+        entries.append((row["policy"], {"file": f"clips/{name}", "driving_score": row["metrics"]["driving_score"],
+                                        "index": row["index"], "kind": kind}))
     (out / "clips").mkdir(exist_ok=True)
-    log(f"replaying {len(tasks)} worst episodes into clips ({out / 'clips'})")
+    worst = sum(kind == "worst" for _, kind in chosen)
+    log(f"replaying {worst} worst and {len(chosen) - worst} best episodes into clips ({out / 'clips'})")
     run_tasks(pipeline, tasks, max(1, min(pipeline.drive.workers, os.cpu_count() or 1)))
     clips: dict = {}
-    for policy, name, score, index in names:
-        clips.setdefault(policy, []).append({"file": f"clips/{name}", "driving_score": score, "index": index})
+    for policy, entry in entries:
+        clips.setdefault(policy, []).append(entry)
     return clips
 
 

@@ -16,7 +16,9 @@ writes it):
     policies: {policy: {"blind": bool (sees no camera), "privileged": bool (sees the world), "description": str}}
         (without it, BLIND_POLICIES / PRIVILEGED_POLICIES name the baselines);
     clips: {policy: [{"file": str, "index": int (optional), "driving_score": float}]} or a list of such dicts with
-        "policy": each policy's worst-episode clips, matched to rows by index, else by the "-ep{index:03d}." in the name.
+        "policy": each policy's episode clips, matched to rows by index, else by the "-ep{index:03d}." in the name;
+        an entry's "kind" is "worst" (the default: the worst-episode table shows it) or "best" (the best episode of
+        its family, drive.best_clips: the best-episode table shows it).
 """
 
 from __future__ import annotations
@@ -117,7 +119,7 @@ def markdown(summary: dict, rows: list, meta: dict) -> str:
               "std is over the per-seed means.", ""]
     for family in families:
         lines += [f"## {family}", ""] + table_lines(summary, policies, family, meta) + [""]
-    lines += worst_lines(rows, meta, policies) + time_lines(rows, meta, policies)
+    lines += worst_lines(rows, meta, policies) + best_lines(rows, meta, policies) + time_lines(rows, meta, policies)
     return "\n".join(lines)
 
 
@@ -341,7 +343,7 @@ def fmt(value) -> str:
 
 def worst_lines(rows: list, meta: dict, policies: list) -> list:
     """The lowest-driving-score episodes of each policy, with their clip files where clips were written."""
-    clips = _clip_entries(meta)
+    clips = _clip_entries(meta, "worst")
     lines = ["## Worst episodes (lowest driving score per policy)", "",
              "| policy | episode | family | seed | driving score | PDMS | route completion | collisions | "
              "first collision (s) | clip |", "|---|---|---|---|---|---|---|---|---|---|"]
@@ -356,6 +358,28 @@ def worst_lines(rows: list, meta: dict, policies: list) -> list:
                          f"| {fmt(metrics['driving_score'])} | {fmt(metrics.get('pdms'))} | "
                          f"{fmt(metrics.get('route_completion'))} | {fmt(metrics.get('collisions'))} | "
                          f"{fmt(metrics.get('first_collision_s'))} | {f'`{clip}`' if clip else '—'} |")
+    return lines + [""]
+
+
+def best_lines(rows: list, meta: dict, policies: list) -> list:
+    """The episodes replayed as each policy's best of their family (drive.best_clips), with their clips; nothing
+    when none were."""
+    clips = _clip_entries(meta, "best")
+    if not clips:
+        return []
+    lines = ["## Best episode of each family (highest driving score per policy and family)", "",
+             "| policy | family | episode | seed | driving score | PDMS | route completion | collisions | clip |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for policy in policies:
+        own = {row.get("index"): row for row in rows if row.get("policy") == policy}
+        for owner, entry in clips:
+            row = own.get(entry.get("index")) if owner == policy else None
+            if row is None:
+                continue
+            metrics = row["metrics"]
+            lines.append(f"| {policy_label(meta, policy)} | {row.get('family')} | {row.get('index')} | {row.get('seed')} "
+                         f"| {fmt(metrics['driving_score'])} | {fmt(metrics.get('pdms'))} | "
+                         f"{fmt(metrics.get('route_completion'))} | {fmt(metrics.get('collisions'))} | `{entry['file']}` |")
     return lines + [""]
 
 
@@ -384,12 +408,15 @@ def _sortable(value) -> float:
     return value if _finite(value) else math.inf
 
 
-def _clip_entries(meta: dict) -> list:
-    """meta["clips"] as [(policy, entry)], from either {policy: [entry]} or [entry with "policy"]."""
+def _clip_entries(meta: dict, kind: str) -> list:
+    """meta["clips"] of one kind ("worst" or "best") as [(policy, entry)], from either {policy: [entry]} or [entry
+    with "policy"]; an entry without a kind is a worst-episode clip."""
     clips = meta.get("clips") or ()
     if isinstance(clips, dict):
-        return [(policy, entry) for policy, entries in clips.items() for entry in entries]
-    return [(entry.get("policy"), entry) for entry in clips]
+        entries = [(policy, entry) for policy, own in clips.items() for entry in own]
+    else:
+        entries = [(entry.get("policy"), entry) for entry in clips]
+    return [(policy, entry) for policy, entry in entries if entry.get("kind", "worst") == kind]
 
 
 def _clip_of(clips: list, policy: str, index) -> str | None:

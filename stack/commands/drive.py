@@ -5,7 +5,8 @@ Each source is a checkpoint (`stack train`'s model.pt, driven in PyTorch) or a d
 drive side by side, with the baselines of `drive.baselines` (the privileged expert, constant velocity,
 the ego-status rollout). Every policy drives the same `drive.episodes` held-out episodes of the
 `drive.scenarios` families over `drive.seeds`; the report (drive.md, drive.json, drive.png) and MP4
-clips of each policy's worst episodes go to `drive.out_dir`.
+clips of each policy's worst episodes (`drive.clips`) and of its best in every family (`drive.best_clips`)
+go to `drive.out_dir`.
 
 `--scenarios a,b` and `--episodes N` are shorthands for drive.scenarios=[a,b] and drive.episodes=N.
 The bar: a network must beat every blind policy driven beside it in driving score and in PDMS, the paired

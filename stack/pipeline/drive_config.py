@@ -81,6 +81,10 @@ class DriveConfig:
     """Worker processes that run episodes in parallel (one torch / ONNX Runtime thread each)."""
     clips: int = 2
     """MP4 clips written per policy, of its worst episodes (lowest driving score)."""
+    best_clips: int = 0
+    """MP4 clips written per policy and scenario family, of its best episodes there (highest driving score, then
+    PDMS): what the policy does with each family's hazard when it gets it right (the stopped car braked for, the
+    junction turned), beside the worst episodes' clips that show what goes wrong."""
     blocked_seconds: float = 3.0
     """An episode ends as blocked when the ego stands (under 0.5 m/s) for this long while at every step the
     privileged expert would drive on (CARLA's agent-blocked rule, scaled to our seconds-long episodes; stack.sim.infractions)."""
@@ -121,8 +125,10 @@ class DriveConfig:
             ("episode_seconds", MAX_EPISODE_SECONDS, "s (the scenarios stage their event in the first seconds); e.g. 8"),
             ("sim_hz", 1_000.0, "Hz (the vehicle model is stable at 10 Hz); e.g. 10"),
             ("seeds", 1_000, "seeds (each multiplies the episodes' worlds); e.g. [0, 1, 2]"),
-            ("clips", 1_000, "clips per policy (each is an MP4 of an episode); e.g. 2")))
+            ("clips", 1_000, "clips per policy (each is an MP4 of an episode); e.g. 2"),
+            ("best_clips", 100, "clips per policy and family (each is an MP4 of an episode); e.g. 1")))
         in_range(found, "workers", self.workers, 0, 64)
-        if self.clips < 0:
-            found.append(("clips", f"got {self.clips}; must be >= 0"))
+        for name in ("clips", "best_clips"):
+            if getattr(self, name) < 0:
+                found.append((name, f"got {getattr(self, name)}; must be >= 0"))
         return found

@@ -136,12 +136,19 @@ def test_deploy_ci_cpu_measures_and_an_untrained_network_is_not_for_deployment(t
     assert {"model.onnx", "model.int8.onnx", "pipeline.yaml", "report.md", "latency.png"} <= {p.name for p in bundle.iterdir()}
     # the bundle drives: its shipped model on ONNX Runtime at the latency measured here, beside a blind baseline
     drove = stack("drive", str(bundle), "--policy", "network,constant_velocity", "--episodes", "2",
-                  f"drive.out_dir={folder / 'drive'}", "drive.seeds=[0]", "drive.episode_seconds=3.0", "drive.clips=1")
+                  f"drive.out_dir={folder / 'drive'}", "drive.seeds=[0]", "drive.episode_seconds=3.0", "drive.clips=1",
+                  "drive.best_clips=1")
     assert drove.returncode in (0, 1), drove.stderr[-3000:]  # 1: the (untrained) network is below the bar
     report = (folder / "drive" / "drive.md").read_text()
     assert ("below the closed-loop bar" in drove.stdout) == (drove.returncode == 1) and "## The bar" in report
     assert "bundle ci-cpu" in report and "measured on this host" in report and "constant_velocity" in report
-    assert len(list((folder / "drive" / "clips").glob("*.mp4"))) == 3  # the worst episode of each policy + the expert
+    clips = {p.name for p in (folder / "drive" / "clips").glob("*.mp4")}
+    worst = {name for name in clips if "-best-" not in name}
+    assert len(worst) == 3, clips  # the worst episode of each policy + the expert
+    # and the best of each family (2 episodes: route and lead_brake) for each of the three, named apart
+    assert len(clips - worst) == 6 and {name.replace("-best-", "-") for name in clips - worst} >= worst, clips
+    best = report.split("## Best episode of each family")[1].split("##")[0]
+    assert sum(line.startswith("| ") and ".mp4" in line for line in best.splitlines()) == 6
 
 
 def test_deploy_orin_is_predicted_and_fails_an_unreachable_bar(tiny):

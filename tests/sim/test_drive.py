@@ -191,6 +191,25 @@ def test_tuning_episodes_are_driven_on_request_and_reported_as_not_held_out(chec
     assert "through the plan guard (detections scoring >= 0.2;" in report and "after 0.5 s standing" in report
 
 
+def test_clips_show_each_policy_worst_episodes_and_its_best_of_every_family():
+    """drive.clips picks a policy's lowest driving scores over all episodes; drive.best_clips its highest in each
+    family (ties broken by PDMS): a family whose hazard it handles shows up as a best clip even when the policy's
+    worst episodes all come from another family."""
+    from stack.sim.drive import best_episodes, worst_episodes
+
+    def row(policy, family, index, score, pdms):
+        return {"policy": policy, "family": family, "index": index, "seed": 0,
+                "metrics": {"driving_score": score, "pdms": pdms}}
+
+    rows = [row("net", "route", 0, 0.2, 0.1), row("net", "route", 1, 0.3, 0.0), row("net", "stopped_vehicle", 2, 0.9, 0.5),
+            row("net", "stopped_vehicle", 3, 0.9, 0.7), row("net", "stopped_vehicle", 4, 0.4, 0.4),
+            row("expert", "route", 5, 1.0, 0.9)]
+    assert [r["index"] for r in worst_episodes(rows, 2)] == [0, 1, 5]
+    assert [r["index"] for r in best_episodes(rows, 1)] == [1, 3, 5]
+    assert [r["index"] for r in best_episodes(rows, 2)] == [1, 0, 3, 2, 5]
+    assert best_episodes(rows, 0) == []
+
+
 def test_bad_input_exits_2_with_a_clear_message(checkpoint, tmp_path, capsys):
     from stack.checkpoint.model_file import save_model_checkpoint
     from stack.models import build_model

@@ -57,7 +57,9 @@ def _meta() -> dict:
             "sim_hz": 10.0, "replan_hz": 4.0,
             "latency": {"checkpoint": {"ms": 35.2, "how": "measured on this host"},
                         "expert": {"ms": 0.0, "how": "none (baseline)"}},
-            "clips": {"checkpoint": [{"file": "clips/checkpoint-lead_brake-seed100-ep000.mp4", "driving_score": 0.0}]}}
+            "clips": {"checkpoint": [{"file": "clips/checkpoint-lead_brake-seed100-ep000.mp4", "driving_score": 0.0},
+                                     {"file": "clips/checkpoint-best-jaywalker-seed101-ep003.mp4", "driving_score": 0.6,
+                                      "index": 3, "kind": "best"}]}}
 
 
 @pytest.fixture()
@@ -94,6 +96,9 @@ def test_report_files_and_markdown_numbers(report):
     assert "`clips/checkpoint-lead_brake-seed100-ep000.mp4`" in worst
     first_checkpoint = next(line for line in worst.splitlines() if line.startswith("| `checkpoint`"))
     assert first_checkpoint.startswith("| `checkpoint` | 0 | lead_brake | 100 | 0.000 |")
+    assert "-best-" not in worst  # a best-episode clip is not listed among the worst
+    best = text.split("## Best episode of each family")[1].split("##")[0]
+    assert "| `checkpoint` | jaywalker | 3 | 101 | 0.600 |" in best and "`clips/checkpoint-best-jaywalker-seed101-ep003.mp4`" in best
 
 
 def test_files_readable_by_others_and_replaced_whole(report, tmp_path):

@@ -285,7 +285,7 @@ COUNTS = {  # key: (largest value accepted, how to write n of it)
     "export.accuracy_samples": 100_000, "export.sensitivity_samples": 10_000, "export.max_fp32_layers": 10_000,
     "export.timing_runs": 100_000, "export.timing_warmup": 10_000, "targets.orin.closed_loop.episodes": 100_000,
     "targets.orin.dla_core": 15, "targets.orin.device_multiprocessors": 4096, "targets.orin.camera_hz": 1_000,
-    "drive.sim_hz": 1_000, "drive.clips": 1_000,
+    "drive.sim_hz": 1_000, "drive.clips": 1_000, "drive.best_clips": 100,
 }
 
 
