@@ -120,7 +120,8 @@ def write_frames(pipeline: Pipeline, rows: list, folder: Path, iteration: int, b
 
 
 def fine_tune(pipeline: Pipeline, weights: Path, aggregate: list, out: Path) -> Path:
-    """`dagger.steps` steps from `weights` on data.root's train split plus `aggregate`; returns the new model.pt."""
+    """`dagger.steps` steps from `weights` on data.root's train split plus `aggregate`, at dagger.lr_scale of
+    train.lr; returns the new model.pt."""
     from stack.checkpoint.model_file import load_network
     from stack.train.fit import fit
     from stack.train.tracking import tracking_store_uri
@@ -129,7 +130,7 @@ def fine_tune(pipeline: Pipeline, weights: Path, aggregate: list, out: Path) -> 
     store = tracking_store_uri(pipeline.train) or "off"  # every iteration's run in the store the user chose
     tuned = replace(pipeline, data=replace(pipeline.data, aggregate=[str(a) for a in aggregate]),
                     train=replace(pipeline.train, out_dir=str(out), max_steps=pipeline.dagger.steps,
-                                  overwrite=True, resume=None, tracking_uri=store))
+                                  lr=pipeline.train.lr * pipeline.dagger.lr_scale, overwrite=True, resume=None, tracking_uri=store))
     fit(tuned, model=lambda _: net.train())
     return out / "model.pt"
 

@@ -32,6 +32,10 @@ class DaggerConfig:
     """beta_i = beta * beta_decay^(i-1): the student takes over as it improves."""
     steps: int = 150
     """Fine-tuning steps per iteration, on data.root's train split plus every recorded iteration."""
+    lr_scale: float = 1.0
+    """Each fine-tuning's peak learning rate as a share of train.lr (warmed up and decayed over dagger.steps as
+    training's is). 1.0 restarts the schedule at full size on weights that have converged; fine-tuning usually
+    starts lower, so that a few hundred new frames adjust the network rather than retrain it."""
     overwrite: bool = False
     """Start over in an out_dir that holds an earlier DAgger run (else it is refused)."""
 
@@ -42,6 +46,8 @@ class DaggerConfig:
         in_range(found, "beta", self.beta, 0.0, 1.0)
         in_range(found, "beta_decay", self.beta_decay, 0.0, 1.0)
         in_range(found, "steps", self.steps, 1, 10_000_000)
+        if not 0.0 < self.lr_scale <= 1.0:
+            found.append(("lr_scale", f"got {self.lr_scale!r}; a share of train.lr in (0, 1], e.g. 0.1"))
         return found
 
 

@@ -136,6 +136,25 @@ def test_an_earlier_run_is_kept_unless_overwrite_and_bad_input_exits_2(prepared,
     assert (stranger / "thesis.tex").read_text() == "mine"
 
 
+def test_fine_tuning_starts_at_dagger_lr_scale_of_the_training_rate(prepared, tmp_path, monkeypatch, capsys):
+    """dagger.lr_scale sets each fine-tuning's peak learning rate as a share of train.lr (its schedule: dagger.steps);
+    a share outside (0, 1] is refused before anything runs."""
+    import stack.train.fit
+    from stack.train.dagger import fine_tune
+
+    tmp, pipeline, weights = prepared
+    seen = []
+    monkeypatch.setattr(stack.train.fit, "fit", lambda tuned, model: seen.append(tuned.train))
+    for scale in (1.0, 0.1):
+        fine_tune(micro(tmp, f"dagger.lr_scale={scale}"), weights, [], tmp_path / f"tune-{scale}")
+    assert [(t.lr, t.max_steps) for t in seen] == [(pipeline.train.lr, 2), (pytest.approx(0.1 * pipeline.train.lr), 2)]
+    files = ["-c", str(REPO / "configs/pipeline.yaml"), "-c", str(REPO / "configs/presets/tiny.yaml")]
+    for bad in ("0", "1.5"):
+        assert main(["dagger", str(weights), *files, *MICRO, f"data.root={pipeline.data.root}",
+                     f"dagger.out_dir={tmp_path / 'refused'}", f"dagger.lr_scale={bad}"]) == 2
+        assert "dagger.lr_scale" in capsys.readouterr().err and not (tmp_path / "refused").exists()
+
+
 def test_aggregating_a_dataset_of_another_rig_is_refused(prepared, tmp_path):
     from stack.data import build_loader
     from stack.data.make import make_dataset
