@@ -327,3 +327,23 @@ def test_contact_outlines_ego_and_agent_in_red():
     red = lambda panel: (panel == clips.CONTACT_RGB).all(axis=2).sum()
     assert red(clips.bev_panel(crash, _ground())) > 100
     assert red(clips.bev_panel({**frame, "plan": None}, _ground())) == 0
+
+
+def test_clip_sheet_puts_each_clip_in_a_column_of_its_frames_at_the_given_times(tmp_path):
+    """benchmarks/clip_sheet.py: the frames nearest each time, top to bottom, one clip per column, scaled."""
+    from PIL import Image
+
+    from benchmarks.clip_sheet import main as clip_sheet
+    from stack.video import encode_h264
+
+    shades = np.repeat(np.arange(0, 200, 10, dtype=np.uint8), 64 * 96 * 3).reshape(20, 64, 96, 3)  # frame k: grey 10 k
+    for name, frames in (("a.mp4", shades), ("b.mp4", 255 - shades)):
+        (tmp_path / name).write_bytes(encode_h264(frames, 10.0))
+    out = tmp_path / "sheet.png"
+    assert clip_sheet([str(tmp_path / "a.mp4"), str(tmp_path / "b.mp4"), "--seconds", "0.5,1.5", "--scale", "0.5",
+                       "--out", str(out)]) == 0
+    sheet = np.asarray(Image.open(out).convert("RGB")).astype(int)
+    assert sheet.shape == (64, 96, 3)  # two 32-row frames per column, two 48-pixel columns
+    for row, frame in ((8, 5), (40, 15)):  # 0.5 s and 1.5 s at 10 Hz: frames 5 and 15
+        assert abs(sheet[row, 24].mean() - 10 * frame) < 8 and abs(sheet[row, 72].mean() - (255 - 10 * frame)) < 8
+    assert clip_sheet([str(tmp_path / "missing.mp4"), "--out", str(out)]) == 2
