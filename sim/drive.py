@@ -13,6 +13,7 @@ import copy
 import multiprocessing
 import os
 import re
+import shutil
 import time
 from collections import OrderedDict
 from dataclasses import replace
@@ -241,7 +242,7 @@ def best_episodes(rows: list[dict], per_family: int) -> list[dict]:
 
 def drive(pipeline, policies: list[PolicySpec], log=print, sources: dict | None = None) -> dict:
     """`stack drive`: drive every policy on drive.episodes held-out episodes, write drive.md / .json / .png and
-    the clips of each policy's worst episodes into drive.out_dir; returns {"summary", "rows", "files"}."""
+    the clips of each policy's worst episodes (and best of each family) into drive.out_dir; returns {"summary", "rows", "files"}."""
     from stack.sim.drive_report import write_report
     from stack.metrics.driving import aggregate, closed_loop_bar
     from stack.sim.policies import BASELINE_KINDS
@@ -284,17 +285,24 @@ def _write_clips(pipeline, policies: list[PolicySpec], rows: list[dict], out: Pa
     chosen = [(row, "worst") for row in worst_episodes(rows, pipeline.drive.clips)]
     chosen += [(row, "best") for row in best_episodes(rows, pipeline.drive.best_clips)]
     specs = {(e.family, e.seed, e.index): e for e in episodes_of(pipeline)}
-    tasks, entries = [], []
+    tasks, entries, replayed, copies = [], [], {}, []
     for row, kind in chosen:
         label = re.sub(r"[^\w.-]+", "_", row["policy"])
         name = f"{label}{'-best' if kind == 'best' else ''}-{row['family']}-seed{row['seed']}-ep{row['index']:03d}.mp4"
-        tasks.append((by_name[row["policy"]], specs[(row["family"], row["seed"], row["index"])], str(out / "clips" / name)))
+        episode = (row["policy"], row["index"])
+        if episode in replayed:  # a worst episode that is also its family's best: one replay, two names
+            copies.append((replayed[episode], out / "clips" / name))
+        else:
+            replayed[episode] = out / "clips" / name
+            tasks.append((by_name[row["policy"]], specs[(row["family"], row["seed"], row["index"])], str(out / "clips" / name)))
         entries.append((row["policy"], {"file": f"clips/{name}", "driving_score": row["metrics"]["driving_score"],
                                         "index": row["index"], "kind": kind}))
     (out / "clips").mkdir(exist_ok=True)
     worst = sum(kind == "worst" for _, kind in chosen)
     log(f"replaying {worst} worst and {len(chosen) - worst} best episodes into clips ({out / 'clips'})")
     run_tasks(pipeline, tasks, max(1, min(pipeline.drive.workers, os.cpu_count() or 1)))
+    for source, target in copies:
+        shutil.copyfile(source, target)
     clips: dict = {}
     for policy, entry in entries:
         clips.setdefault(policy, []).append(entry)
