@@ -5,7 +5,10 @@ where the guard drives another candidate than the planner's favourite, looks at 
 favourite out: a false positive if no road user lies within `MATCH_M` of it; otherwise a true one, which would
 still rule the favourite out at the road user's true velocity ("real") or would not ("velocity error"). Prints
 the counts, the false-positive share per detection score, and the velocity error of the matched ones
-(BENCHMARKS.md, closed loop, "The plan guard across replans").
+(BENCHMARKS.md, closed loop, "The plan guard across replans"), and for each kind how strongly the network's own
+segmentation sees a road user where the culprit lies (`stack.models.plan_guard.segmentation_support`, at the
+centre cell and over growing shares of the box's image rectangle): what `model.plan_guard_segmentation` was
+chosen from ("Two heads must agree").
 
     python benchmarks/guard_overrides.py runs/k1-s0/train/model.pt -c configs/pipeline.yaml \\
         -c configs/presets/tiny.yaml -c configs/presets/tiny-drive.yaml model.temporal_frames=1 \\
@@ -17,12 +20,32 @@ from __future__ import annotations
 import argparse
 import collections
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
 MATCH_M = 2.5
 """A detection within this of a road user's centre is that road user (3.5x the tiny-drive network's mATE)."""
+EXTENTS = (0.0, 0.25, 0.5, 1.0)
+"""Shares of a culprit's image rectangle, around its centre, its segmentation support is read over (0: the centre
+cell, as `model.plan_guard_segmentation` reads it)."""
+SUPPORT_CUTS = (0.1, 0.2, 0.3, 0.5)
 SCORE_BINS = (0.0, 0.25, 0.3, 0.4, 0.6, 1.0)
+
+
+@dataclass(frozen=True)
+class Culprit:
+    """A detection that alone rules out the planner's favourite candidate."""
+
+    score: float
+    kind: str
+    """"false positive" (no road user within MATCH_M), "real" (still rules the favourite out at the road user's
+    true velocity) or "velocity error" (would not)."""
+    velocity_error: float | None
+    """m/s between the detected and the matched road user's velocity; None for a false positive."""
+    support: tuple
+    """The segmentation support at each of EXTENTS."""
+    label: str
 
 
 def road_users_in_ego_frame(world) -> np.ndarray:
@@ -35,41 +58,48 @@ def road_users_in_ego_frame(world) -> np.ndarray:
                      now["speed"] * np.cos(heading), now["speed"] * np.sin(heading)], axis=1)
 
 
-def culprits(trajectories, favourite: int, boxes, scores, truth: np.ndarray, deceleration: float) -> list:
-    """(score, kind, velocity error m/s or None) of each box (M, 9) that alone rules out the favourite candidate."""
+def culprits(trajectories, favourite: int, detected, truth: np.ndarray, deceleration: float, support,
+             classes) -> list[Culprit]:
+    """The detections (`Detections`, with their (M, len(EXTENTS)) segmentation `support`) that alone rule out the
+    favourite candidate."""
     from stack.models.plan_guard import colliding_candidates
 
     found = []
-    for box, score in zip(boxes, scores):
+    for box, score, label, seen in zip(detected.boxes, detected.scores.tolist(), detected.labels.tolist(),
+                                       support.tolist()):
         if not colliding_candidates(trajectories, box[None], deceleration)[favourite]:
             continue
         distance = np.hypot(truth[:, 0] - float(box[0]), truth[:, 1] - float(box[1])) if len(truth) else np.array([])
         if not len(distance) or distance.min() > MATCH_M:
-            found.append((float(score), "false positive", None))
+            found.append(Culprit(score, "false positive", None, tuple(seen), classes[label]))
             continue
         true = truth[int(distance.argmin())]
         corrected = box.clone()
         corrected[7:9] = corrected.new_tensor(true[2:4])
         still = bool(colliding_candidates(trajectories, corrected[None], deceleration)[favourite])
-        found.append((float(score), "real" if still else "velocity error",
-                      float(np.hypot(*(box[7:9].numpy() - true[2:4])))))
+        found.append(Culprit(score, "real" if still else "velocity error",
+                             float(np.hypot(*(box[7:9].numpy() - true[2:4]))), tuple(seen), classes[label]))
     return found
 
 
-def overrides(checkpoint: str, pipeline) -> tuple[collections.Counter, list]:
+def overrides(checkpoint: str, pipeline) -> tuple[collections.Counter, list[Culprit]]:
     """Replans, overrides by the kinds of their culprits, and every culprit of a drive of `pipeline.drive`."""
     import torch
 
     from stack.deploy.network_policies import checkpoint_spec
-    from stack.models.decoders import decode_detections
+    from stack.models.decoders import Detections, decode_detections
+    from stack.models.plan_guard import segmentation_support
+    from stack.rig import rig_matrices
     from stack.sim.drive import episodes_of
     from stack.sim.episode import run_episode
     from stack.sim.policies import build_policy
     from stack.sim.scenarios import build_world
 
+    model, rig = pipeline.model, pipeline.data.rig
     latency = pipeline.drive.latency_ms if pipeline.drive.latency_ms >= 0 else 0.0
     policy = build_policy(checkpoint_spec("checkpoint", checkpoint, latency_s=latency / 1000, latency_how="given"),
                           pipeline)
+    ks, poses = (torch.from_numpy(m) for m in rig_matrices(rig))
     counts, found, guarded = collections.Counter(), [], policy.choose
     for number, spec in enumerate(episodes_of(pipeline), 1):
         world = build_world(spec, pipeline.data.world, 1 / pipeline.drive.sim_hz)
@@ -83,11 +113,16 @@ def overrides(checkpoint: str, pipeline) -> tuple[collections.Counter, list]:
                 return plan
             detected = decode_detections({k: torch.from_numpy(outputs[k]) for k in ("heatmap", "box_regression")},
                                          pipeline)[0]
-            keep = detected.scores >= pipeline.model.plan_guard_score
-            these = culprits(trajectories, favourite, detected.boxes[keep], detected.scores[keep],
-                             road_users_in_ego_frame(world), pipeline.model.plan_guard_deceleration)
+            keep = detected.scores >= model.plan_guard_score
+            detected = Detections(detected.boxes[keep], detected.scores[keep], detected.labels[keep])
+            things = torch.from_numpy(outputs["seg_logits"][0]).float().softmax(dim=1)[:, model.road_user_classes()]
+            support = torch.stack([segmentation_support(detected.boxes, things.sum(dim=1), ks, poses,
+                                                        (rig.image_height, rig.image_width), extent)
+                                   for extent in EXTENTS], dim=1)
+            these = culprits(trajectories, favourite, detected, road_users_in_ego_frame(world),
+                             model.plan_guard_deceleration, support, model.detection_classes)
             counts["overrides"] += 1
-            counts["override: " + (" + ".join(sorted({kind for _, kind, _ in these})) or "restart")] += 1
+            counts["override: " + (" + ".join(sorted({c.kind for c in these})) or "restart")] += 1
             found.extend(these)
             return plan
 
@@ -97,6 +132,22 @@ def overrides(checkpoint: str, pipeline) -> tuple[collections.Counter, list]:
               end="", flush=True)
     print()
     return counts, found
+
+
+def print_support(found: list[Culprit]) -> None:
+    """How many false and true culprits each segmentation cut would drop, per extent and per class."""
+    false = np.array([c.kind == "false positive" for c in found])
+    labels = np.array([c.label for c in found])
+    for e, extent in enumerate(EXTENTS):
+        support = np.array([c.support[e] for c in found])
+        print(f"segmentation support over {extent:g} of the image rectangle (0: the centre cell):")
+        for cut in SUPPORT_CUTS:
+            below = support < cut
+            per_class = ", ".join(f"{name} {int((below & false & (labels == name)).sum())}/"
+                                  f"{int((below & ~false & (labels == name)).sum())}" for name in sorted(set(labels)))
+            print(f"   under {cut:g}: drops {int((below & false).sum())} of {int(false.sum())} false positives and "
+                  f"{int((below & ~false).sum())} of {int((~false).sum())} true culprits (false/true by class: "
+                  f"{per_class})")
 
 
 def main() -> None:
@@ -111,14 +162,15 @@ def main() -> None:
     counts, found = overrides(args.checkpoint, pipeline)
     for key, value in sorted(counts.items()):
         print(f"{key:45s} {value}")
-    scores = np.array([score for score, _, _ in found])
-    false = np.array([kind == "false positive" for _, kind, _ in found])
+    scores = np.array([c.score for c in found])
+    false = np.array([c.kind == "false positive" for c in found])
     for low, high in zip(SCORE_BINS[:-1], SCORE_BINS[1:]):
         inside = (scores >= low) & (scores < high)
         if inside.any():
             print(f"culprits scoring [{low:g}, {high:g}): {int(inside.sum())}, "
                   f"false positives {int(false[inside].sum())}")
-    errors = [error for _, _, error in found if error is not None]
+    print_support(found)
+    errors = [c.velocity_error for c in found if c.velocity_error is not None]
     if errors:
         print(f"velocity error of the matched culprits: mean {np.mean(errors):.2f} m/s, median {np.median(errors):.2f}")
 

@@ -141,7 +141,7 @@ class BundlePolicy(GuardedNetworkPolicy):
         return self.net.infer(images, ego_status, command, self.calibration, **self._state)
 
 
-GUARD_READS = ("plan_trajectories", "plan_scores", "heatmap", "box_regression")
+GUARD_READS = ("plan_trajectories", "plan_scores", "heatmap", "box_regression", "seg_logits")
 """The outputs a network policy chooses its plan from (`guarded_plan`)."""
 
 
@@ -161,6 +161,8 @@ def guarded_plan(outputs: dict, pipeline, guard: PlanGuard | None = None,
         return best_plan(trajectories, scores)
     detected = decode_detections({name: torch.from_numpy(np.asarray(outputs[name]))
                                   for name in ("heatmap", "box_regression")}, pipeline)[0]
+    if model.plan_guard_segmentation:
+        detected = supported_detections(detected, outputs, pipeline)
     candidates, candidate_scores = torch.from_numpy(trajectories[0]), torch.from_numpy(scores[0])
     if guard is None or odometry is None:
         boxes = detected.boxes[detected.scores >= model.plan_guard_score]
@@ -168,6 +170,29 @@ def guarded_plan(outputs: dict, pipeline, guard: PlanGuard | None = None,
     else:
         best = guard.choose(candidates, candidate_scores, detected.boxes, detected.scores, odometry)
     return np.asarray(trajectories[0, best], np.float64)
+
+
+def supported_detections(detected, outputs: dict, pipeline):
+    """`detected` without the boxes the network's own segmentation does not see (`model.plan_guard_segmentation`,
+    `stack.models.plan_guard.segmentation_support`), in the cameras of the pipeline's rig."""
+    import torch
+
+    from stack.models.decoders import Detections
+    from stack.models.plan_guard import segmentation_support
+    from stack.rig import rig_matrices
+
+    model, rig = pipeline.model, pipeline.data.rig
+    near = detected.scores >= model.plan_guard_score
+    if not bool(near.any()):
+        return detected
+    probabilities = torch.from_numpy(np.asarray(outputs["seg_logits"][0], np.float32)).softmax(dim=1)
+    things = probabilities[:, model.road_user_classes()].sum(dim=1)
+    ks, poses = (torch.from_numpy(m) for m in rig_matrices(rig))
+    support = torch.ones(len(detected.scores))
+    support[near] = segmentation_support(detected.boxes[near], things, ks, poses, (rig.image_height, rig.image_width))
+    keep = support >= model.plan_guard_segmentation
+    return Detections(detected.boxes[keep], detected.scores[keep], detected.labels[keep],
+                      None if detected.attributes is None else detected.attributes[keep])
 
 
 def plan_guard(pipeline) -> PlanGuard:

@@ -204,6 +204,9 @@ def plan_guard_text(guard: dict) -> str:
              f"stopping at {guard['deceleration']:g} m/s^2 after the horizon"]
     if guard.get("confirm_below"):
         rules.append(f"those under {guard['confirm_below']:g} only once seen by the previous replan too")
+    if guard.get("segmentation"):
+        rules.append(f"ignoring those where the network's segmentation sees no road user (probability under "
+                     f"{guard['segmentation']:g})")
     if guard.get("restart_s"):
         rules.append(f"moving on after {guard['restart_s']:g} s standing if the way is clear")
     return "through the plan guard (" + "; ".join(rules) + ")"

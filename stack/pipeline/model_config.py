@@ -187,6 +187,11 @@ class ModelConfig:
     plan_guard_restart_s: float = 0.0
     """0: off. Otherwise, once the ego has stood this many seconds and the guarded choice would still not move it,
     the best-scoring candidate that moves on and runs into no detection drives (the inertia problem)."""
+    plan_guard_segmentation: float = 0.0
+    """0: off. Otherwise the plan guard ignores a detection where the network's own segmentation sees no road user:
+    one whose road-user probability stays below this in the central half of its image rectangle in every camera that
+    sees it (`stack.models.plan_guard.segmentation_support`; two heads must agree before the car brakes). Measured on
+    tiny-drive: more progress, more collisions (BENCHMARKS.md, "Two heads must agree"), so off in the presets."""
     planning_velocity: bool = False
     """The path-speed planner's scorer also reads the detection head's velocity of whatever lies on each candidate's
     path, resolved along and across it (`stack.models.path_speed_head`). Needs temporal_frames >= 1: one frame holds
@@ -270,6 +275,9 @@ class ModelConfig:
         if not 0 <= self.plan_guard_restart_s <= 10:
             found.append(("plan_guard_restart_s", f"got {self.plan_guard_restart_s}; give 0 (off) or seconds of "
                                                   f"standing within (0, 10], e.g. 1"))
+        if not 0 <= self.plan_guard_segmentation < 1:
+            found.append(("plan_guard_segmentation", f"got {self.plan_guard_segmentation}; give 0 (off) or a "
+                                                      f"road-user probability in (0, 1), e.g. 0.2"))
         if self.planning_velocity and not (self.planning_accelerations and self.temporal_frames):
             found.append(("planning_velocity", "got true; the path-speed planner reads velocities that a temporal "
                                                "network regresses: set planning_accelerations and temporal_frames: 1, "

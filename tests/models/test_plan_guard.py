@@ -8,7 +8,7 @@ import torch
 
 from stack.config import load_pipeline
 from stack.kinematics import along_path, speed_profile_arcs
-from stack.models.plan_guard import Odometry, PlanGuard, colliding_candidates, guarded_choice
+from stack.models.plan_guard import Odometry, PlanGuard, colliding_candidates, guarded_choice, segmentation_support
 
 ACCELERATIONS = [-7.0, -3.0, -1.0, 0.0, 1.5]
 CAR = [4.5, 1.9, 1.6]
@@ -90,7 +90,8 @@ def test_bad_guard_settings_are_refused_with_the_key_named():
     for bad, key in ((["model.plan_guard_score=1.5"], "plan_guard_score"),
                      (["model.plan_guard_deceleration=0"], "plan_guard_deceleration"),
                      (["model.plan_guard_score=0.2", "model.plan_guard_confirm_below=0.1"], "plan_guard_confirm_below"),
-                     (["model.plan_guard_score=0.2", "model.plan_guard_restart_s=-1"], "plan_guard_restart_s")):
+                     (["model.plan_guard_score=0.2", "model.plan_guard_restart_s=-1"], "plan_guard_restart_s"),
+                     (["model.plan_guard_score=0.2", "model.plan_guard_segmentation=1"], "plan_guard_segmentation")):
         with pytest.raises(StackError, match=key):
             load_pipeline(["configs/pipeline.yaml", "configs/presets/tiny.yaml"], bad)
 
@@ -113,7 +114,7 @@ def test_a_checkpoint_drives_with_any_guard_setting_but_not_with_another_network
     trained = load_pipeline(files, ["model.temporal_frames=1"])
     guarded = load_pipeline(files, ["model.temporal_frames=1", "model.plan_guard_score=0.3",
                                     "model.plan_guard_deceleration=5", "model.plan_guard_confirm_below=0.4",
-                                    "model.plan_guard_restart_s=1.5"])
+                                    "model.plan_guard_restart_s=1.5", "model.plan_guard_segmentation=0.3"])
     assert model_differences(trained, guarded) == []
     other = load_pipeline(files, ["model.temporal_frames=1", "model.planning_velocity=true"])
     assert [key for key, _, _ in model_differences(trained, other)] == ["model.planning_velocity"]
@@ -194,3 +195,52 @@ def test_a_network_policy_carries_its_guard_across_replans():
              ((0.0, nothing), (0.5, faint), (1.0, faint))]
     for plan, expected in zip(plans, (3, 3, 2)):
         np.testing.assert_allclose(plan, faint["plan_trajectories"][0, expected])
+
+
+TINY_DRIVE = ["configs/pipeline.yaml", "configs/presets/tiny.yaml", "configs/presets/tiny-drive.yaml"]
+
+
+def _rig(pipeline):
+    """(K (N, 3, 3), camera_to_ego (N, 4, 4), (height, width), segmentation cells (h, w)) of the preset's rig."""
+    from stack.rig import rig_matrices
+
+    rig, stride = pipeline.data.rig, pipeline.model.segmentation_stride
+    ks, poses = (torch.from_numpy(m) for m in rig_matrices(rig))
+    return ks, poses, (rig.image_height, rig.image_width), (rig.image_height // stride, rig.image_width // stride)
+
+
+def _cell(point, k, pose, cells, size):
+    """The segmentation cell (row, column) an ego-frame point projects to in one camera."""
+    in_camera = torch.linalg.inv(pose.float()) @ torch.tensor([*point, 1.0])
+    u, v, w = (k.float() @ in_camera[:3]).tolist()
+    return int(v / w * cells[0] / size[0]), int(u / w * cells[1] / size[1])
+
+
+def test_segmentation_support_is_the_road_user_probability_where_the_box_lies_in_the_images():
+    pipeline = load_pipeline(TINY_DRIVE)
+    ks, poses, size, cells = _rig(pipeline)
+    front = int(torch.argmax(poses[:, 0, 2]))  # the camera whose optical axis points most along +x
+    car, elsewhere = box(15.0), box(15.0, y=-8.0)
+    things = torch.zeros(len(ks), *cells)
+    assert segmentation_support(torch.cat([car, elsewhere]), things, ks, poses, size).tolist() == [0.0, 0.0]
+    things[(front, *_cell((15.0, 0.0, 0.8), ks[front], poses[front], cells, size))] = 0.9
+    support = segmentation_support(torch.cat([car, elsewhere]), things, ks, poses, size)
+    assert support[0] == pytest.approx(0.9) and support[1] == 0.0  # the other box's image holds no road user
+    behind = box(-15.0)  # seen by no camera of the front one alone: nothing to check it against
+    assert segmentation_support(behind, things[front:front + 1], ks[front:front + 1], poses[front:front + 1],
+                                size).tolist() == [1.0]
+
+
+@pytest.mark.parametrize("road_user_logit, expected", [(8.0, 2), (-8.0, 3)], ids=["seen", "not-seen"])
+def test_with_plan_guard_segmentation_a_detection_the_segmentation_does_not_see_is_not_braked_for(road_user_logit,
+                                                                                                  expected):
+    from stack.deploy.network_policies import guarded_plan
+
+    pipeline = load_pipeline(TINY_DRIVE, ["model.plan_guard_score=0.3", "model.plan_guard_segmentation=0.2"])
+    _, _, _, cells = _rig(pipeline)
+    classes = pipeline.model.segmentation_classes
+    logits = np.zeros((1, len(pipeline.data.rig.cameras), len(classes), *cells), np.float32)
+    logits[:, :, classes.index("road")] = 4.0
+    logits[:, :, classes.index("car")] = road_user_logit
+    outputs = {**_outputs(pipeline, 2.0), "seg_logits": logits}
+    np.testing.assert_allclose(guarded_plan(outputs, pipeline), outputs["plan_trajectories"][0, expected])
