@@ -185,6 +185,10 @@ def supported_detections(detected, outputs: dict, pipeline):
     near = detected.scores >= model.plan_guard_score
     if not bool(near.any()):
         return detected
+    if "seg_logits" not in outputs:
+        raise StackError("model.plan_guard_segmentation reads the network's seg_logits output, which this model does "
+                         f"not have (it gives {', '.join(sorted(outputs))}): set model.plan_guard_segmentation=0, or "
+                         "drive a model exported with every output (stack export)")
     probabilities = torch.from_numpy(np.asarray(outputs["seg_logits"][0], np.float32)).softmax(dim=1)
     things = probabilities[:, model.road_user_classes()].sum(dim=1)
     ks, poses = (torch.from_numpy(m) for m in rig_matrices(rig))

@@ -244,3 +244,12 @@ def test_with_plan_guard_segmentation_a_detection_the_segmentation_does_not_see_
     logits[:, :, classes.index("car")] = road_user_logit
     outputs = {**_outputs(pipeline, 2.0), "seg_logits": logits}
     np.testing.assert_allclose(guarded_plan(outputs, pipeline), outputs["plan_trajectories"][0, expected])
+
+
+def test_plan_guard_segmentation_on_a_model_without_the_segmentation_output_says_what_to_do():
+    from stack.deploy.network_policies import guarded_plan
+    from stack.errors import StackError
+
+    pipeline = load_pipeline(TINY_DRIVE, ["model.plan_guard_score=0.3", "model.plan_guard_segmentation=0.2"])
+    with pytest.raises(StackError, match="plan_guard_segmentation=0"):
+        guarded_plan(_outputs(pipeline, 2.0), pipeline)
