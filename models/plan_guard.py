@@ -22,7 +22,7 @@ where the network's own segmentation head also sees a road user, in the central 
 in some camera that sees the box. The two heads are trained on the same frames with separate outputs, so a false
 positive of one need not be one of the other (cross-task consistency: Zamir et al., CVPR 2020). On the tiny-drive
 DAgger network's tuning drives, the detections that alone overruled the planner with a road-user probability under
-0.2 there were 49 of 236 false positives (no road user within 2.5 m) and 2 of 87 true ones, mostly pedestrians
+0.2 there were 66 of 236 false positives (no road user within 2.5 m) and 2 of 87 true ones, mostly pedestrians
 and cyclists either way; the false positives left are mostly real road users placed metres off along the camera
 ray, which no image tells apart. Driven (112 tuning episodes), it trades: route completion +0.018, at-fault
 collisions +0.018 an episode, PDMS -0.036, driving score +0.011 within noise (BENCHMARKS.md, "Two heads must
