@@ -105,6 +105,8 @@ def test_a_guard_score_of_0_switches_a_presets_guard_off_with_its_rules():
     assert guarded.model.plan_guard_score > 0 and off.model.plan_guard_restart_s == guarded.model.plan_guard_restart_s
     assert plan_guard_text(plan_guard_settings(guarded.model)).startswith("through the plan guard")
     assert plan_guard_text(plan_guard_settings(off.model)) == "the planner's best-scoring candidate (no plan guard)"
+    checked = load_pipeline(files, ["model.plan_guard_segmentation=0.2"])
+    assert "segmentation sees no road user (probability under 0.2)" in plan_guard_text(plan_guard_settings(checked.model))
 
 
 def test_a_checkpoint_drives_with_any_guard_setting_but_not_with_another_network():
