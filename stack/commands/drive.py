@@ -14,6 +14,10 @@ bootstrap interval (90%, whole episodes resampled) of each gain above zero (`sta
 .closed_loop_bar`); drive.md shows it. Exit 0 when the episodes ran and every network cleared the bar (or
 none was judged), 1 when a network fell below it (as `stack eval` for a head below its bar); 2 for bad input
 (an unknown scenario, a checkpoint without a planner, a bundle built for another network or camera rig).
+
+`stack drive --compare BEFORE AFTER` drives nothing: it compares two finished drives of the same episodes (a
+setting changed between them), episode by episode, with a paired bootstrap interval of each gain
+(`stack.sim.drive_compare`). Exit 0 when compared, 2 when the reports are missing, unreadable or of other worlds.
 """
 
 from __future__ import annotations
@@ -33,12 +37,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "and baselines expert, constant_velocity, ego_rollout. Default: network + drive.baselines")
     parser.add_argument("--scenarios", metavar="LIST", help="shorthand for drive.scenarios=[...] (comma-separated)")
     parser.add_argument("--episodes", metavar="N", help="shorthand for drive.episodes=N")
-    parser.usage = "stack drive CHECKPOINT|BUNDLE [CHECKPOINT|BUNDLE ...] [--policy LIST] [options] [key=value ...]"
+    parser.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"),
+                        help="drive nothing: compare two drives' reports (folders or drive.json) of the same "
+                             "episodes, episode by episode, with a paired bootstrap interval of each gain")
+    parser.usage = ("stack drive CHECKPOINT|BUNDLE [CHECKPOINT|BUNDLE ...] [--policy LIST] [options] [key=value ...]"
+                    "  |  stack drive --compare BEFORE AFTER")
 
 
 def run(args: argparse.Namespace) -> int:
     from stack.sim.drive import drive
 
+    if args.compare:
+        return _compare(args)
     sources = [word for word in args.overrides if "=" not in word]
     args.overrides = [word for word in args.overrides if "=" in word] + _shorthands(args)
     if not sources:
@@ -52,6 +62,20 @@ def run(args: argparse.Namespace) -> int:
     if failed:
         print(f"stack drive: below the closed-loop bar (does not beat the blind policies): {', '.join(failed)}")
     return 0 if result["rows"] and not failed else 1
+
+
+def _compare(args: argparse.Namespace) -> int:
+    """`--compare BEFORE AFTER`: print the paired comparison of two drives (`stack.sim.drive_compare`)."""
+    from stack.sim.drive_compare import compare_drives, compare_markdown, read_drive
+
+    extra = args.overrides + [flag for flag, value in (("--policy", args.policy), ("--scenarios", args.scenarios),
+                                                        ("--episodes", args.episodes)) if value]
+    if extra:
+        raise StackError(f"stack drive --compare reads two finished drives and drives nothing; it takes no sources, "
+                         f"keys or driving options (got {' '.join(extra)}): drive first, then compare the reports")
+    before, after = (read_drive(path) for path in args.compare)
+    print(compare_markdown(before, after, compare_drives(before, after)), end="")
+    return 0
 
 
 def _shorthands(args) -> list[str]:
