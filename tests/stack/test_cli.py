@@ -104,7 +104,8 @@ COMMAND_OPTIONS = {"bench": {"--record", "--history",  # record a run's figures 
                    "config": {"--describe"}, "data": {"--out", "--sample", "--from", "--source", "--version"},
                    "deploy": {"--target", "--verify", "--calibration", "--allow-below-bar"},
                    # the closed-loop command line the users asked for: --scenarios/--episodes map onto drive.* keys
-                   "drive": {"--policy", "--scenarios", "--episodes"}, "export": {"--calibration"}, "eval": {"--split"}, "train": {"--dry-run"}}
+                   # and --compare reads two finished drives (a mode, not a setting)
+                   "drive": {"--policy", "--scenarios", "--episodes", "--compare"}, "export": {"--calibration"}, "eval": {"--split"}, "train": {"--dry-run"}}
 """Options each command may add beyond the shared ones. Config keys are never flags:
 add a key to the schema instead (see stack/pipeline/)."""
 
