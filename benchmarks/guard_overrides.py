@@ -86,7 +86,7 @@ def overrides(checkpoint: str, pipeline) -> tuple[collections.Counter, list[Culp
     """Replans, overrides by the kinds of their culprits, and every culprit of a drive of `pipeline.drive`."""
     import torch
 
-    from stack.deploy.network_policies import checkpoint_spec
+    from stack.deploy.network_policies import checkpoint_spec, road_user_probabilities
     from stack.models.decoders import Detections, decode_detections
     from stack.models.plan_guard import segmentation_support
     from stack.rig import rig_matrices
@@ -115,8 +115,8 @@ def overrides(checkpoint: str, pipeline) -> tuple[collections.Counter, list[Culp
                                          pipeline)[0]
             keep = detected.scores >= model.plan_guard_score
             detected = Detections(detected.boxes[keep], detected.scores[keep], detected.labels[keep])
-            things = torch.from_numpy(outputs["seg_logits"][0]).float().softmax(dim=1)[:, model.road_user_classes()]
-            support = torch.stack([segmentation_support(detected.boxes, things.sum(dim=1), ks, poses,
+            things = road_user_probabilities(outputs["seg_logits"], model)
+            support = torch.stack([segmentation_support(detected.boxes, things, ks, poses,
                                                         (rig.image_height, rig.image_width), extent)
                                    for extent in EXTENTS], dim=1)
             these = culprits(trajectories, favourite, detected, road_users_in_ego_frame(world),

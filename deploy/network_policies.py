@@ -189,14 +189,22 @@ def supported_detections(detected, outputs: dict, pipeline):
         raise StackError("model.plan_guard_segmentation reads the network's seg_logits output, which this model does "
                          f"not have (it gives {', '.join(sorted(outputs))}): set model.plan_guard_segmentation=0, or "
                          "drive a model exported with every output (stack export)")
-    probabilities = torch.from_numpy(np.asarray(outputs["seg_logits"][0], np.float32)).softmax(dim=1)
-    things = probabilities[:, model.road_user_classes()].sum(dim=1)
     ks, poses = (torch.from_numpy(m) for m in rig_matrices(rig))
     support = torch.ones(len(detected.scores))
-    support[near] = segmentation_support(detected.boxes[near], things, ks, poses, (rig.image_height, rig.image_width))
+    support[near] = segmentation_support(detected.boxes[near], road_user_probabilities(outputs["seg_logits"], model),
+                                         ks, poses, (rig.image_height, rig.image_width))
     keep = support >= model.plan_guard_segmentation
     return Detections(detected.boxes[keep], detected.scores[keep], detected.labels[keep],
                       None if detected.attributes is None else detected.attributes[keep])
+
+
+def road_user_probabilities(seg_logits, model):
+    """(N, h, w) torch: each camera's probability of a road-user class (car, truck, pedestrian, cyclist) per
+    segmentation cell, from the network's seg_logits (1, N, S, h, w) of one sample."""
+    import torch
+
+    probabilities = torch.from_numpy(np.asarray(seg_logits[0], np.float32)).softmax(dim=1)
+    return probabilities[:, model.road_user_classes()].sum(dim=1)
 
 
 def plan_guard(pipeline) -> PlanGuard:

@@ -242,7 +242,8 @@ def best_episodes(rows: list[dict], per_family: int) -> list[dict]:
 
 def drive(pipeline, policies: list[PolicySpec], log=print, sources: dict | None = None) -> dict:
     """`stack drive`: drive every policy on drive.episodes held-out episodes, write drive.md / .json / .png and
-    the clips of each policy's worst episodes (and best of each family) into drive.out_dir; returns {"summary", "rows", "files"}."""
+    the clips of each policy's worst episodes (and best of each family) into drive.out_dir; returns {"summary",
+    "rows", "files"}."""
     from stack.sim.drive_report import write_report
     from stack.metrics.driving import aggregate, closed_loop_bar
     from stack.sim.policies import BASELINE_KINDS

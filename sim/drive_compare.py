@@ -20,6 +20,7 @@ from pathlib import Path
 
 from stack.errors import StackError
 from stack.metrics.driving import paired_gain
+from stack.sim.policies import BASELINE_KINDS
 
 COMPARED = ("driving_score", "pdms", "route_completion", "collisions")
 """What the comparison reports: the two headline scores, and the progress and the at-fault collisions per episode
@@ -27,7 +28,6 @@ they are made of (a rule that trades one for the other shows there)."""
 SAME_WORLDS = ("split", "episode_seconds", "sim_hz", "replan_hz")
 """Settings of `drive` that change the worlds an episode key (family, seed, index) names: two drives that differ in
 one of them did not drive the same episodes."""
-BASELINES = ("expert", "constant_velocity", "ego_rollout")
 
 
 def read_drive(path: str | Path) -> dict:
@@ -58,8 +58,8 @@ def pairs(before: dict, after: dict) -> list[tuple[str, str]]:
     """(policy in before, policy in after) to compare: the names both drove, or their one network policy each."""
     names = [list(dict.fromkeys(row["policy"] for row in report["rows"])) for report in (before, after)]
     shared = [name for name in names[0] if name in names[1]]
-    networks = [[name for name in found if name not in BASELINES] for found in names]
-    if any(name not in BASELINES for name in shared) or (not any(networks) and shared):
+    networks = [[name for name in found if name not in BASELINE_KINDS] for found in names]
+    if any(name not in BASELINE_KINDS for name in shared) or (not any(networks) and shared):
         return [(name, name) for name in shared]
     if len(networks[0]) == 1 and len(networks[1]) == 1:
         return [(networks[0][0], networks[1][0])] + [(name, name) for name in shared]
@@ -82,27 +82,36 @@ def compare_drives(before: dict, after: dict, metrics=COMPARED) -> list[dict]:
     check_same_worlds(before, after)
     out = []
     for old, new in pairs(before, after):
-        rows = ([{**row, "policy": "before"} for row in before["rows"] if row["policy"] == old]
-                + [{**row, "policy": "after"} for row in after["rows"] if row["policy"] == new])
+        mine = {_key(row): row for row in before["rows"] if row["policy"] == old}
+        theirs = {_key(row): row for row in after["rows"] if row["policy"] == new}
+        shared = [key for key in mine if key in theirs]
+        if not shared:
+            raise StackError(f"--compare: {old!r} and {new!r} drove no episode in common (episode keys family, seed, "
+                             f"index); compare drives of the same drive.episodes and drive.seeds")
         for metric in metrics:
-            scored = [row for row in rows if _finite(row["metrics"].get(metric))]
-            try:
-                gain = paired_gain(scored, "after", "before", metric)
-            except StackError:
-                raise StackError(f"--compare: {old!r} and {new!r} drove no episode in common (episode keys family, "
-                                 f"seed, index); compare drives of the same drive.episodes and drive.seeds") from None
+            both = [key for key in shared if _finite(mine[key]["metrics"].get(metric))
+                    and _finite(theirs[key]["metrics"].get(metric))]
+            if not both:
+                continue
+            rows = [{**mine[key], "policy": "before"} for key in both] + [{**theirs[key], "policy": "after"} for key in both]
+            gain = paired_gain(rows, "after", "before", metric)
             out.append({**gain, "policy": old if old == new else f"{old} -> {new}", "metric": metric,
-                        "before": _mean(scored, "before", metric), "after": _mean(scored, "after", metric)})
+                        "before": _mean(mine, both, metric), "after": _mean(theirs, both, metric)})
     return out
+
+
+def _key(row: dict) -> tuple:
+    """An episode's identity across drives, as `paired_gain` pairs them."""
+    return row["family"], row["seed"], row.get("index", 0)
 
 
 def _finite(value) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value)
 
 
-def _mean(rows: list[dict], policy: str, metric: str) -> float:
-    values = [float(row["metrics"][metric]) for row in rows if row["policy"] == policy]
-    return sum(values) / len(values)
+def _mean(rows: dict, keys: list, metric: str) -> float:
+    """The mean of `metric` over the episodes `keys`: the same episodes the paired gain is over."""
+    return sum(float(rows[key]["metrics"][metric]) for key in keys) / len(keys)
 
 
 def compare_markdown(before: dict, after: dict, gains: list[dict]) -> str:

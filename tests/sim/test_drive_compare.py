@@ -77,3 +77,11 @@ def test_bad_input_exits_2_with_what_to_do(tmp_path, capsys, case, message):
     assert main(["drive", "--compare", str(before), str(after), *extra]) == 2
     assert message in capsys.readouterr().err
     assert (before / "drive.json").exists()  # nothing written over
+
+
+def test_the_means_beside_the_gain_are_over_the_episodes_both_drove(tmp_path, capsys):
+    before = _drive(tmp_path / "before", _rows("checkpoint", SCORES.tolist()))
+    after = _drive(tmp_path / "after", _rows("checkpoint", SCORES.tolist())[:6])  # a shorter drive: its first 6
+    assert main(["drive", "--compare", str(before), str(after)]) == 0
+    shared = f"{SCORES[:6].mean():.3f}"
+    assert f"| `checkpoint` | driving_score | {shared} | {shared} | +0.000 | [+0.000, +0.000] | 6 |" in capsys.readouterr().out
