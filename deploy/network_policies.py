@@ -141,7 +141,7 @@ class BundlePolicy(GuardedNetworkPolicy):
         return self.net.infer(images, ego_status, command, self.calibration, **self._state)
 
 
-GUARD_READS = ("plan_trajectories", "plan_scores", "heatmap", "box_regression", "seg_logits")
+GUARD_READS = ("plan_trajectories", "plan_scores", "heatmap", "box_regression", "seg_logits", "depth_logits")
 """The outputs a network policy chooses its plan from (`guarded_plan`)."""
 
 
@@ -161,7 +161,7 @@ def guarded_plan(outputs: dict, pipeline, guard: PlanGuard | None = None,
         return best_plan(trajectories, scores)
     detected = decode_detections({name: torch.from_numpy(np.asarray(outputs[name]))
                                   for name in ("heatmap", "box_regression")}, pipeline)[0]
-    if model.plan_guard_segmentation:
+    if model.plan_guard_segmentation or model.plan_guard_depth:
         detected = supported_detections(detected, outputs, pipeline)
     candidates, candidate_scores = torch.from_numpy(trajectories[0]), torch.from_numpy(scores[0])
     if guard is None or odometry is None:
@@ -174,28 +174,40 @@ def guarded_plan(outputs: dict, pipeline, guard: PlanGuard | None = None,
 
 def supported_detections(detected, outputs: dict, pipeline):
     """`detected` without the boxes the network's own segmentation does not see (`model.plan_guard_segmentation`,
-    `stack.models.plan_guard.segmentation_support`), in the cameras of the pipeline's rig."""
+    `stack.models.plan_guard.segmentation_support`) or where its depth head puts no surface (`model.plan_guard_depth`,
+    `stack.models.plan_guard.depth_support`), in the cameras of the pipeline's rig."""
     import torch
 
     from stack.models.decoders import Detections
-    from stack.models.plan_guard import segmentation_support
+    from stack.models.plan_guard import depth_support, segmentation_support
     from stack.rig import rig_matrices
 
     model, rig = pipeline.model, pipeline.data.rig
     near = detected.scores >= model.plan_guard_score
     if not bool(near.any()):
         return detected
-    if "seg_logits" not in outputs:
-        raise StackError("model.plan_guard_segmentation reads the network's seg_logits output, which this model does "
-                         f"not have (it gives {', '.join(sorted(outputs))}): set model.plan_guard_segmentation=0, or "
-                         "drive a model exported with every output (stack export)")
     ks, poses = (torch.from_numpy(m) for m in rig_matrices(rig))
-    support = torch.ones(len(detected.scores))
-    support[near] = segmentation_support(detected.boxes[near], road_user_probabilities(outputs["seg_logits"], model),
-                                         ks, poses, (rig.image_height, rig.image_width))
-    keep = support >= model.plan_guard_segmentation
+    size, keep = (rig.image_height, rig.image_width), torch.ones(len(detected.scores), dtype=torch.bool)
+    if model.plan_guard_segmentation:
+        things = road_user_probabilities(_read(outputs, "seg_logits", "plan_guard_segmentation"), model)
+        support = segmentation_support(detected.boxes[near], things, ks, poses, size)
+        keep[near] &= support >= model.plan_guard_segmentation
+    if model.plan_guard_depth:
+        logits = _read(outputs, "depth_logits", "plan_guard_depth")
+        probabilities = torch.from_numpy(np.asarray(logits[0], np.float32)).softmax(dim=1)
+        keep[near] &= depth_support(detected.boxes[near], probabilities, (model.depth.min_m, model.depth.max_m),
+                                    ks, poses, size) >= model.plan_guard_depth
     return Detections(detected.boxes[keep], detected.scores[keep], detected.labels[keep],
                       None if detected.attributes is None else detected.attributes[keep])
+
+
+def _read(outputs: dict, name: str, key: str):
+    """The network output `name` that `model.<key>` reads, or a StackError that says what to do."""
+    if name not in outputs:
+        raise StackError(f"model.{key} reads the network's {name} output, which this model does not have (it gives "
+                         f"{', '.join(sorted(outputs))}): set model.{key}=0, or drive a model exported with every "
+                         f"output (stack export)")
+    return outputs[name]
 
 
 def road_user_probabilities(seg_logits, model):

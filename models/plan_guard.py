@@ -28,6 +28,13 @@ ray, which no image tells apart. Driven (112 tuning episodes), it trades: route 
 collisions +0.018 an episode, PDMS -0.036, driving score +0.011 within noise (BENCHMARKS.md, "Two heads must
 agree"); so it is off in the presets, kept for a network whose segmentation sees small road users better.
 
+**Depth support** (`model.plan_guard_depth` > 0, `depth_support`): a detection counts only where the network's own
+depth head puts a surface between the box's near face and its centre, at the cell its centre projects to. Two
+fifths of the tiny-drive network's false positives are road users placed short along their own camera rays, where
+the depth head may still see the road user behind; driven at 0.1 on 112 tuning episodes it trades as the
+segmentation check does (route completion +0.021, collisions +0.027 an episode, PDMS -0.027; BENCHMARKS.md, "Where
+the guard's false positives lie"), so it is off in the presets too.
+
 `PlanGuard` carries the guard from one replanning instant of a drive to the next, for two optional rules:
 
 - **Confirmation** (`model.plan_guard_confirm_below` > 0): a detection scoring below this is braked for only
@@ -233,6 +240,33 @@ def box_corners(boxes: torch.Tensor) -> torch.Tensor:
     return torch.stack([x, y, boxes[:, None, 2] + local[..., 2]], dim=-1)
 
 
+def _image_regions(boxes: torch.Tensor, intrinsics: torch.Tensor, cam_to_ego: torch.Tensor,
+                   image_size: tuple[int, int], cells: tuple[int, int], extent: float):
+    """Where each box (M, 9) lies in each camera's map of `cells` (h, w) cells: yields (camera, box index, rows,
+    columns, near_m, centre_m) for every camera that sees all the box's corners in front of it and every box whose
+    central `extent` of its image rectangle (0: the cell its centre projects to) overlaps that camera's map, with
+    the camera-frame depth of the box's nearest corner and of its centre."""
+    height, width = image_size
+    cells_y, cells_x = cells
+    scale = torch.tensor([cells_x / width, cells_y / height])
+    points = torch.cat([box_corners(boxes.float()), boxes[:, None, :3].float()], dim=1)  # (M, 9, 3): centre last
+    homogeneous = torch.cat([points, torch.ones_like(points[..., :1])], dim=-1)
+    for camera in range(len(intrinsics)):
+        in_camera = (homogeneous @ torch.linalg.inv(cam_to_ego[camera].float()).T)[..., :3]  # (M, 9, 3)
+        seen = (in_camera[..., 2] > SUPPORT_IN_FRONT_M).all(dim=1)
+        projected = (in_camera @ intrinsics[camera].float().T)
+        projected = projected[..., :2] / projected[..., 2:].clamp(min=1e-3) * scale  # (M, 9, 2) in cells
+        centre, low, high = projected[:, 8], projected[:, :8].amin(dim=1), projected[:, :8].amax(dim=1)
+        low, high = centre + extent * (low - centre), centre + extent * (high - centre)
+        first, last = low.floor().long(), high.floor().long() + 1  # the cells the region touches, end exclusive
+        first = torch.maximum(first, torch.zeros_like(first))
+        last = torch.minimum(last, torch.tensor([cells_x, cells_y]))
+        for m in torch.nonzero(seen & (last > first).all(dim=1)).flatten().tolist():  # the region is in this image
+            (left, top), (right, bottom) = first[m].tolist(), last[m].tolist()
+            yield (camera, m, slice(top, bottom), slice(left, right), float(in_camera[m, :8, 2].min()),
+                   float(in_camera[m, 8, 2]))
+
+
 def segmentation_support(boxes: torch.Tensor, thing_probs: torch.Tensor, intrinsics: torch.Tensor,
                          cam_to_ego: torch.Tensor, image_size: tuple[int, int],
                          extent: float = SUPPORT_EXTENT) -> torch.Tensor:
@@ -243,23 +277,44 @@ def segmentation_support(boxes: torch.Tensor, thing_probs: torch.Tensor, intrins
     to check it against)."""
     if len(boxes) == 0:
         return torch.zeros(0)
-    height, width = image_size
-    cells_y, cells_x = thing_probs.shape[-2:]
-    scale = torch.tensor([cells_x / width, cells_y / height])
-    points = torch.cat([box_corners(boxes.float()), boxes[:, None, :3].float()], dim=1)  # (M, 9, 3): centre last
-    homogeneous = torch.cat([points, torch.ones_like(points[..., :1])], dim=-1)
     support = torch.full((len(boxes),), -1.0)
-    for camera in range(len(intrinsics)):
-        in_camera = (homogeneous @ torch.linalg.inv(cam_to_ego[camera].float()).T)[..., :3]  # (M, 9, 3)
-        seen = (in_camera[..., 2] > SUPPORT_IN_FRONT_M).all(dim=1)
-        cells = (in_camera @ intrinsics[camera].float().T)
-        cells = cells[..., :2] / cells[..., 2:].clamp(min=1e-3) * scale  # (M, 9, 2) in segmentation cells
-        centre, low, high = cells[:, 8], cells[:, :8].amin(dim=1), cells[:, :8].amax(dim=1)
-        low, high = centre + extent * (low - centre), centre + extent * (high - centre)
-        first, last = low.floor().long(), high.floor().long() + 1  # the cells the region touches, end exclusive
-        first = torch.maximum(first, torch.zeros_like(first))
-        last = torch.minimum(last, torch.tensor([cells_x, cells_y]))
-        for m in torch.nonzero(seen & (last > first).all(dim=1)).flatten().tolist():  # the region is in this image
-            (left, top), (right, bottom) = first[m].tolist(), last[m].tolist()
-            support[m] = max(float(support[m]), float(thing_probs[camera, top:bottom, left:right].max()))
+    for camera, m, rows, columns, _, _ in _image_regions(boxes, intrinsics, cam_to_ego, image_size,
+                                                         tuple(thing_probs.shape[-2:]), extent):
+        support[m] = max(float(support[m]), float(thing_probs[camera, rows, columns].max()))
+    return torch.where(support < 0, torch.ones_like(support), support)
+
+
+DEPTH_MARGIN_BINS = 1.0
+"""`depth_support`'s window reaches this many depth bins beyond the box's nearest corner and its centre: a
+pixel of the box shows its surface, between the two, and the target bins round down (`encode_depth`)."""
+
+
+DEPTH_SUPPORT_EXTENT = 0.0
+"""`depth_support` reads the cell a box's centre projects to: over the central half of its image rectangle the cells
+below the box see the road in front of it, at the depths between its near face and its centre, and support every
+box standing on a road (3 of 229 false positives dropped at 0.05 on the tiny-drive DAgger network's tuning drives,
+against 46 at the centre cell; `benchmarks/guard_overrides.py`)."""
+
+
+def depth_support(boxes: torch.Tensor, depth_probs: torch.Tensor, depth_edges: tuple[float, float],
+                  intrinsics: torch.Tensor, cam_to_ego: torch.Tensor, image_size: tuple[int, int],
+                  extent: float = DEPTH_SUPPORT_EXTENT) -> torch.Tensor:
+    """(M,) how strongly the network's own depth head puts a surface where each detected box (M, 9) lies along the
+    camera ray: the highest probability mass, over the cells of the central `extent` of the box's image rectangle
+    (0: the cell its centre projects to) in the cameras that see it, of the depth bins between its nearest corner and its centre (widened by
+    DEPTH_MARGIN_BINS each way). `depth_probs` (N, D, h, w) are each camera's depth-bin probabilities at the lift
+    stride over `depth_edges` (min_m, max_m); 1.0 for a box no camera sees. A detection placed nearer along a road
+    user's ray than the road user (the depth head seeing the road user behind it) gets little."""
+    if len(boxes) == 0:
+        return torch.zeros(0)
+    bins = depth_probs.shape[1]
+    low_m, high_m = depth_edges
+    width_m = (high_m - low_m) / bins
+    support = torch.full((len(boxes),), -1.0)
+    for camera, m, rows, columns, near_m, centre_m in _image_regions(
+            boxes, intrinsics, cam_to_ego, image_size, tuple(depth_probs.shape[-2:]), extent):
+        first = max(int(math.floor((near_m - low_m) / width_m - DEPTH_MARGIN_BINS)), 0)
+        last = min(int(math.floor((centre_m - low_m) / width_m + DEPTH_MARGIN_BINS)) + 1, bins)
+        mass = depth_probs[camera, first:last, rows, columns].sum(dim=0) if last > first else torch.zeros(1)
+        support[m] = max(float(support[m]), float(mass.max()))
     return torch.where(support < 0, torch.ones_like(support), support)

@@ -314,7 +314,7 @@ def plan_guard_settings(model) -> dict:
     """How the network policies of this drive read their outputs (`model.plan_guard_*`), for the report."""
     return {"score": model.plan_guard_score, "deceleration": model.plan_guard_deceleration,
             "confirm_below": model.plan_guard_confirm_below, "restart_s": model.plan_guard_restart_s,
-            "segmentation": model.plan_guard_segmentation}
+            "segmentation": model.plan_guard_segmentation, "depth": model.plan_guard_depth}
 
 
 def episodes_of(pipeline) -> list:

@@ -207,6 +207,9 @@ def plan_guard_text(guard: dict) -> str:
     if guard.get("segmentation"):
         rules.append(f"ignoring those where the network's segmentation sees no road user (probability under "
                      f"{guard['segmentation']:g})")
+    if guard.get("depth"):
+        rules.append(f"ignoring those where the network's depth head puts no surface (probability under "
+                     f"{guard['depth']:g} between the box's near face and its centre)")
     if guard.get("restart_s"):
         rules.append(f"moving on after {guard['restart_s']:g} s standing if the way is clear")
     return "through the plan guard (" + "; ".join(rules) + ")"

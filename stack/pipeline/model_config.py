@@ -192,6 +192,11 @@ class ModelConfig:
     one whose road-user probability stays below this in the central half of its image rectangle in every camera that
     sees it (`stack.models.plan_guard.segmentation_support`; two heads must agree before the car brakes). Measured on
     tiny-drive: more progress, more collisions (BENCHMARKS.md, "Two heads must agree"), so off in the presets."""
+    plan_guard_depth: float = 0.0
+    """0: off. Otherwise the plan guard ignores a detection where the network's own depth head puts no surface: one
+    whose depth-bin probability between its nearest corner and its centre stays below this at the cell its centre
+    projects to in every camera that sees it (`stack.models.plan_guard.depth_support`): a box placed along a
+    road user's ray in front of it, where the depth head sees the road user behind."""
     planning_velocity: bool = False
     """The path-speed planner's scorer also reads the detection head's velocity of whatever lies on each candidate's
     path, resolved along and across it (`stack.models.path_speed_head`). Needs temporal_frames >= 1: one frame holds
@@ -278,6 +283,9 @@ class ModelConfig:
         if not 0 <= self.plan_guard_segmentation < 1:
             found.append(("plan_guard_segmentation", f"got {self.plan_guard_segmentation}; give 0 (off) or a "
                                                       f"road-user probability in (0, 1), e.g. 0.2"))
+        if not 0 <= self.plan_guard_depth < 1:
+            found.append(("plan_guard_depth", f"got {self.plan_guard_depth}; give 0 (off) or a depth-bin probability "
+                                              f"in (0, 1), e.g. 0.1"))
         if self.planning_velocity and not (self.planning_accelerations and self.temporal_frames):
             found.append(("planning_velocity", "got true; the path-speed planner reads velocities that a temporal "
                                                "network regresses: set planning_accelerations and temporal_frames: 1, "

@@ -8,7 +8,8 @@ import torch
 
 from stack.config import load_pipeline
 from stack.kinematics import along_path, speed_profile_arcs
-from stack.models.plan_guard import Odometry, PlanGuard, colliding_candidates, guarded_choice, segmentation_support
+from stack.models.plan_guard import (Odometry, PlanGuard, colliding_candidates, depth_support, guarded_choice,
+                                     segmentation_support)
 
 ACCELERATIONS = [-7.0, -3.0, -1.0, 0.0, 1.5]
 CAR = [4.5, 1.9, 1.6]
@@ -91,7 +92,8 @@ def test_bad_guard_settings_are_refused_with_the_key_named():
                      (["model.plan_guard_deceleration=0"], "plan_guard_deceleration"),
                      (["model.plan_guard_score=0.2", "model.plan_guard_confirm_below=0.1"], "plan_guard_confirm_below"),
                      (["model.plan_guard_score=0.2", "model.plan_guard_restart_s=-1"], "plan_guard_restart_s"),
-                     (["model.plan_guard_score=0.2", "model.plan_guard_segmentation=1"], "plan_guard_segmentation")):
+                     (["model.plan_guard_score=0.2", "model.plan_guard_segmentation=1"], "plan_guard_segmentation"),
+                     (["model.plan_guard_score=0.2", "model.plan_guard_depth=-0.1"], "plan_guard_depth")):
         with pytest.raises(StackError, match=key):
             load_pipeline(["configs/pipeline.yaml", "configs/presets/tiny.yaml"], bad)
 
@@ -107,6 +109,8 @@ def test_a_guard_score_of_0_switches_a_presets_guard_off_with_its_rules():
     assert plan_guard_text(plan_guard_settings(off.model)) == "the planner's best-scoring candidate (no plan guard)"
     checked = load_pipeline(files, ["model.plan_guard_segmentation=0.2"])
     assert "segmentation sees no road user (probability under 0.2)" in plan_guard_text(plan_guard_settings(checked.model))
+    checked = load_pipeline(files, ["model.plan_guard_depth=0.1"])
+    assert "depth head puts no surface (probability under 0.1" in plan_guard_text(plan_guard_settings(checked.model))
 
 
 def test_a_checkpoint_drives_with_any_guard_setting_but_not_with_another_network():
@@ -116,7 +120,8 @@ def test_a_checkpoint_drives_with_any_guard_setting_but_not_with_another_network
     trained = load_pipeline(files, ["model.temporal_frames=1"])
     guarded = load_pipeline(files, ["model.temporal_frames=1", "model.plan_guard_score=0.3",
                                     "model.plan_guard_deceleration=5", "model.plan_guard_confirm_below=0.4",
-                                    "model.plan_guard_restart_s=1.5", "model.plan_guard_segmentation=0.3"])
+                                    "model.plan_guard_restart_s=1.5", "model.plan_guard_segmentation=0.3",
+                                    "model.plan_guard_depth=0.1"])
     assert model_differences(trained, guarded) == []
     other = load_pipeline(files, ["model.temporal_frames=1", "model.planning_velocity=true"])
     assert [key for key, _, _ in model_differences(trained, other)] == ["model.planning_velocity"]
@@ -233,6 +238,31 @@ def test_segmentation_support_is_the_road_user_probability_where_the_box_lies_in
                                 size).tolist() == [1.0]
 
 
+def test_depth_support_is_the_depth_heads_mass_between_the_boxs_near_face_and_its_centre():
+    """A box 15 m ahead: the depth head putting its surface at 14 m supports it; putting it at 25 m (a road user
+    behind, the box a smear in front of it) does not; a box no camera sees keeps full support."""
+    pipeline = load_pipeline(TINY_DRIVE)
+    ks, poses, size, _ = _rig(pipeline)
+    depth, stride = pipeline.model.depth, pipeline.model.feature_stride
+    cells = (size[0] // stride, size[1] // stride)
+    front = int(torch.argmax(poses[:, 0, 2]))
+    width = (depth.max_m - depth.min_m) / depth.bins
+
+    def probabilities(at_m):
+        probs = torch.zeros(len(ks), depth.bins, *cells)
+        probs[:, int((at_m - depth.min_m) / width)] = 1.0  # every cell of every camera sees a surface at at_m
+        return probs
+
+    edges = (depth.min_m, depth.max_m)
+    car = box(15.0)  # 4.5 m long: its near face 12.75 m ahead, the camera a little ahead of the rear axle
+    assert depth_support(car, probabilities(14.0), edges, ks, poses, size).tolist() == [1.0]
+    assert depth_support(car, probabilities(25.0), edges, ks, poses, size).tolist() == [0.0]
+    behind = box(-15.0)
+    assert depth_support(behind, probabilities(25.0)[front:front + 1], edges, ks[front:front + 1],
+                         poses[front:front + 1], size).tolist() == [1.0]
+    assert depth_support(car[:0], probabilities(14.0), edges, ks, poses, size).shape == (0,)
+
+
 @pytest.mark.parametrize("road_user_logit, expected", [(8.0, 2), (-8.0, 3)], ids=["seen", "not-seen"])
 def test_with_plan_guard_segmentation_a_detection_the_segmentation_does_not_see_is_not_braked_for(road_user_logit,
                                                                                                   expected):
@@ -246,6 +276,31 @@ def test_with_plan_guard_segmentation_a_detection_the_segmentation_does_not_see_
     logits[:, :, classes.index("car")] = road_user_logit
     outputs = {**_outputs(pipeline, 2.0), "seg_logits": logits}
     np.testing.assert_allclose(guarded_plan(outputs, pipeline), outputs["plan_trajectories"][0, expected])
+
+
+@pytest.mark.parametrize("surface_m, expected", [(29.0, 2), (45.0, 3)], ids=["depth-agrees", "surface-behind-it"])
+def test_with_plan_guard_depth_a_detection_in_front_of_the_surface_the_depth_head_sees_is_not_braked_for(surface_m,
+                                                                                                         expected):
+    """The car detected 30 m ahead is braked for where the depth head puts a surface at 29 m along its rays, and
+    ignored where it puts every surface at 45 m (the box would be a smear in front of something farther)."""
+    from stack.deploy.network_policies import guarded_plan
+
+    pipeline = load_pipeline(TINY_DRIVE, ["model.plan_guard_score=0.3", "model.plan_guard_depth=0.1"])
+    depth, stride, rig = pipeline.model.depth, pipeline.model.feature_stride, pipeline.data.rig
+    logits = np.zeros((1, len(rig.cameras), depth.bins, rig.image_height // stride, rig.image_width // stride),
+                      np.float32)
+    logits[:, :, int((surface_m - depth.min_m) / ((depth.max_m - depth.min_m) / depth.bins))] = 20.0
+    outputs = {**_outputs(pipeline, 2.0), "depth_logits": logits}
+    np.testing.assert_allclose(guarded_plan(outputs, pipeline), outputs["plan_trajectories"][0, expected])
+
+
+def test_plan_guard_depth_on_a_model_without_the_depth_output_says_what_to_do():
+    from stack.deploy.network_policies import guarded_plan
+    from stack.errors import StackError
+
+    pipeline = load_pipeline(TINY_DRIVE, ["model.plan_guard_score=0.3", "model.plan_guard_depth=0.1"])
+    with pytest.raises(StackError, match="plan_guard_depth=0"):
+        guarded_plan(_outputs(pipeline, 2.0), pipeline)
 
 
 def test_plan_guard_segmentation_on_a_model_without_the_segmentation_output_says_what_to_do():
