@@ -136,7 +136,7 @@ def overrides(checkpoint: str, pipeline) -> tuple[collections.Counter, list[Culp
     """Replans, overrides by the kinds of their culprits, and every culprit of a drive of `pipeline.drive`."""
     import torch
 
-    from stack.deploy.network_policies import checkpoint_spec, road_user_probabilities
+    from stack.deploy.network_policies import checkpoint_spec, depth_probabilities, road_user_probabilities
     from stack.models.decoders import Detections, decode_detections
     from stack.models.plan_guard import depth_support, segmentation_support
     from stack.rig import rig_matrices
@@ -170,7 +170,7 @@ def overrides(checkpoint: str, pipeline) -> tuple[collections.Counter, list[Culp
             support = torch.stack([segmentation_support(detected.boxes, things, ks, poses,
                                                         (rig.image_height, rig.image_width), extent)
                                    for extent in EXTENTS], dim=1)
-            depth_probs = torch.from_numpy(np.asarray(outputs["depth_logits"][0], np.float32)).softmax(dim=1)
+            depth_probs = depth_probabilities(outputs["depth_logits"])
             depth_seen = torch.stack([depth_support(detected.boxes, depth_probs, (model.depth.min_m, model.depth.max_m),
                                                     ks, poses, (rig.image_height, rig.image_width), extent)
                                       for extent in EXTENTS], dim=1)

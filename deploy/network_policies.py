@@ -193,8 +193,7 @@ def supported_detections(detected, outputs: dict, pipeline):
         support = segmentation_support(detected.boxes[near], things, ks, poses, size)
         keep[near] &= support >= model.plan_guard_segmentation
     if model.plan_guard_depth:
-        logits = _read(outputs, "depth_logits", "plan_guard_depth")
-        probabilities = torch.from_numpy(np.asarray(logits[0], np.float32)).softmax(dim=1)
+        probabilities = depth_probabilities(_read(outputs, "depth_logits", "plan_guard_depth"))
         keep[near] &= depth_support(detected.boxes[near], probabilities, (model.depth.min_m, model.depth.max_m),
                                     ks, poses, size) >= model.plan_guard_depth
     return Detections(detected.boxes[keep], detected.scores[keep], detected.labels[keep],
@@ -210,13 +209,23 @@ def _read(outputs: dict, name: str, key: str):
     return outputs[name]
 
 
+def _softmax_over_classes(logits):
+    """(N, C, h, w) torch softmax over dim 1 of one sample's logits (1, N, C, h, w), a numpy or torch array."""
+    import torch
+
+    return torch.from_numpy(np.asarray(logits[0], np.float32)).softmax(dim=1)
+
+
 def road_user_probabilities(seg_logits, model):
     """(N, h, w) torch: each camera's probability of a road-user class (car, truck, pedestrian, cyclist) per
     segmentation cell, from the network's seg_logits (1, N, S, h, w) of one sample."""
-    import torch
+    return _softmax_over_classes(seg_logits)[:, model.road_user_classes()].sum(dim=1)
 
-    probabilities = torch.from_numpy(np.asarray(seg_logits[0], np.float32)).softmax(dim=1)
-    return probabilities[:, model.road_user_classes()].sum(dim=1)
+
+def depth_probabilities(depth_logits):
+    """(N, D, h, w) torch: each camera's depth-bin probabilities per lift cell, from the network's depth_logits
+    (1, N, D, h, w) of one sample (`stack.models.plan_guard.depth_support` reads them)."""
+    return _softmax_over_classes(depth_logits)
 
 
 def plan_guard(pipeline) -> PlanGuard:

@@ -301,9 +301,9 @@ def depth_support(boxes: torch.Tensor, depth_probs: torch.Tensor, depth_edges: t
                   extent: float = DEPTH_SUPPORT_EXTENT) -> torch.Tensor:
     """(M,) how strongly the network's own depth head puts a surface where each detected box (M, 9) lies along the
     camera ray: the highest probability mass, over the cells of the central `extent` of the box's image rectangle
-    (0: the cell its centre projects to) in the cameras that see it, of the depth bins between its nearest corner and its centre (widened by
-    DEPTH_MARGIN_BINS each way). `depth_probs` (N, D, h, w) are each camera's depth-bin probabilities at the lift
-    stride over `depth_edges` (min_m, max_m); 1.0 for a box no camera sees. A detection placed nearer along a road
+    (0: the cell its centre projects to) in the cameras that see it, of the depth bins between its nearest corner
+    and its centre (widened by DEPTH_MARGIN_BINS each way). `depth_probs` (N, D, h, w) are each camera's depth-bin
+    probabilities at the lift stride over `depth_edges` (min_m, max_m); 1.0 for a box no camera sees. A detection placed nearer along a road
     user's ray than the road user (the depth head seeing the road user behind it) gets little."""
     if len(boxes) == 0:
         return torch.zeros(0)
