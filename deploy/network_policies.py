@@ -153,7 +153,7 @@ def guarded_plan(outputs: dict, pipeline, guard: PlanGuard | None = None,
     import torch
 
     from stack.models.decoders import decode_detections
-    from stack.models.plan_guard import guarded_choice
+    from stack.models.plan_guard import PlanGuard, best_clear
     from stack.sim.policies import best_plan
 
     trajectories, scores, model = outputs["plan_trajectories"], outputs["plan_scores"], pipeline.model
@@ -165,8 +165,9 @@ def guarded_plan(outputs: dict, pipeline, guard: PlanGuard | None = None,
         detected = supported_detections(detected, outputs, pipeline)
     candidates, candidate_scores = torch.from_numpy(trajectories[0]), torch.from_numpy(scores[0])
     if guard is None or odometry is None:
-        boxes = detected.boxes[detected.scores >= model.plan_guard_score]
-        best = guarded_choice(candidates, candidate_scores, boxes, model.plan_guard_deceleration)
+        near = detected.scores >= model.plan_guard_score
+        hits = PlanGuard.from_model(model).conflicts(candidates, detected.boxes[near], detected.scores[near])
+        best = best_clear(candidates, candidate_scores, hits)
     else:
         best = guard.choose(candidates, candidate_scores, detected.boxes, detected.scores, odometry)
     return np.asarray(trajectories[0, best], np.float64)

@@ -50,6 +50,20 @@ the guard's false positives lie"), so it is off in the presets too.
   the best-scoring candidate that moves and runs into no detection, confirmed or not, drives: TransFuser's
   "creeping" (Chitta et al., TPAMI 2022), which moves a car stuck for long if its safety check finds the way
   clear.
+
+**Room to stop** (`model.plan_guard_reaction_s` > 0, `braking_after_reaction`): every candidate must also leave the
+car able to stop STANDOFF_M short of each detection, after following the candidate for the reaction time (one
+replanning period plus the latency) and then braking at EMERGENCY_DECELERATION: RSS's safe distance (a response
+time, then the minimum braking; Shalev-Shwartz, Shammah, Shashua 2017). It is checked both where the detection's
+velocity takes it and where it stands now, because the tiny-drive network's velocity of a car standing in the lane
+ahead errs towards "driving away" (+0.4 to +3 m/s on the tuning drives' stopped_vehicle episodes), which the rule
+above trusts.
+
+**Deferred braking** (`model.plan_guard_defer_below` > 0, with room to stop on): the rule above brakes for a
+detection as soon as it is seen, as if it were sure (the horizon's candidate and a comfortable stop after it must
+both stay clear, so one false positive 40 m ahead already slows the car). A detection scoring below this setting is
+held to the room-to-stop rule only: it is braked for as late as the car can still stop for it, and since every
+replan looks again, a false positive that does not persist never slows the car.
 """
 
 from __future__ import annotations
@@ -69,6 +83,18 @@ STOPPED_MPS = 0.5
 CONFIRM_GATE_M = 2.5
 """A detection confirms one of the previous replan's that was predicted to lie within this distance: about three
 times the tiny-drive network's mean translation error (mATE 0.71 m)."""
+EMERGENCY_DECELERATION = 6.0
+"""m/s^2 the room-to-stop rule brakes at (`braking_after_reaction`): the world's car brakes at up to 8 m/s^2 but
+reaches it at its 10 m/s^3 jerk limit only after 0.8 s (`stack.sim.vehicle.VehicleLimits`); the expert's hardest
+is 7."""
+STANDOFF_M = 2.0
+"""Metres short of a detection the room-to-stop rule must be able to stop the car (RSS's minimum distance; an
+adaptive cruise control's standstill gap): braking as late as possible otherwise leaves no room for the detector's
+placement error along the ray (metres at the tiny-drive network's 10-30 m) or the controller's lag, and the car
+creeps into the stopped car it has braked for (tuning drives, stopped_vehicle)."""
+REACTION_STEP_S = 0.1
+"""Seconds between the instants `braking_after_reaction` checks: the simulation step, so that the last metres
+before a stop are not stepped over."""
 RESTART_TRAVEL_M = 1.0
 """A candidate that travels less than this over its horizon does not move the ego on (as the blocked infraction and
 `benchmarks/standstill_labels.py` count moving on)."""
@@ -103,29 +129,83 @@ def colliding_candidates(trajectories: torch.Tensor, boxes: torch.Tensor, decele
     (continued straight past its end), and each candidate is a set of arc lengths along it."""
     if len(boxes) == 0:
         return torch.zeros(len(trajectories), dtype=torch.bool)
-    trajectories, boxes = trajectories.float(), boxes.float()
-    arcs = candidate_arcs(trajectories)
+    arcs = candidate_arcs(trajectories.float())
     extension, moving = stop_after(arcs, deceleration)
     checked = torch.cat([arcs, extension], dim=1)  # (K, T + E)
     counted = torch.cat([torch.ones_like(arcs, dtype=torch.bool), moving], dim=1)
-    path = trajectories[arcs[:, -1].argmax()][None]  # (1, T, 2)
+    return _path_hits(trajectories, checked, counted, boxes, WAYPOINT_STEP_S)
+
+
+def _path_hits(trajectories: torch.Tensor, checked: torch.Tensor, counted: torch.Tensor, boxes: torch.Tensor,
+               step_s: float) -> torch.Tensor:
+    """(K,) bool: the ego's footprint at arc lengths `checked` (K, S) along the candidates' common path, at
+    t = (i + 1) * step_s, reaches into a box (M, 9) moved at its velocity, at some instant `counted` (K, S)."""
+    trajectories, boxes = trajectories.float(), boxes.float()
+    path = trajectories[candidate_arcs(trajectories)[:, -1].argmax()][None]  # (1, T, 2)
     valid = torch.ones(path.shape[:2], dtype=torch.bool)
     ahead = (boxes[:, 0] > 0)[None]  # (1, M)
     hits = torch.zeros(len(trajectories), dtype=torch.bool)
     for offset in FOOTPRINT_DISCS_M:  # the car's whole footprint, disc by disc along the path
         points, _ = resample_by_arc(path, valid, (checked + offset).flatten()[None])
-        depth = penetration(points.view(1, *checked.shape, 2), boxes[None], ahead, margin=FOOTPRINT_RADIUS_M)
+        depth = penetration(points.view(1, *checked.shape, 2), boxes[None], ahead, margin=FOOTPRINT_RADIUS_M,
+                            step_s=step_s)
         hits |= ((depth[0].amax(dim=-1) > 0) & counted).any(dim=-1)
+    return hits
+
+
+def braking_after_reaction(arcs: torch.Tensor, reaction_s: float,
+                           deceleration: float = EMERGENCY_DECELERATION) -> tuple[torch.Tensor, torch.Tensor]:
+    """(K, S) distance and (K, S) bool "counted" at t = (i + 1) * REACTION_STEP_S of each candidate (K, T arcs)
+    followed for `reaction_s`, then braking at `deceleration` to a stop: RSS's response time and minimum braking
+    (Shalev-Shwartz, Shammah, Shashua, "On a Formal Model of Safe and Scalable Self-driving Cars", 2017). While
+    it follows the candidate every instant counts; once it brakes, only those it still moves at."""
+    knots = torch.cat([arcs.new_zeros(len(arcs), 1), arcs], dim=1)  # (K, T + 1) at 0, 0.5, ... s
+    speeds = knots.diff(dim=1) / WAYPOINT_STEP_S  # (K, T): each interval's mean speed
+    span = reaction_s + float(speeds.amax().clamp(min=0.0)) / deceleration
+    times = REACTION_STEP_S * torch.arange(1, math.ceil(span / REACTION_STEP_S) + 2, dtype=arcs.dtype)
+
+    def follow(at: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        interval = (at / WAYPOINT_STEP_S).floor().long().clamp(max=speeds.shape[1] - 1)  # past the horizon: last
+        speed = speeds[:, interval]
+        return knots[:, interval] + speed * (at - WAYPOINT_STEP_S * interval), speed
+
+    reached, speed = follow(torch.tensor([reaction_s], dtype=arcs.dtype))
+    followed, _ = follow(times)
+    braking_s = torch.minimum((times - reaction_s).clamp(min=0.0), speed / deceleration)
+    braked = reached + speed * braking_s - 0.5 * deceleration * braking_s ** 2
+    braking = times > reaction_s
+    moving = speed - deceleration * (times - reaction_s) > STOPPED_MPS
+    return torch.where(braking, braked, followed), ~braking | moving
+
+
+def conflicting_candidates(trajectories: torch.Tensor, boxes: torch.Tensor, deceleration: float,
+                           stop_short_of: torch.Tensor | None = None, reaction_s: float = 0.0) -> torch.Tensor:
+    """(K,) bool: `colliding_candidates` for `boxes`; and for the boxes (M', 9) `stop_short_of`, a candidate that,
+    followed for `reaction_s` and then braked at EMERGENCY_DECELERATION (`braking_after_reaction`), would not stop
+    STANDOFF_M short of where one goes at its detected velocity or of where it stands now (the detected
+    velocity of a standing car ahead errs towards "driving away": BENCHMARKS.md, "Room to stop")."""
+    hits = colliding_candidates(trajectories, boxes, deceleration)
+    if stop_short_of is not None and len(stop_short_of):
+        checked, counted = braking_after_reaction(candidate_arcs(trajectories.float()), reaction_s)
+        standing = stop_short_of.clone()
+        standing[:, 7:9] = 0.0
+        hits |= _path_hits(trajectories, checked + STANDOFF_M, counted, torch.cat([stop_short_of, standing]),
+                           REACTION_STEP_S)
     return hits
 
 
 def guarded_choice(trajectories: torch.Tensor, scores: torch.Tensor, boxes: torch.Tensor,
                    deceleration: float) -> int:
-    """Index of the highest-scoring candidate (K, T, 2) / (K,) that runs into no box (M, 9); if every one does,
-    the candidate that travels least."""
-    hits = colliding_candidates(trajectories, boxes, deceleration)
+    """Index of the highest-scoring candidate (K, T, 2) / (K,) that runs into no box (M, 9); if every one does, the
+    candidate that travels least."""
+    return best_clear(trajectories, scores, colliding_candidates(trajectories, boxes, deceleration))
+
+
+def best_clear(trajectories: torch.Tensor, scores: torch.Tensor, hits: torch.Tensor) -> int:
+    """Index of the highest-scoring candidate (K, T, 2) / (K,) not in `hits` (K,); if all are, the one that travels
+    least (the hardest braking)."""
     if bool(hits.all()):
-        return int(candidate_arcs(trajectories.float())[:, -1].argmin())
+        return int(_travel(trajectories).argmin())
     return int(torch.where(hits, torch.full_like(scores.float(), -torch.inf), scores.float()).argmax())
 
 
@@ -150,16 +230,18 @@ class PlanGuard:
     """The plan guard over one drive, replan after replan (`guarded_choice` plus the confirmation and restart
     rules of this module's docstring). `choose` starts a new drive by itself when time does not advance."""
 
-    def __init__(self, score: float, deceleration: float, confirm_below: float = 0.0, restart_s: float = 0.0):
+    def __init__(self, score: float, deceleration: float, confirm_below: float = 0.0, restart_s: float = 0.0,
+                 defer_below: float = 0.0, reaction_s: float = 0.0):
         self.score, self.deceleration = score, deceleration
         self.confirm_below, self.restart_s = confirm_below, restart_s
+        self.defer_below, self.reaction_s = defer_below, reaction_s
         self.reset()
 
     @classmethod
     def from_model(cls, model) -> PlanGuard:
         """The guard a pipeline's model section asks for (`model.plan_guard_*`)."""
         return cls(model.plan_guard_score, model.plan_guard_deceleration, model.plan_guard_confirm_below,
-                   model.plan_guard_restart_s)
+                   model.plan_guard_restart_s, model.plan_guard_defer_below, model.plan_guard_reaction_s)
 
     def reset(self) -> None:
         self._previous: tuple[torch.Tensor, Odometry] | None = None
@@ -173,10 +255,17 @@ class PlanGuard:
             self.reset()
         keep = box_scores >= self.score
         boxes, box_scores = boxes[keep], box_scores[keep]
-        counted = boxes[(box_scores >= self.confirm_below) | self._confirmed(boxes, odometry)]
+        counted = (box_scores >= self.confirm_below) | self._confirmed(boxes, odometry)
         self._previous = (boxes, odometry)
-        choice = guarded_choice(trajectories, scores, counted, self.deceleration)
-        return self._restart(choice, trajectories, scores, boxes, odometry)
+        choice = best_clear(trajectories, scores, self.conflicts(trajectories, boxes[counted], box_scores[counted]))
+        return self._restart(choice, trajectories, scores, boxes, box_scores, odometry)
+
+    def conflicts(self, trajectories: torch.Tensor, boxes: torch.Tensor, box_scores: torch.Tensor) -> torch.Tensor:
+        """(K,) bool: the candidates that run into a detection (M, 9) scoring at least `defer_below` (every one, with
+        `defer_below` 0) or, with `reaction_s` > 0, could not stop short of any one after that reaction time."""
+        firm = box_scores >= self.defer_below
+        floor = boxes if self.reaction_s else None
+        return conflicting_candidates(trajectories, boxes[firm], self.deceleration, floor, self.reaction_s)
 
     def _confirmed(self, boxes: torch.Tensor, now: Odometry) -> torch.Tensor:
         """(M,) bool: the previous replan saw a box where it predicted this one to be now (every box, on a drive's
@@ -190,7 +279,7 @@ class PlanGuard:
         return distance.amin(dim=1) <= CONFIRM_GATE_M
 
     def _restart(self, choice: int, trajectories: torch.Tensor, scores: torch.Tensor, boxes: torch.Tensor,
-                 odometry: Odometry) -> int:
+                 box_scores: torch.Tensor, odometry: Odometry) -> int:
         """`choice`, or after `restart_s` standing the best-scoring candidate that moves on and hits nothing."""
         if odometry.speed >= STOPPED_MPS:
             self._standing_since = None
@@ -201,7 +290,7 @@ class PlanGuard:
         if (not self.restart_s or odometry.time_s - self._standing_since < self.restart_s
                 or travel[choice] >= RESTART_TRAVEL_M):
             return choice
-        usable = (travel >= RESTART_TRAVEL_M) & ~colliding_candidates(trajectories, boxes, self.deceleration)
+        usable = (travel >= RESTART_TRAVEL_M) & ~self.conflicts(trajectories, boxes, box_scores)
         if not bool(usable.any()):
             return choice
         return int(torch.where(usable, scores.float(), torch.full_like(scores.float(), -torch.inf)).argmax())

@@ -312,9 +312,15 @@ def _write_clips(pipeline, policies: list[PolicySpec], rows: list[dict], out: Pa
 
 def plan_guard_settings(model) -> dict:
     """How the network policies of this drive read their outputs (`model.plan_guard_*`), for the report."""
-    return {"score": model.plan_guard_score, "deceleration": model.plan_guard_deceleration,
-            "confirm_below": model.plan_guard_confirm_below, "restart_s": model.plan_guard_restart_s,
-            "segmentation": model.plan_guard_segmentation, "depth": model.plan_guard_depth}
+    settings = {"score": model.plan_guard_score, "deceleration": model.plan_guard_deceleration,
+                "confirm_below": model.plan_guard_confirm_below, "restart_s": model.plan_guard_restart_s,
+                "segmentation": model.plan_guard_segmentation, "depth": model.plan_guard_depth,
+                "defer_below": model.plan_guard_defer_below, "reaction_s": model.plan_guard_reaction_s}
+    if model.plan_guard_reaction_s:
+        from stack.models.plan_guard import EMERGENCY_DECELERATION, STANDOFF_M
+
+        settings.update(emergency_deceleration=EMERGENCY_DECELERATION, standoff_m=STANDOFF_M)
+    return settings
 
 
 def episodes_of(pipeline) -> list:

@@ -46,7 +46,8 @@ between a checkpoint and the pipeline it is deployed with."""
 
 
 READ_OUT_KEYS = ("model.plan_guard_score", "model.plan_guard_deceleration", "model.plan_guard_confirm_below",
-                 "model.plan_guard_restart_s", "model.plan_guard_segmentation", "model.plan_guard_depth")
+                 "model.plan_guard_restart_s", "model.plan_guard_segmentation", "model.plan_guard_depth",
+                 "model.plan_guard_defer_below", "model.plan_guard_reaction_s")
 """Keys of the model section that say how a network's outputs are read when it drives, not what it computes: a
 checkpoint drives with any value of them."""
 

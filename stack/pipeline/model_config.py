@@ -187,6 +187,15 @@ class ModelConfig:
     plan_guard_restart_s: float = 0.0
     """0: off. Otherwise, once the ego has stood this many seconds and the guarded choice would still not move it,
     the best-scoring candidate that moves on and runs into no detection drives (the inertia problem)."""
+    plan_guard_reaction_s: float = 0.0
+    """0: off. Otherwise the plan guard also drops a candidate after which the car could not stop 2 m short of a
+    detection (where it goes, or where it stands now) if it followed the candidate this many seconds and then
+    braked at 6 m/s^2: RSS's response time (`stack.models.plan_guard.braking_after_reaction`). One replanning
+    period (0.5 s at 2 Hz) plus the latency from camera to controller, e.g. 0.6."""
+    plan_guard_defer_below: float = 0.0
+    """0: the plan guard brakes for every detection it counts as soon as it sees it. Otherwise one scoring below this
+    is held to the `plan_guard_reaction_s` rule only: braked for as late as the car can still stop for it, so that
+    the next replan looks again before the car slows for a doubtful detection."""
     plan_guard_segmentation: float = 0.0
     """0: off. Otherwise the plan guard ignores a detection where the network's own segmentation sees no road user:
     one whose road-user probability stays below this in the central half of its image rectangle in every camera that
@@ -277,6 +286,16 @@ class ModelConfig:
         if self.plan_guard_confirm_below and not self.plan_guard_score < self.plan_guard_confirm_below <= 1:
             found.append(("plan_guard_confirm_below", f"got {self.plan_guard_confirm_below}; give 0 (off) or a score "
                                                       f"above plan_guard_score ({self.plan_guard_score}) and up to 1"))
+        if not 0 <= self.plan_guard_reaction_s <= 3:
+            found.append(("plan_guard_reaction_s", f"got {self.plan_guard_reaction_s}; give 0 (off) or seconds within "
+                                                   f"(0, 3]: a replanning period plus the latency, e.g. 0.6"))
+        if self.plan_guard_defer_below and not self.plan_guard_score < self.plan_guard_defer_below <= 1:
+            found.append(("plan_guard_defer_below", f"got {self.plan_guard_defer_below}; give 0 (off) or a score "
+                                                    f"above plan_guard_score ({self.plan_guard_score}) and up to 1"))
+        elif self.plan_guard_defer_below and not self.plan_guard_reaction_s:
+            found.append(("plan_guard_defer_below", f"got {self.plan_guard_defer_below} with plan_guard_reaction_s 0; "
+                                                    f"a deferred detection is held to the reaction-time rule: set "
+                                                    f"plan_guard_reaction_s (e.g. 0.6) or plan_guard_defer_below: 0"))
         if not 0 <= self.plan_guard_restart_s <= 10:
             found.append(("plan_guard_restart_s", f"got {self.plan_guard_restart_s}; give 0 (off) or seconds of "
                                                   f"standing within (0, 10], e.g. 1"))

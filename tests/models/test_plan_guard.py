@@ -8,8 +8,8 @@ import torch
 
 from stack.config import load_pipeline
 from stack.kinematics import along_path, speed_profile_arcs
-from stack.models.plan_guard import (Odometry, PlanGuard, colliding_candidates, depth_support, guarded_choice,
-                                     segmentation_support)
+from stack.models.plan_guard import (EMERGENCY_DECELERATION, Odometry, PlanGuard, candidate_arcs, colliding_candidates,
+                                     braking_after_reaction, depth_support, guarded_choice, segmentation_support)
 
 ACCELERATIONS = [-7.0, -3.0, -1.0, 0.0, 1.5]
 CAR = [4.5, 1.9, 1.6]
@@ -93,7 +93,10 @@ def test_bad_guard_settings_are_refused_with_the_key_named():
                      (["model.plan_guard_score=0.2", "model.plan_guard_confirm_below=0.1"], "plan_guard_confirm_below"),
                      (["model.plan_guard_score=0.2", "model.plan_guard_restart_s=-1"], "plan_guard_restart_s"),
                      (["model.plan_guard_score=0.2", "model.plan_guard_segmentation=1"], "plan_guard_segmentation"),
-                     (["model.plan_guard_score=0.2", "model.plan_guard_depth=-0.1"], "plan_guard_depth")):
+                     (["model.plan_guard_score=0.2", "model.plan_guard_depth=-0.1"], "plan_guard_depth"),
+                     (["model.plan_guard_score=0.2", "model.plan_guard_defer_below=0.2"], "plan_guard_defer_below"),
+                     (["model.plan_guard_reaction_s=-0.5"], "plan_guard_reaction_s"),
+                     (["model.plan_guard_score=0.2", "model.plan_guard_defer_below=0.4"], "plan_guard_reaction_s")):
         with pytest.raises(StackError, match=key):
             load_pipeline(["configs/pipeline.yaml", "configs/presets/tiny.yaml"], bad)
 
@@ -111,6 +114,9 @@ def test_a_guard_score_of_0_switches_a_presets_guard_off_with_its_rules():
     assert "segmentation sees no road user (probability under 0.2)" in plan_guard_text(plan_guard_settings(checked.model))
     checked = load_pipeline(files, ["model.plan_guard_depth=0.1"])
     assert "depth head puts no surface (probability under 0.1" in plan_guard_text(plan_guard_settings(checked.model))
+    checked = load_pipeline(files, ["model.plan_guard_defer_below=0.4", "model.plan_guard_reaction_s=0.7"])
+    assert ("always room to stop 2 m short of each after a 0.7-s reaction at 6 m/s^2; those under 0.4 held to that "
+            "room only" in plan_guard_text(plan_guard_settings(checked.model)))
 
 
 def test_a_checkpoint_drives_with_any_guard_setting_but_not_with_another_network():
@@ -121,7 +127,8 @@ def test_a_checkpoint_drives_with_any_guard_setting_but_not_with_another_network
     guarded = load_pipeline(files, ["model.temporal_frames=1", "model.plan_guard_score=0.3",
                                     "model.plan_guard_deceleration=5", "model.plan_guard_confirm_below=0.4",
                                     "model.plan_guard_restart_s=1.5", "model.plan_guard_segmentation=0.3",
-                                    "model.plan_guard_depth=0.1"])
+                                    "model.plan_guard_depth=0.1", "model.plan_guard_defer_below=0.5",
+                                    "model.plan_guard_reaction_s=1.0"])
     assert model_differences(trained, guarded) == []
     other = load_pipeline(files, ["model.temporal_frames=1", "model.planning_velocity=true"])
     assert [key for key, _, _ in model_differences(trained, other)] == ["model.planning_velocity"]
@@ -190,6 +197,38 @@ def test_a_restart_is_checked_against_every_detection_confirmed_or_not():
     for t in (0.0, 0.5):
         seen(guard, standing, FROM_STANDSTILL_STAYS, NOTHING, at(t, speed=0.0))
     assert seen(guard, standing, FROM_STANDSTILL_STAYS, box(6.0), at(1.0, speed=0.0)) == 3
+
+
+def test_braking_after_reaction_follows_the_candidate_for_the_reaction_time_then_stops_at_the_emergency_rate():
+    arcs = candidate_arcs(candidates(10.0))  # holding speed (index 3) covers 5 m per 0.5 s
+    distance, counted = braking_after_reaction(arcs, 0.6)
+    assert distance[3, 5].item() == pytest.approx(6.0)  # 0.6 s at 10 m/s
+    assert distance[3, -1].item() == pytest.approx(6.0 + 10.0 ** 2 / (2 * EMERGENCY_DECELERATION))
+    assert bool((distance.diff(dim=1) >= -1e-6).all())  # braking never drives backwards
+    assert counted[3, :6].all() and not counted[3, -1]  # every instant it follows; none once it stands
+
+
+def test_room_to_stop_does_not_trust_a_detection_driving_away_but_follows_a_lead_car_at_a_distance():
+    """8 m/s: a car 14 m ahead detected driving away at 2 m/s (a standing car's typical velocity error) is braked
+    for at -3 m/s^2 by the guard alone, which trusts that velocity, and hardest once the car must keep room to stop
+    short of where it stands; a lead car at the ego's speed 20 m ahead is followed either way."""
+    trajectories, room = candidates(8.0), PlanGuard(0.2, 3.5, reaction_s=0.6)
+    assert seen(PlanGuard(0.2, 3.5), trajectories, PREFERS_HOLDING_SPEED, box(14.0, vx=2.0), at(0.0)) == 1
+    assert seen(room, trajectories, PREFERS_HOLDING_SPEED, box(14.0, vx=2.0), at(0.0)) == 0
+    assert seen(room, trajectories, PREFERS_HOLDING_SPEED, box(20.0, vx=8.0), at(0.5)) == 3
+
+
+def test_a_detection_under_defer_below_is_braked_for_only_once_waiting_would_leave_no_room_to_stop():
+    """10 m/s, a car standing ahead: the firm rule gives up holding speed for one 40 m away; deferred, holding speed
+    stays until 0.6 s at 10 m/s plus a 6 m/s^2 stop (14.3 m) and the footprint would reach it."""
+    trajectories, deferring = candidates(10.0), PlanGuard(0.2, 3.5, defer_below=0.5, reaction_s=0.6)
+    assert seen(PlanGuard(0.2, 3.5), trajectories, PREFERS_HOLDING_SPEED, box(40.0), at(0.0)) != 3
+    assert seen(deferring, trajectories, PREFERS_HOLDING_SPEED, box(40.0), at(0.0)) == 3
+    assert seen(deferring, trajectories, PREFERS_HOLDING_SPEED, box(25.0), at(0.5)) == 3
+    assert seen(deferring, trajectories, PREFERS_HOLDING_SPEED, box(18.0), at(1.0)) != 3  # no room left: brakes
+    assert seen(deferring, trajectories, PREFERS_HOLDING_SPEED, box(40.0), at(1.5), score=0.6) != 3  # sure: firm
+    longer = PlanGuard(0.2, 3.5, defer_below=0.5, reaction_s=1.5)
+    assert seen(longer, trajectories, PREFERS_HOLDING_SPEED, box(25.0), at(0.0)) != 3  # a slower reaction brakes sooner
 
 
 def test_a_network_policy_carries_its_guard_across_replans():
