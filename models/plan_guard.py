@@ -52,12 +52,12 @@ the guard's false positives lie"), so it is off in the presets too.
   clear.
 
 **Room to stop** (`model.plan_guard_reaction_s` > 0, `braking_after_reaction`): every candidate must also leave the
-car able to stop STANDOFF_M short of each detection, after following the candidate for the reaction time (one
-replanning period plus the latency) and then braking at EMERGENCY_DECELERATION: RSS's safe distance (a response
-time, then the minimum braking; Shalev-Shwartz, Shammah, Shashua 2017). It is checked both where the detection's
-velocity takes it and where it stands now, because the tiny-drive network's velocity of a car standing in the lane
-ahead errs towards "driving away" (+0.4 to +3 m/s on the tuning drives' stopped_vehicle episodes), which the rule
-above trusts.
+car able to stop GUARD_STANDOFF_M short of each detection, after following the candidate for the reaction time (one
+replanning period plus the latency) and then braking at GUARD_EMERGENCY_DECELERATION: RSS's safe distance (a
+response time, then the minimum braking; Shalev-Shwartz, Shammah, Shashua 2017). It is checked both where the
+detection's velocity takes it and where it stands now, because the tiny-drive network's velocity of a car standing
+in the lane ahead errs towards "driving away" (+0.4 to +3 m/s on the tuning drives' stopped_vehicle episodes), which
+the rule above trusts.
 
 **Deferred braking** (`model.plan_guard_defer_below` > 0, with room to stop on): the rule above brakes for a
 detection as soon as it is seen, as if it were sure (the horizon's candidate and a comfortable stop after it must
@@ -75,6 +75,7 @@ import torch
 
 from stack.kinematics import WAYPOINT_STEP_S, resample_by_arc
 from stack.metrics.collision import FOOTPRINT_DISCS_M, FOOTPRINT_RADIUS_M, penetration
+from stack.pipeline.model_config import GUARD_EMERGENCY_DECELERATION, GUARD_STANDOFF_M
 
 STOP_STEPS = 8
 """Waypoints (0.5 s apart) of the stop checked after the horizon: 4 s, a stop from 14 m/s at 3.5 m/s^2."""
@@ -83,15 +84,6 @@ STOPPED_MPS = 0.5
 CONFIRM_GATE_M = 2.5
 """A detection confirms one of the previous replan's that was predicted to lie within this distance: about three
 times the tiny-drive network's mean translation error (mATE 0.71 m)."""
-EMERGENCY_DECELERATION = 6.0
-"""m/s^2 the room-to-stop rule brakes at (`braking_after_reaction`): the world's car brakes at up to 8 m/s^2 but
-reaches it at its 10 m/s^3 jerk limit only after 0.8 s (`stack.sim.vehicle.VehicleLimits`); the expert's hardest
-is 7."""
-STANDOFF_M = 2.0
-"""Metres short of a detection the room-to-stop rule must be able to stop the car (RSS's minimum distance; an
-adaptive cruise control's standstill gap): braking as late as possible otherwise leaves no room for the detector's
-placement error along the ray (metres at the tiny-drive network's 10-30 m) or the controller's lag, and the car
-creeps into the stopped car it has braked for (tuning drives, stopped_vehicle)."""
 REACTION_STEP_S = 0.1
 """Seconds between the instants `braking_after_reaction` checks: the simulation step, so that the last metres
 before a stop are not stepped over."""
@@ -153,8 +145,8 @@ def _path_hits(trajectories: torch.Tensor, checked: torch.Tensor, counted: torch
     return hits
 
 
-def braking_after_reaction(arcs: torch.Tensor, reaction_s: float,
-                           deceleration: float = EMERGENCY_DECELERATION) -> tuple[torch.Tensor, torch.Tensor]:
+def braking_after_reaction(arcs: torch.Tensor, reaction_s: float, deceleration: float = GUARD_EMERGENCY_DECELERATION
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
     """(K, S) distance and (K, S) bool "counted" at t = (i + 1) * REACTION_STEP_S of each candidate (K, T arcs)
     followed for `reaction_s`, then braking at `deceleration` to a stop: RSS's response time and minimum braking
     (Shalev-Shwartz, Shammah, Shashua, "On a Formal Model of Safe and Scalable Self-driving Cars", 2017). While
@@ -181,16 +173,16 @@ def braking_after_reaction(arcs: torch.Tensor, reaction_s: float,
 def conflicting_candidates(trajectories: torch.Tensor, boxes: torch.Tensor, deceleration: float,
                            stop_short_of: torch.Tensor | None = None, reaction_s: float = 0.0) -> torch.Tensor:
     """(K,) bool: `colliding_candidates` for `boxes`; and for the boxes (M', 9) `stop_short_of`, a candidate that,
-    followed for `reaction_s` and then braked at EMERGENCY_DECELERATION (`braking_after_reaction`), would not stop
-    STANDOFF_M short of where one goes at its detected velocity or of where it stands now (the detected
+    followed for `reaction_s` and then braked at GUARD_EMERGENCY_DECELERATION (`braking_after_reaction`), would not
+    stop GUARD_STANDOFF_M short of where one goes at its detected velocity or of where it stands now (the detected
     velocity of a standing car ahead errs towards "driving away": BENCHMARKS.md, "Room to stop")."""
     hits = colliding_candidates(trajectories, boxes, deceleration)
     if stop_short_of is not None and len(stop_short_of):
         checked, counted = braking_after_reaction(candidate_arcs(trajectories.float()), reaction_s)
         standing = stop_short_of.clone()
         standing[:, 7:9] = 0.0
-        hits |= _path_hits(trajectories, checked + STANDOFF_M, counted, torch.cat([stop_short_of, standing]),
-                           REACTION_STEP_S)
+        moved_and_standing = torch.cat([stop_short_of, standing])
+        hits |= _path_hits(trajectories, checked + GUARD_STANDOFF_M, counted, moved_and_standing, REACTION_STEP_S)
     return hits
 
 

@@ -317,9 +317,9 @@ def plan_guard_settings(model) -> dict:
                 "segmentation": model.plan_guard_segmentation, "depth": model.plan_guard_depth,
                 "defer_below": model.plan_guard_defer_below, "reaction_s": model.plan_guard_reaction_s}
     if model.plan_guard_reaction_s:
-        from stack.models.plan_guard import EMERGENCY_DECELERATION, STANDOFF_M
+        from stack.pipeline.model_config import GUARD_EMERGENCY_DECELERATION, GUARD_STANDOFF_M
 
-        settings.update(emergency_deceleration=EMERGENCY_DECELERATION, standoff_m=STANDOFF_M)
+        settings.update(emergency_deceleration=GUARD_EMERGENCY_DECELERATION, standoff_m=GUARD_STANDOFF_M)
     return settings
 
 

@@ -110,6 +110,15 @@ SEGMENTATION_CLASSES = [
 
 CIRCLE_NMS_MAX_M = 20.0
 MAX_TEMPORAL_FRAMES = 4
+GUARD_EMERGENCY_DECELERATION = 6.0
+"""m/s^2 the plan guard's room-to-stop rule (`plan_guard_reaction_s`) brakes at: the world's car brakes at up to 8 m/s^2
+but reaches it at its 10 m/s^3 jerk limit only after 0.8 s (`stack.sim.vehicle.VehicleLimits`); the expert's hardest
+is 7."""
+GUARD_STANDOFF_M = 2.0
+"""Metres short of a detection the room-to-stop rule must be able to stop the car (RSS's minimum distance; an
+adaptive cruise control's standstill gap): braking as late as possible otherwise leaves no room for the detector's
+placement error along the ray (metres at the tiny-drive network's 10-30 m) or the controller's lag, and the car
+creeps into the stopped car it has braked for (tuning drives, stopped_vehicle)."""
 """Key frames a temporal network may fuse (2 s of history at 2 Hz): each adds an image encoder pass per training
 sample and C channels to the memory the deployed graph carries."""
 """Largest circle-NMS radius: beyond a bus's length a radius would merge distinct road users."""

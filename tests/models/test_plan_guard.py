@@ -8,8 +8,9 @@ import torch
 
 from stack.config import load_pipeline
 from stack.kinematics import along_path, speed_profile_arcs
-from stack.models.plan_guard import (EMERGENCY_DECELERATION, Odometry, PlanGuard, candidate_arcs, colliding_candidates,
-                                     braking_after_reaction, depth_support, guarded_choice, segmentation_support)
+from stack.models.plan_guard import (Odometry, PlanGuard, braking_after_reaction, candidate_arcs, colliding_candidates,
+                                     depth_support, guarded_choice, segmentation_support)
+from stack.pipeline.model_config import GUARD_EMERGENCY_DECELERATION
 
 ACCELERATIONS = [-7.0, -3.0, -1.0, 0.0, 1.5]
 CAR = [4.5, 1.9, 1.6]
@@ -203,7 +204,7 @@ def test_braking_after_reaction_follows_the_candidate_for_the_reaction_time_then
     arcs = candidate_arcs(candidates(10.0))  # holding speed (index 3) covers 5 m per 0.5 s
     distance, counted = braking_after_reaction(arcs, 0.6)
     assert distance[3, 5].item() == pytest.approx(6.0)  # 0.6 s at 10 m/s
-    assert distance[3, -1].item() == pytest.approx(6.0 + 10.0 ** 2 / (2 * EMERGENCY_DECELERATION))
+    assert distance[3, -1].item() == pytest.approx(6.0 + 10.0 ** 2 / (2 * GUARD_EMERGENCY_DECELERATION))
     assert bool((distance.diff(dim=1) >= -1e-6).all())  # braking never drives backwards
     assert counted[3, :6].all() and not counted[3, -1]  # every instant it follows; none once it stands
 
