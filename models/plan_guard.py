@@ -125,18 +125,22 @@ def colliding_candidates(trajectories: torch.Tensor, boxes: torch.Tensor, decele
     extension, moving = stop_after(arcs, deceleration)
     checked = torch.cat([arcs, extension], dim=1)  # (K, T + E)
     counted = torch.cat([torch.ones_like(arcs, dtype=torch.bool), moving], dim=1)
-    return _path_hits(trajectories, checked, counted, boxes, WAYPOINT_STEP_S)
+    return _path_hits(_common_path(trajectories, arcs), checked, counted, boxes, WAYPOINT_STEP_S)
 
 
-def _path_hits(trajectories: torch.Tensor, checked: torch.Tensor, counted: torch.Tensor, boxes: torch.Tensor,
+def _common_path(trajectories: torch.Tensor, arcs: torch.Tensor) -> torch.Tensor:
+    """(1, T, 2): the longest candidate (K, T, 2), given their arcs (K, T): the path every candidate lies on."""
+    return trajectories[arcs[:, -1].argmax()][None].float()
+
+
+def _path_hits(path: torch.Tensor, checked: torch.Tensor, counted: torch.Tensor, boxes: torch.Tensor,
                step_s: float) -> torch.Tensor:
-    """(K,) bool: the ego's footprint at arc lengths `checked` (K, S) along the candidates' common path, at
-    t = (i + 1) * step_s, reaches into a box (M, 9) moved at its velocity, at some instant `counted` (K, S)."""
-    trajectories, boxes = trajectories.float(), boxes.float()
-    path = trajectories[candidate_arcs(trajectories)[:, -1].argmax()][None]  # (1, T, 2)
+    """(K,) bool: the ego's footprint at arc lengths `checked` (K, S) along the candidates' common `path` (1, T, 2),
+    at t = (i + 1) * step_s, reaches into a box (M, 9) moved at its velocity, at some instant `counted` (K, S)."""
+    boxes = boxes.float()
     valid = torch.ones(path.shape[:2], dtype=torch.bool)
     ahead = (boxes[:, 0] > 0)[None]  # (1, M)
-    hits = torch.zeros(len(trajectories), dtype=torch.bool)
+    hits = torch.zeros(len(checked), dtype=torch.bool)
     for offset in FOOTPRINT_DISCS_M:  # the car's whole footprint, disc by disc along the path
         points, _ = resample_by_arc(path, valid, (checked + offset).flatten()[None])
         depth = penetration(points.view(1, *checked.shape, 2), boxes[None], ahead, margin=FOOTPRINT_RADIUS_M,
@@ -178,11 +182,13 @@ def conflicting_candidates(trajectories: torch.Tensor, boxes: torch.Tensor, dece
     velocity of a standing car ahead errs towards "driving away": BENCHMARKS.md, "Room to stop")."""
     hits = colliding_candidates(trajectories, boxes, deceleration)
     if stop_short_of is not None and len(stop_short_of):
-        checked, counted = braking_after_reaction(candidate_arcs(trajectories.float()), reaction_s)
+        arcs = candidate_arcs(trajectories.float())
+        checked, counted = braking_after_reaction(arcs, reaction_s)
         standing = stop_short_of.clone()
         standing[:, 7:9] = 0.0
         moved_and_standing = torch.cat([stop_short_of, standing])
-        hits |= _path_hits(trajectories, checked + GUARD_STANDOFF_M, counted, moved_and_standing, REACTION_STEP_S)
+        hits |= _path_hits(_common_path(trajectories, arcs), checked + GUARD_STANDOFF_M, counted, moved_and_standing,
+                           REACTION_STEP_S)
     return hits
 
 
@@ -384,8 +390,9 @@ def depth_support(boxes: torch.Tensor, depth_probs: torch.Tensor, depth_edges: t
     camera ray: the highest probability mass, over the cells of the central `extent` of the box's image rectangle
     (0: the cell its centre projects to) in the cameras that see it, of the depth bins between its nearest corner
     and its centre (widened by DEPTH_MARGIN_BINS each way). `depth_probs` (N, D, h, w) are each camera's depth-bin
-    probabilities at the lift stride over `depth_edges` (min_m, max_m); 1.0 for a box no camera sees. A detection placed nearer along a road
-    user's ray than the road user (the depth head seeing the road user behind it) gets little."""
+    probabilities at the lift stride over `depth_edges` (min_m, max_m); 1.0 for a box no camera sees. A detection
+    placed nearer along a road user's ray than the road user (the depth head seeing the road user behind it) gets
+    little."""
     if len(boxes) == 0:
         return torch.zeros(0)
     bins = depth_probs.shape[1]

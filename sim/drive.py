@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from stack.benchrecord.machine import cpu_model
+from stack.pipeline.model_config import GUARD_EMERGENCY_DECELERATION, GUARD_STANDOFF_M
 from stack.sim.policies import PolicySpec, build_policy
 
 _PIPELINE = None
@@ -317,8 +318,6 @@ def plan_guard_settings(model) -> dict:
                 "segmentation": model.plan_guard_segmentation, "depth": model.plan_guard_depth,
                 "defer_below": model.plan_guard_defer_below, "reaction_s": model.plan_guard_reaction_s}
     if model.plan_guard_reaction_s:
-        from stack.pipeline.model_config import GUARD_EMERGENCY_DECELERATION, GUARD_STANDOFF_M
-
         settings.update(emergency_deceleration=GUARD_EMERGENCY_DECELERATION, standoff_m=GUARD_STANDOFF_M)
     return settings
 

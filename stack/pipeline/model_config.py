@@ -109,19 +109,19 @@ SEGMENTATION_CLASSES = [
 
 
 CIRCLE_NMS_MAX_M = 20.0
+"""Largest circle-NMS radius: beyond a bus's length a radius would merge distinct road users."""
 MAX_TEMPORAL_FRAMES = 4
+"""Key frames a temporal network may fuse (2 s of history at 2 Hz): each adds an image encoder pass per training
+sample and C channels to the memory the deployed graph carries."""
 GUARD_EMERGENCY_DECELERATION = 6.0
-"""m/s^2 the plan guard's room-to-stop rule (`plan_guard_reaction_s`) brakes at: the world's car brakes at up to 8 m/s^2
-but reaches it at its 10 m/s^3 jerk limit only after 0.8 s (`stack.sim.vehicle.VehicleLimits`); the expert's hardest
-is 7."""
+"""m/s^2 the plan guard's room-to-stop rule (`plan_guard_reaction_s`) brakes at: the world's car brakes at up to
+8 m/s^2 but reaches it at its 10 m/s^3 jerk limit only after 0.8 s (`stack.sim.vehicle.VehicleLimits`); the
+expert's hardest is 7."""
 GUARD_STANDOFF_M = 2.0
 """Metres short of a detection the room-to-stop rule must be able to stop the car (RSS's minimum distance; an
 adaptive cruise control's standstill gap): braking as late as possible otherwise leaves no room for the detector's
 placement error along the ray (metres at the tiny-drive network's 10-30 m) or the controller's lag, and the car
 creeps into the stopped car it has braked for (tuning drives, stopped_vehicle)."""
-"""Key frames a temporal network may fuse (2 s of history at 2 Hz): each adds an image encoder pass per training
-sample and C channels to the memory the deployed graph carries."""
-"""Largest circle-NMS radius: beyond a bus's length a radius would merge distinct road users."""
 
 MODEL_BOUNDS = (
     ("neck_channels", 4096, "channels (ResNet-50's widest stage has 2048); e.g. 64"),
@@ -197,10 +197,11 @@ class ModelConfig:
     """0: off. Otherwise, once the ego has stood this many seconds and the guarded choice would still not move it,
     the best-scoring candidate that moves on and runs into no detection drives (the inertia problem)."""
     plan_guard_reaction_s: float = 0.0
-    """0: off. Otherwise the plan guard also drops a candidate after which the car could not stop 2 m short of a
-    detection (where it goes, or where it stands now) if it followed the candidate this many seconds and then
-    braked at 6 m/s^2: RSS's response time (`stack.models.plan_guard.braking_after_reaction`). One replanning
-    period (0.5 s at 2 Hz) plus the latency from camera to controller, e.g. 0.6."""
+    """0: off. Otherwise the plan guard also drops a candidate after which the car could not stop GUARD_STANDOFF_M
+    short of a detection (where it goes, or where it stands now) if it followed the candidate this many seconds and
+    then braked at GUARD_EMERGENCY_DECELERATION: RSS's response time
+    (`stack.models.plan_guard.braking_after_reaction`). One replanning period (0.5 s at 2 Hz) plus the latency from
+    camera to controller, e.g. 0.6."""
     plan_guard_defer_below: float = 0.0
     """0: the plan guard brakes for every detection it counts as soon as it sees it. Otherwise one scoring below this
     is held to the `plan_guard_reaction_s` rule only: braked for as late as the car can still stop for it, so that
