@@ -44,26 +44,33 @@ def class_scores_from_environment(classes: list[str]) -> dict[str, float]:
     except json.JSONDecodeError as error:
         sys.exit(f"GUARD_CLASS_SCORES: expected JSON such as '{{\"pedestrian\": 0.25}}', got {raw!r} ({error})")
     unknown = set(scores) - set(classes) if isinstance(scores, dict) else {raw}
-    if not scores or unknown:
+    numbers = isinstance(scores, dict) and all(isinstance(v, (int, float)) and 0 <= v <= 1 for v in scores.values())
+    if not scores or unknown or not numbers:
         sys.exit(f"GUARD_CLASS_SCORES: expected a JSON object from detection classes ({', '.join(classes)}) to "
-                 f"scores, got {raw!r}")
+                 f"scores in [0, 1], got {raw!r}")
     return {name: float(score) for name, score in scores.items()}
 
 
 def main() -> int:
+    """Read GUARD_CLASS_SCORES once (exit 2 with what to give when it is bad), then run `stack` with the decoder
+    that drops the named classes under their scores."""
     from stack.cli import main as stack_main
     from stack.models import decoders
+    from stack.pipeline.model_config import DETECTION_CLASSES
 
+    try:
+        scores = class_scores_from_environment(list(DETECTION_CLASSES))
+    except SystemExit as bad:
+        print(bad, file=sys.stderr)
+        return 2
     decode = decoders.decode_detections
 
     def decode_above_class_scores(outputs, pipeline):
         classes = list(pipeline.model.detection_classes)
-        scores = class_scores_from_environment(classes)
         return [above_class_scores(detected, scores, classes) for detected in decode(outputs, pipeline)]
 
     decoders.decode_detections = decode_above_class_scores
     return stack_main(sys.argv[1:])
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -28,3 +28,6 @@ def test_a_class_the_network_does_not_detect_is_refused(monkeypatch):
     monkeypatch.setenv("GUARD_CLASS_SCORES", "pedestrian=0.3")
     with pytest.raises(SystemExit, match="expected JSON"):
         scores_by_class.class_scores_from_environment(CLASSES)
+    monkeypatch.setenv("GUARD_CLASS_SCORES", '{"pedestrian": "high"}')
+    with pytest.raises(SystemExit, match=r"scores in \[0, 1\]"):
+        scores_by_class.class_scores_from_environment(CLASSES)
