@@ -5,7 +5,7 @@ positives, and most of those are pedestrians and cyclists scoring under 0.25 (`b
 BENCHMARKS.md, closed loop, "Class-specific guard scores"). Detectors are often read with a score threshold per
 class; this drives `stack drive` with the guard reading the network's detections of the classes named in
 GUARD_CLASS_SCORES (JSON, class -> lowest score counted) only at or above their own score, every other class at
-`model.plan_guard_score` as before. Nothing else of the drive changes.
+`guard.score` as before. Nothing else of the drive changes.
 
     GUARD_CLASS_SCORES='{"pedestrian": 0.25, "cyclist": 0.25}' python benchmarks/guard_class_scores.py \\
         drive runs/td-dagger-lr1/model.pt -c configs/pipeline.yaml -c configs/presets/tiny.yaml \\

@@ -7,7 +7,7 @@ still rule the favourite out at the road user's true velocity ("real") or would 
 the counts, the false-positive share per detection score, and the velocity error of the matched ones
 (BENCHMARKS.md, closed loop, "The plan guard across replans"), and for each kind how strongly the network's own
 segmentation sees a road user where the culprit lies (`stack.models.plan_guard.segmentation_support`, at the
-centre cell and over growing shares of the box's image rectangle): what `model.plan_guard_segmentation` was
+centre cell and over growing shares of the box's image rectangle): what `guard.segmentation` was
 chosen from ("Two heads must agree"). Last, where the false positives lie against the road users' camera rays:
 how many sit on one (within RAY_DEGREES of its bearing from the cameras), nearer or farther than the road user,
 whether that road user was detected as well, and the bearing differences per degree (a peak at zero is a detector
@@ -15,7 +15,7 @@ that places road users along their ray; a flat count is chance in a crowded scen
 
     python benchmarks/guard_overrides.py runs/k1-s0/train/model.pt -c configs/pipeline.yaml \\
         -c configs/presets/tiny.yaml -c configs/presets/tiny-drive.yaml model.temporal_frames=1 \\
-        model.plan_guard_score=0.2 drive.split=tuning drive.latency_ms=71.1
+        guard.score=0.2 drive.split=tuning drive.latency_ms=71.1
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ MATCH_M = 2.5
 """A detection within this of a road user's centre is that road user (3.5x the tiny-drive network's mATE)."""
 EXTENTS = (0.0, 0.25, 0.5, 1.0)
 """Shares of a culprit's image rectangle, around its centre, its segmentation support is read over (0: the centre
-cell, as `model.plan_guard_segmentation` reads it)."""
+cell, as `guard.segmentation` reads it)."""
 SUPPORT_CUTS = (0.1, 0.2, 0.3, 0.5)
 DEPTH_CUTS = (0.02, 0.05, 0.1, 0.2, 0.3)
 SCORE_BINS = (0.0, 0.25, 0.3, 0.4, 0.6, 1.0)
@@ -136,7 +136,8 @@ def overrides(checkpoint: str, pipeline) -> tuple[collections.Counter, list[Culp
     """Replans, overrides by the kinds of their culprits, and every culprit of a drive of `pipeline.drive`."""
     import torch
 
-    from stack.deploy.network_policies import checkpoint_spec, depth_probabilities, road_user_probabilities
+    from stack.deploy.network_policies import checkpoint_spec
+    from stack.models.post_processing import depth_probabilities, road_user_probabilities
     from stack.models.decoders import Detections, decode_detections
     from stack.models.plan_guard import depth_support, segmentation_support
     from stack.rig import rig_matrices
@@ -164,7 +165,7 @@ def overrides(checkpoint: str, pipeline) -> tuple[collections.Counter, list[Culp
                 return plan
             detected = decode_detections({k: torch.from_numpy(outputs[k]) for k in ("heatmap", "box_regression")},
                                          pipeline)[0]
-            keep = detected.scores >= model.plan_guard_score
+            keep = detected.scores >= pipeline.guard.score
             detected = Detections(detected.boxes[keep], detected.scores[keep], detected.labels[keep])
             things = road_user_probabilities(outputs["seg_logits"], model)
             support = torch.stack([segmentation_support(detected.boxes, things, ks, poses,
@@ -175,7 +176,7 @@ def overrides(checkpoint: str, pipeline) -> tuple[collections.Counter, list[Culp
                                                     ks, poses, (rig.image_height, rig.image_width), extent)
                                       for extent in EXTENTS], dim=1)
             these = culprits(trajectories, favourite, detected, road_users_in_ego_frame(world),
-                             model.plan_guard_deceleration, support, model.detection_classes, origin, depth_seen)
+                             pipeline.guard.deceleration, support, model.detection_classes, origin, depth_seen)
             counts["overrides"] += 1
             counts["override: " + (" + ".join(sorted({c.kind for c in these})) or "restart")] += 1
             found.extend(these)

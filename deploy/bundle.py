@@ -192,6 +192,7 @@ def verify_bundle(folder: str | Path) -> dict:
                              "damaged or written by an older stack. Its verdict cannot be trusted; deploy again.")
     _check_files(folder, gate)
     _check_verdicts(folder, gate)
+    _check_post_processing(folder, gate)
     return gate
 
 
@@ -236,3 +237,36 @@ def _check_verdicts(folder: Path, gate: dict) -> None:
     if problems:
         raise BundleMismatch(f"{folder / GATE_FILE} contradicts its own figures:\n  " + "\n  ".join(problems)
                              + "\nIts verdict cannot be trusted; deploy again.")
+
+
+def _check_post_processing(folder: Path, gate: dict) -> None:
+    """The post-processing gate.json records (`post_processing`) is valid, is what the bundle's own pipeline.yaml
+    says, and is what its closed-loop gate drove with: an edited setting, even resealed, fails here."""
+    from stack.config import pipeline_from_yaml
+    from stack.models.post_processing import guard_from_settings, post_processing_record
+
+    recorded = gate.get("post_processing")
+    if recorded is None:
+        return  # a network without a planner, or a bundle older than the record: DeployedNetwork.plan refuses it
+    problems = []
+    try:
+        guard_from_settings(recorded.get("guard") if isinstance(recorded, dict) else None)
+    except StackError as exc:
+        problems.append(str(exc))
+    pipeline_file = folder / "pipeline.yaml"
+    if not problems and pipeline_file.is_file():
+        try:
+            written = post_processing_record(pipeline_from_yaml(pipeline_file.read_text(), source=str(pipeline_file)))
+        except StackError as exc:
+            problems.append(f"its pipeline.yaml cannot be read ({exc})")
+        else:
+            problems += [f"post_processing.{key} says {recorded.get(key)!r} but pipeline.yaml says {value!r}"
+                         for key, value in written.items() if recorded.get(key) != value]
+    drove = (gate.get("closed_loop") or {}).get("guard") if isinstance(gate.get("closed_loop"), dict) else None
+    if not problems and drove is not None and drove != recorded.get("guard"):
+        problems.append(f"post_processing.guard says {recorded.get('guard')!r} but the closed-loop gate drove with "
+                        f"{drove!r}")
+    if problems:
+        raise BundleMismatch(f"{folder / GATE_FILE}: the plan's post-processing it ships is not the one it was gated "
+                             "with:\n  " + "\n  ".join(problems) + "\nA car would not drive the way the closed-loop "
+                             "gate saw it drive; deploy again (a new setting is a new deploy).")

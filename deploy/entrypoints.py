@@ -125,6 +125,7 @@ def deploy_checkpoint(pipeline, state_dict: dict, checkpoint: str, target_name: 
     from stack.config import load_target, pipeline_hash, pipeline_to_yaml
     from stack.deploy.gates.head_scores import head_budgets, make_evaluator, make_quality_evaluator
     from stack.deploy.validation import deploy_samples
+    from stack.models.post_processing import post_processing_record
 
     target = load_target(target_name, pipeline)
     folder = Path(pipeline.export.out_dir) / target_name
@@ -149,5 +150,6 @@ def deploy_checkpoint(pipeline, state_dict: dict, checkpoint: str, target_name: 
         samples_source=source, data_root=pipeline.data.root, chosen_store=chosen_store, checkpoint=str(checkpoint),
         pipeline_name=pipeline.name,
         pipeline_hash=pipeline_hash(pipeline), closed_loop=_closed_loop_gate(pipeline),
+        post_processing=post_processing_record(pipeline),
         extra_files={"pipeline.yaml": pipeline_to_yaml(pipeline), CALIBRATION_FILE: cameras.to_yaml()})
     return run_deploy(spec, target_name, target, pipeline.export, folder, log, allow_below_bar)

@@ -20,37 +20,81 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from stack.errors import StackError
+from stack.models.post_processing import GUARD_READS
 from stack.sim.policies import NetworkPolicy, PolicySpec
 
 if TYPE_CHECKING:
-    from stack.models.plan_guard import Odometry, PlanGuard
+    from stack.models.plan_guard import Odometry
 
 
-def checkpoint_spec(name: str, path: str, **latency) -> PolicySpec:
-    """The trained network of checkpoint `path` (model.pt), driven in PyTorch."""
-    return PolicySpec(name, "checkpoint", str(path), builder=CheckpointPolicy, **latency)
+def checkpoint_spec(name: str, path: str, **options) -> PolicySpec:
+    """The trained network of checkpoint `path` (model.pt), driven in PyTorch; `options`: the PolicySpec's
+    latency_s / latency_how / guard / alone_of."""
+    return PolicySpec(name, "checkpoint", str(path), builder=CheckpointPolicy, **options)
 
 
-def bundle_spec(name: str, bundle: str = "", model: str | None = None, **latency) -> PolicySpec:
+def bundle_spec(name: str, bundle: str = "", model: str | None = None, **options) -> PolicySpec:
     """A bundle folder's model (`model`: "int8", "fp32" or None for the one it ships), or with no bundle an ONNX
     file `model` (the deploy gate drives models before their bundle is sealed), on ONNX Runtime."""
-    return PolicySpec(name, "bundle", str(bundle), model, builder=BundlePolicy, **latency)
+    return PolicySpec(name, "bundle", str(bundle), model, builder=BundlePolicy, **options)
+
+
+def guard_spec(guard) -> tuple:
+    """`PolicySpec.guard` for a `stack.pipeline.GuardConfig`: its settings as sorted (key, value) pairs."""
+    return tuple(sorted(guard.settings().items()))
+
+
+ALONE = "alone"
+"""The suffix of a network-alone policy's name (`network_alone`)."""
+
+
+def network_alone(spec: PolicySpec) -> PolicySpec:
+    """The same network as `spec` driving its planner's own best candidate (no plan guard), named "<name> alone":
+    driven beside a guarded policy so that the report shows which part drives."""
+    from dataclasses import replace
+
+    from stack.pipeline import GuardConfig
+
+    return replace(spec, name=f"{spec.name} {ALONE}", guard=guard_spec(GuardConfig()), alone_of=spec.name)
+
+
+def bundle_guard(folder: str | Path) -> dict:
+    """The plan guard settings a bundle ships (gate.json's `post_processing`, which `stack deploy --verify` checks
+    against the bundle's pipeline.yaml and its closed-loop gate), or a StackError for a bundle that records none."""
+    from stack.deploy.bundle import read_gate
+
+    recorded = read_gate(folder).get("post_processing")
+    if not isinstance(recorded, dict) or not isinstance(recorded.get("guard"), dict):
+        raise StackError(f"bundle {folder} records no plan post-processing (gate.json has no post_processing): it was "
+                         f"built by an older stack or from a network without a planner, so nobody knows what it "
+                         f"should drive with. Deploy it again.")
+    return recorded["guard"]
 
 
 class GuardedNetworkPolicy(NetworkPolicy):
-    """A network policy that drives its plan through the pipeline's plan guard (`guarded_plan`), one guard per
-    policy, fed the ego's odometry at each replan."""
+    """A network policy that drives its plan through the plan's post-processing (`stack.models.post_processing`):
+    the guard settings its spec fixes (`PolicySpec.guard`: a bundle's own, or the network alone) or else the
+    pipeline's, one guard per policy, fed the ego's odometry at each replan."""
 
     def __init__(self, spec: PolicySpec, steps: int, pipeline):
         super().__init__(spec, steps)
-        self.pipeline, self.guard, self._odometry = pipeline, plan_guard(pipeline), None
+        self.pipeline, self._odometry = pipeline, None
+        self.post_processing = post_processing_of(spec, pipeline)
 
     def plan(self, observation) -> np.ndarray:
         self._odometry = odometry(observation)
         return super().plan(observation)
 
     def choose(self, outputs: dict) -> np.ndarray:
-        return guarded_plan(outputs, self.pipeline, self.guard, self._odometry)
+        return self.post_processing.choose(outputs, self._odometry)
+
+
+def post_processing_of(spec: PolicySpec, pipeline):
+    """The `PlanPostProcessing` a network policy drives with: its spec's guard settings, or the pipeline's."""
+    from stack.models.post_processing import PlanPostProcessing, guard_from_settings
+
+    settings = spec.guard_settings
+    return PlanPostProcessing(pipeline, None if settings is None else guard_from_settings(settings))
 
 
 class CheckpointPolicy(GuardedNetworkPolicy):
@@ -92,6 +136,7 @@ class CheckpointPolicy(GuardedNetworkPolicy):
                            self.geometry, None, self._memory, pose)
         self._memory = out.get("bev_memory")
         return {name: out[name].float().numpy() for name in GUARD_READS}
+
 
 
 class BundlePolicy(GuardedNetworkPolicy):
@@ -139,101 +184,6 @@ class BundlePolicy(GuardedNetworkPolicy):
 
     def infer(self, images: np.ndarray, ego_status: np.ndarray, command: np.ndarray) -> dict:
         return self.net.infer(images, ego_status, command, self.calibration, **self._state)
-
-
-GUARD_READS = ("plan_trajectories", "plan_scores", "heatmap", "box_regression", "seg_logits", "depth_logits")
-"""The outputs a network policy chooses its plan from (`guarded_plan`)."""
-
-
-def guarded_plan(outputs: dict, pipeline, guard: PlanGuard | None = None,
-                 odometry: Odometry | None = None) -> np.ndarray:
-    """(T, 2) waypoints: the best-scoring candidate, or with `model.plan_guard_score` > 0 the best one that runs into
-    none of the network's own detections scoring at least that (`stack.models.plan_guard`). A policy passes its
-    drive's `guard` and the ego's `odometry` for the rules that look across replans (confirmation, restart)."""
-    import torch
-
-    from stack.models.decoders import decode_detections
-    from stack.models.plan_guard import PlanGuard, best_clear
-    from stack.sim.policies import best_plan
-
-    trajectories, scores, model = outputs["plan_trajectories"], outputs["plan_scores"], pipeline.model
-    if not model.plan_guard_score or not (np.isfinite(trajectories).all() and np.isfinite(scores).all()):
-        return best_plan(trajectories, scores)
-    detected = decode_detections({name: torch.from_numpy(np.asarray(outputs[name]))
-                                  for name in ("heatmap", "box_regression")}, pipeline)[0]
-    if model.plan_guard_segmentation or model.plan_guard_depth:
-        detected = supported_detections(detected, outputs, pipeline)
-    candidates, candidate_scores = torch.from_numpy(trajectories[0]), torch.from_numpy(scores[0])
-    if guard is None or odometry is None:
-        near = detected.scores >= model.plan_guard_score
-        hits = PlanGuard.from_model(model).conflicts(candidates, detected.boxes[near], detected.scores[near])
-        best = best_clear(candidates, candidate_scores, hits)
-    else:
-        best = guard.choose(candidates, candidate_scores, detected.boxes, detected.scores, odometry)
-    return np.asarray(trajectories[0, best], np.float64)
-
-
-def supported_detections(detected, outputs: dict, pipeline):
-    """`detected` without the boxes the network's own segmentation does not see (`model.plan_guard_segmentation`,
-    `stack.models.plan_guard.segmentation_support`) or where its depth head puts no surface (`model.plan_guard_depth`,
-    `stack.models.plan_guard.depth_support`), in the cameras of the pipeline's rig."""
-    import torch
-
-    from stack.models.decoders import Detections
-    from stack.models.plan_guard import depth_support, segmentation_support
-    from stack.rig import rig_matrices
-
-    model, rig = pipeline.model, pipeline.data.rig
-    near = detected.scores >= model.plan_guard_score
-    if not bool(near.any()):
-        return detected
-    ks, poses = (torch.from_numpy(m) for m in rig_matrices(rig))
-    size, keep = (rig.image_height, rig.image_width), torch.ones(len(detected.scores), dtype=torch.bool)
-    if model.plan_guard_segmentation:
-        things = road_user_probabilities(_read(outputs, "seg_logits", "plan_guard_segmentation"), model)
-        support = segmentation_support(detected.boxes[near], things, ks, poses, size)
-        keep[near] &= support >= model.plan_guard_segmentation
-    if model.plan_guard_depth:
-        probabilities = depth_probabilities(_read(outputs, "depth_logits", "plan_guard_depth"))
-        keep[near] &= depth_support(detected.boxes[near], probabilities, (model.depth.min_m, model.depth.max_m),
-                                    ks, poses, size) >= model.plan_guard_depth
-    return Detections(detected.boxes[keep], detected.scores[keep], detected.labels[keep],
-                      None if detected.attributes is None else detected.attributes[keep])
-
-
-def _read(outputs: dict, name: str, key: str):
-    """The network output `name` that `model.<key>` reads, or a StackError that says what to do."""
-    if name not in outputs:
-        raise StackError(f"model.{key} reads the network's {name} output, which this model does not have (it gives "
-                         f"{', '.join(sorted(outputs))}): set model.{key}=0, or drive a model exported with every "
-                         f"output (stack export)")
-    return outputs[name]
-
-
-def _softmax_over_classes(logits):
-    """(N, C, h, w) torch softmax over dim 1 of one sample's logits (1, N, C, h, w), a numpy or torch array."""
-    import torch
-
-    return torch.from_numpy(np.asarray(logits[0], np.float32)).softmax(dim=1)
-
-
-def road_user_probabilities(seg_logits, model):
-    """(N, h, w) torch: each camera's probability of a road-user class (car, truck, pedestrian, cyclist) per
-    segmentation cell, from the network's seg_logits (1, N, S, h, w) of one sample."""
-    return _softmax_over_classes(seg_logits)[:, model.road_user_classes()].sum(dim=1)
-
-
-def depth_probabilities(depth_logits):
-    """(N, D, h, w) torch: each camera's depth-bin probabilities per lift cell, from the network's depth_logits
-    (1, N, D, h, w) of one sample (`stack.models.plan_guard.depth_support` reads them)."""
-    return _softmax_over_classes(depth_logits)
-
-
-def plan_guard(pipeline) -> PlanGuard:
-    """The plan guard of a drive with `pipeline`'s `model.plan_guard_*` settings, one per policy."""
-    from stack.models.plan_guard import PlanGuard
-
-    return PlanGuard.from_model(pipeline.model)
 
 
 def odometry(observation) -> Odometry:

@@ -82,6 +82,10 @@ class DeploySpec:
     chosen_store: str | None = None
     """The tracking store the user chose for this deploy (`stack.train.tracking.chosen_store`): the checkpoint's run
     is logged into on a remote store only when it is this one (stack.lineage.attach_to_run)."""
+    post_processing: dict = field(default_factory=dict)
+    """The plan's post-processing the bundle ships (`stack.models.post_processing.post_processing_record`: the guard
+    settings the closed-loop gate drives with and the decoding they read), recorded in gate.json; empty for a network
+    that does not plan."""
     quality_evaluator: Callable | None = None
     """quality_evaluator(run) -> `stack eval`'s metrics dict of a runtime over the validation samples
     (`stack.deploy.gates.head_scores.make_quality_evaluator`); None: the heads are not judged (below the bar)."""
@@ -119,6 +123,8 @@ def _build(spec: DeploySpec, name: str, target, export_cfg, folder: Path, log, a
         result["camera_calibration"] = {"name": spec.metadata.get("calibration", {}).get("name", ""),
                                         "hash": spec.metadata["calibration_hash"]}
     result.update(_lineage(spec, log))
+    if spec.post_processing:
+        result["post_processing"] = spec.post_processing
     for file_name, content in spec.extra_files.items():
         (folder / file_name).write_text(content)
     fp32_path = _export_step(spec, folder, export_cfg, result, log)
@@ -254,7 +260,7 @@ def _quantize_step(spec: DeploySpec, folder: Path, fp32_path: Path, target_name:
     if cfg.keep_fp32 and not kept:
         log(f"warning: no node name contains any of export.keep_fp32 {list(cfg.keep_fp32)}; nothing is pinned to fp32")
     if not report.passed:
-        reasons = [_accuracy_reason(h, target_name) for h in report.final.heads if not h.passed]
+        reasons = [_accuracy_reason(h, target_name) for h in report.final.heads if not h.counts]
         if _may_ship_fp32(target):
             log("INT8 fails the accuracy gate: fp32 will ship (" + "; ".join(reasons) + ")")
         else:
@@ -438,17 +444,21 @@ def _measure_tensorrt(spec, folder, engine_onnx, target, cfg, result, log, fp32:
 
 
 def _predict(folder, engine_onnx, target, cfg, result, log):
-    from stack.deploy.latency.margins import loo_summary, target_margin, validation_note
-    from stack.deploy.latency.roofline import predict
+    from stack.deploy.latency.margins import (class_shares, loo_summary, target_margin, unpinned_factor,
+                                              validation_note, with_unpinned)
+    from stack.deploy.latency.roofline import DEFAULT_EFFICIENCY, Workload, predict
 
     prediction = predict(onnx.load(str(engine_onnx)), target, keep_fp32=tuple(cfg.keep_fp32))
+    workload = Workload(prediction, target)
+    factor = unpinned_factor(workload, DEFAULT_EFFICIENCY)
     note = (f"{PREDICTION_ERROR_NOTE}: {loo_summary()}; {validation_note(result['target'])}"
             + ("; the DLA is not modelled: this is the GPU-only latency" if target.dla_core >= 0 else ""))
-    gate = predicted_gate(target, prediction, note, target_margin(result["target"]))
+    gate = predicted_gate(target, prediction, note, with_unpinned(target_margin(result["target"]), factor))
     log(f"predicted {prediction.total_ms:.2f} ms on {target.description} (no TensorRT timing on the target here)")
     result["fps"] = gate.to_dict()
     rows = [(l.name, "+".join(l.ops), l.time_ms, f"{l.precision}/{l.bound}") for l in prediction.layers]
-    result["speed"] = {"prediction": prediction.to_dict(), "breakdown": sorted(rows, key=lambda r: -r[2])[:40]}
+    result["speed"] = {"prediction": prediction.to_dict(), "breakdown": sorted(rows, key=lambda r: -r[2])[:40],
+                       "classes": class_shares(workload, DEFAULT_EFFICIENCY), "unpinned_factor": factor}
     points = [(l.flops / l.bytes if l.bytes else 0.0, l.flops / l.time_ms / 1e6, l.precision) for l in prediction.layers]
     peaks = {"INT8": target.int8_tops, "FP16": target.fp16_tflops, "FP32": target.fp32_tflops}
     plot_latency(folder, [(r[0], r[1], r[2], r[3].split("/")[0]) for r in rows],

@@ -130,7 +130,10 @@ def _accuracy_section(accuracy: dict | None) -> list:
         interval = "n/a" if head.get("low") is None or head["low"] != head["low"] else \
             f"[{head['low']:+.4f}, {head['high']:+.4f}]"
         verdict = "pass" if head["passed"] else "FAIL"
-        if not head.get("conclusive", True):
+        if not head.get("judged", True):
+            verdict = (f"information ({'within' if head['passed'] else 'beyond'} the budget): judged by the "
+                       f"closed-loop gate's INT8 driving-score drop")
+        elif not head.get("conclusive", True):
             unit, units = head.get("unit", "frames"), head.get("units", head["frames"])
             verdict += f" (inconclusive at {units} {unit}; about {head.get('units_needed', '?')} resolve the budget)"
         elif head.get("loses_prior"):
@@ -191,6 +194,13 @@ def _speed_section(fps: dict, speed: dict) -> list:
         lines += ["Latency breakdown (slowest layers; full table in gate.json, plot in latency.png):", "",
                   "| layer | ops | precision / bound | ms |", "|---|---|---|---|"]
         lines += [f"| `{row[0]}` | {row[1]} | {row[3]} | {row[2]:.3f} |" for row in speed["breakdown"][:15]]
+        lines.append("")
+    if speed.get("classes"):
+        lines += ["What the prediction rests on, per operator class (`stack.deploy.latency.margins.CLASS_PINNING`); "
+                  f"the margin carries x{speed.get('unpinned_factor', 1.0):.3f} for the unpinned ones:", "",
+                  "| class | predicted ms | share | pinned by | error |", "|---|---:|---:|---|---|"]
+        lines += [f"| {c['class']} | {c['ms']:.3f} | {c['share']:.0%} | {c['pinned_by']} | {c['error']} |"
+                  for c in speed["classes"]]
         lines.append("")
     return lines
 

@@ -2,12 +2,17 @@
 
     net = DeployedNetwork.open("runs/tiny/export/cpu")          # the precision the bundle ships
     outputs = net.infer(images, ego_status, command, calibration)  # {output name: array}
+    plan = net.plan(images, ego_status, command, calibration, odometry)  # (T, 2): what the car drives
 
 A stateful network (model.temporal_frames=k: it fuses the BEV memory of the key frame 0.5 s earlier, k BEVs) also
 takes each frame's time and the ego's motion since that key frame, and carries its memory itself:
 
     outputs = net.infer(images, ego_status, command, calibration, time_s=t, previous_pose=pose)
     net.reset()                                                   # at a scene start
+
+`plan` is what a car runs: the frame through the network, then the plan's post-processing the bundle ships
+(gate.json's `post_processing`, `stack.models.post_processing`: the decoding and plan guard settings its
+closed-loop gate drove with), carried from frame to frame until `reset`.
 
 `open` checks the bundle against its gate.json (`stack.deploy.bundle.verify_bundle`: every
 file the one the gate scored), reads the camera calibration the network was built for
@@ -49,8 +54,11 @@ class NotForDeployment(StackError):
 class DeployedNetwork:
     """A verified bundle's network on ONNX Runtime, for one camera calibration. Create it with `open`."""
 
-    def __init__(self, session, path: Path, metadata: dict, calibration: Calibration):
+    def __init__(self, session, path: Path, metadata: dict, calibration: Calibration, post_processing=None):
         self.session, self.path, self.metadata, self.calibration = session, path, metadata, calibration
+        self.post_processing = post_processing
+        """The plan's post-processing (`stack.models.post_processing.PlanPostProcessing`) `plan` applies; None for
+        a bundle that records none (`plan` refuses it)."""
         self.output_names = [output.name for output in session.get_outputs()]
         self.pipeline_hash = metadata.get("pipeline_hash", "")
         self._inputs = {i.name: i for i in session.get_inputs()}
@@ -87,12 +95,13 @@ class DeployedNetwork:
                 f"{path.name} was exported for calibration hash {str(metadata.get('calibration_hash'))[:12]}, but the "
                 f"bundle's {CALIBRATION_FILE} has {calibration.hash[:12]}: the bundle mixes files of two builds. "
                 f"Deploy again.")
-        return cls(ort_session(path, threads), path, metadata, calibration)
+        return cls(ort_session(path, threads), path, metadata, calibration, _shipped_post_processing(folder, gate))
 
     @classmethod
-    def from_model(cls, model_path: str | Path, threads: int = 0) -> "DeployedNetwork":
+    def from_model(cls, model_path: str | Path, threads: int = 0, post_processing=None) -> "DeployedNetwork":
         """A model file on its own, before it is sealed into a bundle (the deploy gates drive models they are
-        still judging); its calibration comes from the ONNX metadata it was exported with."""
+        still judging); its calibration comes from the ONNX metadata it was exported with, its post-processing
+        (for `plan`) is the one given."""
         from stack.deploy.export import read_metadata
         from stack.deploy.runtime import ort_session
 
@@ -103,7 +112,19 @@ class DeployedNetwork:
         calibration = Calibration.from_dict(metadata["calibration"], source=f"{path.name} metadata")
         if calibration.hash != metadata.get("calibration_hash"):
             raise CalibrationMismatch(f"{path.name}: its metadata's calibration does not match its calibration_hash")
-        return cls(ort_session(path, threads), path, metadata, calibration)
+        return cls(ort_session(path, threads), path, metadata, calibration, post_processing)
+
+    def plan(self, images: np.ndarray, ego_status: np.ndarray, command: np.ndarray, calibration: Calibration,
+             odometry=None, time_s: float | None = None, previous_pose: np.ndarray | None = None) -> np.ndarray:
+        """(T, 2) float64 waypoints (rear axle, current ego frame, 0.5 s apart) the car drives after this frame:
+        `infer`'s outputs through the bundle's own post-processing. `odometry` (`stack.models.plan_guard.Odometry`:
+        the ego's pose in a fixed frame and its speed) feeds the guard's rules that look across frames; without it
+        each frame is judged alone."""
+        if self.post_processing is None:
+            raise StackError(f"{self.path.parent} records no plan post-processing (gate.json has no post_processing): "
+                             f"it was built by an older stack or from a network without a planner. Deploy it again.")
+        outputs = self.infer(images, ego_status, command, calibration, time_s=time_s, previous_pose=previous_pose)
+        return self.post_processing.choose(outputs, odometry)
 
     def infer(self, images: np.ndarray, ego_status: np.ndarray, command: np.ndarray, calibration: Calibration,
               time_s: float | None = None, previous_pose: np.ndarray | None = None) -> dict[str, np.ndarray]:
@@ -127,9 +148,12 @@ class DeployedNetwork:
         return outputs
 
     def reset(self) -> None:
-        """Forget the kept memories: the next frame starts a sequence (a scene start, a new drive)."""
+        """Forget the kept memories and the guard's state: the next frame starts a sequence (a scene start, a new
+        drive)."""
         self._memories.clear()
         self.fused_memory = False
+        if self.post_processing is not None:
+            self.post_processing.reset()
 
     def _state_feeds(self, time_s, previous_pose) -> dict[str, np.ndarray]:
         """previous_bev / previous_pose / previous_valid for the frame at `time_s`; drops memories too old to fuse."""
@@ -176,6 +200,19 @@ class DeployedNetwork:
         if not fits:
             raise StackError(f"infer input {name!r}: expected a numpy {expected_type} array of shape {shape} "
                              f"({self.metadata.get('inputs', {}).get(name, '')}), found {found[0]} {found[1]}")
+
+
+def _shipped_post_processing(folder: Path, gate: dict):
+    """The `PlanPostProcessing` a verified bundle ships: its pipeline.yaml's network decoding with gate.json's
+    guard settings (`verify_bundle` checked that the two agree); None for a bundle that records none."""
+    from stack.config import pipeline_from_yaml
+    from stack.models.post_processing import PlanPostProcessing, guard_from_settings
+
+    recorded, pipeline_file = gate.get("post_processing"), folder / "pipeline.yaml"
+    if not isinstance(recorded, dict) or not pipeline_file.is_file():
+        return None
+    pipeline = pipeline_from_yaml(pipeline_file.read_text(), source=f"the pipeline of bundle {folder}")
+    return PlanPostProcessing(pipeline, guard_from_settings(recorded["guard"]))
 
 
 def _verified_gate(folder: Path) -> dict:

@@ -78,7 +78,7 @@ def _accuracy_passed(accuracy: dict | None) -> bool | None:
     if accuracy is None:
         return None
     heads = accuracy["heads"]
-    return bool(heads) and all(_head_passed(h) for h in heads)
+    return bool(heads) and all(_head_passed(h) or not h.get("judged", True) for h in heads)
 
 
 def _head_passed(head: dict) -> bool:

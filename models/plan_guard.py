@@ -10,14 +10,14 @@ waypoints through a safety controller that reads the network's own object map; P
 2023) scores proposals against forecast boxes. Here the guard reads the network's decoded detections
 (`decode_detections`, velocity included: a temporal network regresses it), moves them at their velocities, and
 drops every candidate whose footprint reaches into one within the horizon, or while braking to a stop at
-`model.plan_guard_deceleration` after it (the label rule of `stack.models.losses._stop_after_horizon`). The
+`guard.deceleration` after it (the label rule of `stack.models.losses._stop_after_horizon`). The
 highest-scoring candidate left drives; if none is left, the one that travels least (the hardest braking).
 
 What it does not do: see what the detector misses (a false negative drives on), or replace the planner's own
 choice where nothing is detected on the path. Boxes that start behind the rear axle are ignored: what
 runs into the ego from behind is not avoided by braking.
 
-**Segmentation support** (`model.plan_guard_segmentation` > 0, `segmentation_support`): a detection counts only
+**Segmentation support** (`guard.segmentation` > 0, `segmentation_support`): a detection counts only
 where the network's own segmentation head also sees a road user, in the central half of the box's image rectangle,
 in some camera that sees the box. The two heads are trained on the same frames with separate outputs, so a false
 positive of one need not be one of the other (cross-task consistency: Zamir et al., CVPR 2020). On the tiny-drive
@@ -28,7 +28,7 @@ ray, which no image tells apart. Driven (112 tuning episodes), it trades: route 
 collisions +0.018 an episode, PDMS -0.036, driving score +0.011 within noise (BENCHMARKS.md, "Two heads must
 agree"); so it is off in the presets, kept for a network whose segmentation sees small road users better.
 
-**Depth support** (`model.plan_guard_depth` > 0, `depth_support`): a detection counts only where the network's own
+**Depth support** (`guard.depth` > 0, `depth_support`): a detection counts only where the network's own
 depth head puts a surface between the box's near face and its centre, at the cell its centre projects to. Two
 fifths of the tiny-drive network's false positives are road users placed short along their own camera rays, where
 the depth head may still see the road user behind; driven at 0.1 on 112 tuning episodes it trades as the
@@ -37,21 +37,21 @@ the guard's false positives lie"), so it is off in the presets too.
 
 `PlanGuard` carries the guard from one replanning instant of a drive to the next, for two optional rules:
 
-- **Confirmation** (`model.plan_guard_confirm_below` > 0): a detection scoring below this is braked for only
+- **Confirmation** (`guard.confirm_below` > 0): a detection scoring below this is braked for only
   once the previous replan saw one where its detected velocity and the ego's odometry put it now; one scoring
   at least this counts at once. ByteTrack (Zhang et al., ECCV 2022) uses low-score detections the same way, to
   continue tracks and never to start one; M-of-N confirmation is the radar trackers' form of it (Blackman,
   "Multiple-Target Tracking with Radar Applications", 1986). On the tiny-drive network, 58 of the 84 boxes the
   guard braked for at scores 0.2-0.25 in 56 tuning episodes had no road user within 2.5 m; 2 of 28 at 0.4 or
   more (BENCHMARKS.md).
-- **Restart** (`model.plan_guard_restart_s` > 0): a behaviour-cloned planner that has stopped tends to stay
+- **Restart** (`guard.restart_s` > 0): a behaviour-cloned planner that has stopped tends to stay
   stopped (the inertia problem, Codevilla et al., ICCV 2019), and its data says so (`benchmarks/
   standstill_labels.py`). After the ego has stood this long, if the guard's own choice would still not move,
   the best-scoring candidate that moves and runs into no detection, confirmed or not, drives: TransFuser's
   "creeping" (Chitta et al., TPAMI 2022), which moves a car stuck for long if its safety check finds the way
   clear.
 
-**Room to stop** (`model.plan_guard_reaction_s` > 0, `braking_after_reaction`): every candidate must also leave the
+**Room to stop** (`guard.reaction_s` > 0, `braking_after_reaction`): every candidate must also leave the
 car able to stop GUARD_STANDOFF_M short of each detection, after following the candidate for the reaction time (one
 replanning period plus the latency) and then braking at GUARD_EMERGENCY_DECELERATION: RSS's safe distance (a
 response time, then the minimum braking; Shalev-Shwartz, Shammah, Shashua 2017). It is checked both where the
@@ -59,7 +59,7 @@ detection's velocity takes it and where it stands now, because the tiny-drive ne
 in the lane ahead errs towards "driving away" (+0.4 to +3 m/s on the tuning drives' stopped_vehicle episodes), which
 the rule above trusts.
 
-**Deferred braking** (`model.plan_guard_defer_below` > 0, with room to stop on): the rule above brakes for a
+**Deferred braking** (`guard.defer_below` > 0, with room to stop on): the rule above brakes for a
 detection as soon as it is seen, as if it were sure (the horizon's candidate and a comfortable stop after it must
 both stay clear, so one false positive 40 m ahead already slows the car). A detection scoring below this setting is
 held to the room-to-stop rule only: it is braked for as late as the car can still stop for it, and since every
@@ -75,7 +75,7 @@ import torch
 
 from stack.kinematics import WAYPOINT_STEP_S, resample_by_arc
 from stack.metrics.collision import FOOTPRINT_DISCS_M, FOOTPRINT_RADIUS_M, penetration
-from stack.pipeline.model_config import GUARD_EMERGENCY_DECELERATION, GUARD_STANDOFF_M
+from stack.pipeline.guard_config import GUARD_EMERGENCY_DECELERATION, GUARD_STANDOFF_M
 
 STOP_STEPS = 8
 """Waypoints (0.5 s apart) of the stop checked after the horizon: 4 s, a stop from 14 m/s at 3.5 m/s^2."""
@@ -236,10 +236,10 @@ class PlanGuard:
         self.reset()
 
     @classmethod
-    def from_model(cls, model) -> PlanGuard:
-        """The guard a pipeline's model section asks for (`model.plan_guard_*`)."""
-        return cls(model.plan_guard_score, model.plan_guard_deceleration, model.plan_guard_confirm_below,
-                   model.plan_guard_restart_s, model.plan_guard_defer_below, model.plan_guard_reaction_s)
+    def from_config(cls, guard) -> PlanGuard:
+        """The guard a pipeline's `guard` section (`stack.pipeline.GuardConfig`) asks for."""
+        return cls(guard.score, guard.deceleration, guard.confirm_below, guard.restart_s, guard.defer_below,
+                   guard.reaction_s)
 
     def reset(self) -> None:
         self._previous: tuple[torch.Tensor, Odometry] | None = None

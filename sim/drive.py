@@ -22,7 +22,6 @@ from pathlib import Path
 import numpy as np
 
 from stack.benchrecord.machine import cpu_model
-from stack.pipeline.model_config import GUARD_EMERGENCY_DECELERATION, GUARD_STANDOFF_M
 from stack.sim.policies import PolicySpec, build_policy
 
 _PIPELINE = None
@@ -261,7 +260,8 @@ def drive(pipeline, policies: list[PolicySpec], log=print, sources: dict | None 
     rows = evaluate(pipeline, policies, episodes, log)
     driving_seconds = time.perf_counter() - started
     summary = aggregate([{k: r[k] for k in ("policy", "family", "seed", "metrics")} for r in rows])
-    bars = {p.name: closed_loop_bar(rows, p.name) for p in policies if p.kind not in BASELINE_KINDS}
+    bars = {p.name: dict(closed_loop_bar(rows, p.name), information=bool(p.alone_of))
+            for p in policies if p.kind not in BASELINE_KINDS}
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     clips = _write_clips(pipeline, policies, rows, out, log) if cfg.clips or cfg.best_clips else {}
@@ -272,7 +272,9 @@ def drive(pipeline, policies: list[PolicySpec], log=print, sources: dict | None 
             "policies": {p.name: {"kind": p.kind, "blind": p.kind in ("constant_velocity", "ego_rollout"),
                                   "privileged": p.kind == "expert"} for p in policies},
             "wall_seconds": driving_seconds, "workers": cfg.workers, "clips": clips, "bar": bars,
-            "plan_guard": plan_guard_settings(pipeline.model)}
+            "post_processing": {p.name: p.guard_settings or pipeline.guard.settings() for p in policies
+                                if p.kind not in BASELINE_KINDS},
+            "alone_of": {p.name: p.alone_of for p in policies if p.alone_of}}
     public = [{k: v for k, v in r.items() if k != "trace"} for r in rows]
     files = write_report(out, summary, public, meta)
     log(f"drove {len(rows)} episodes in {driving_seconds:.0f} s; report: {out / 'drive.md'}")
@@ -309,17 +311,6 @@ def _write_clips(pipeline, policies: list[PolicySpec], rows: list[dict], out: Pa
     for policy, entry in entries:
         clips.setdefault(policy, []).append(entry)
     return clips
-
-
-def plan_guard_settings(model) -> dict:
-    """How the network policies of this drive read their outputs (`model.plan_guard_*`), for the report."""
-    settings = {"score": model.plan_guard_score, "deceleration": model.plan_guard_deceleration,
-                "confirm_below": model.plan_guard_confirm_below, "restart_s": model.plan_guard_restart_s,
-                "segmentation": model.plan_guard_segmentation, "depth": model.plan_guard_depth,
-                "defer_below": model.plan_guard_defer_below, "reaction_s": model.plan_guard_reaction_s}
-    if model.plan_guard_reaction_s:
-        settings.update(emergency_deceleration=GUARD_EMERGENCY_DECELERATION, standoff_m=GUARD_STANDOFF_M)
-    return settings
 
 
 def episodes_of(pipeline) -> list:

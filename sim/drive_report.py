@@ -187,12 +187,26 @@ def header_lines(rows: list, meta: dict, policies: list) -> list:
             f"{wall:.0f} s wall" if wall else None]
     if any(host):
         lines.append("- Host: " + ", ".join(str(p) for p in host if p))
-    guard = meta.get("plan_guard")
-    baselines = [p for p in policies if _policy_meta(meta, p).get("blind") or _policy_meta(meta, p).get("privileged")]
-    if guard is not None and len(baselines) < len(policies):
-        lines.append(f"- Network policies drive {plan_guard_text(guard)}")
+    lines += post_processing_lines(meta, policies)
     lines += ["- Latency in the loop (a plan reaches the controller only this long after its camera frame):"]
     lines += [f"  - {policy_label(meta, policy)}: {latency_text(rows, meta, policy)}" for policy in policies]
+    return lines
+
+
+def post_processing_lines(meta: dict, policies: list) -> list[str]:
+    """What each network policy drove with: its plan guard (a bundle's own, the checkpoint's pipeline's), or the
+    network alone beside a guarded one (which part drives). Older reports recorded one guard for all."""
+    per_policy = meta.get("post_processing")
+    if not isinstance(per_policy, dict):
+        guard = meta.get("plan_guard")
+        networks = [p for p in policies if not (_policy_meta(meta, p).get("blind") or _policy_meta(meta, p).get("privileged"))]
+        return [f"- Network policies drive {plan_guard_text(guard)}"] if isinstance(guard, dict) and networks else []
+    alone = meta.get("alone_of") or {}
+    lines = []
+    for policy in policies:
+        if isinstance(per_policy.get(policy), dict):
+            beside = f" (the network alone of `{alone[policy]}`: information, no verdict)" if policy in alone else ""
+            lines.append(f"- `{policy}` drives {plan_guard_text(per_policy[policy])}{beside}")
     return lines
 
 
@@ -242,8 +256,11 @@ def bar_lines(meta: dict) -> list:
         if bar["passed"] is None:
             lines += [f"## The bar: `{policy}`: not judged (no blind policy drove beside it)", ""]
             continue
-        verdict = "PASS" if bar["passed"] else "FAIL"
-        lines += [f"## The bar: `{policy}` {verdict}: it must beat every blind policy in driving score and PDMS", "",
+        verdict = ("within" if bar["passed"] else "below") if bar.get("information") else \
+            ("PASS" if bar["passed"] else "FAIL")
+        what = ("information: the network alone, without its plan guard, against the same bar" if bar.get("information")
+                else "it must beat every blind policy in driving score and PDMS")
+        lines += [f"## The bar: `{policy}` {verdict}: {what}", "",
                   "| against | metric | gain | 90% interval (paired bootstrap over episodes) | beats |",
                   "|---|---|---:|---|---|"]
         for c in bar["comparisons"]:
@@ -477,3 +494,30 @@ def plot_scores(path: Path, summary: dict, meta: dict | None = None) -> Path:
         return write_atomic(path, writer=lambda temporary: figure.savefig(temporary, dpi=100, format="png"))
     finally:
         plt.close(figure)
+
+
+def bar_summary(report: dict) -> list[str]:
+    """One line per network policy of a finished drive (`stack.sim.drive_compare.read_drive`): does it clear the
+    closed-loop bar (information for a network alone beside its guarded self)."""
+    lines = []
+    for policy, bar in (report["meta"].get("bar") or {}).items():
+        if bar.get("passed") is None:
+            verdict = "not judged (no blind policy drove beside it)"
+        elif bar.get("information"):
+            verdict = f"{'within' if bar['passed'] else 'below'} the bar (information: the network alone)"
+        else:
+            verdict = "clears the bar" if bar["passed"] else "BELOW the bar"
+        lines.append(f"{report['file'].parent.name}: {policy}: {verdict}")
+    return lines
+
+
+if __name__ == "__main__":  # python -m stack.sim.drive_report DRIVE_JSON ...: which networks clear the bar
+    import sys
+
+    from stack.errors import StackError
+    from stack.sim.drive_compare import read_drive
+
+    try:
+        print("\n".join(line for path in sys.argv[1:] for line in bar_summary(read_drive(path))))
+    except StackError as exc:
+        sys.exit(f"stack.sim.drive_report: {exc}")

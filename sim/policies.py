@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from stack.errors import StackError
-from stack.kinematics import WAYPOINT_STEP_S
+from stack.kinematics import WAYPOINT_STEP_S, best_plan
 
 BASELINE_KINDS = ("expert", "constant_velocity", "ego_rollout")
 
@@ -72,6 +72,19 @@ class PolicySpec:
     builder: type | None = None
     """The `Policy` subclass that builds a network policy (`builder(spec, steps, pipeline)`), defined beside the
     runtime it uses; None for BASELINE_KINDS. A top-level class, so the spec pickles to worker processes."""
+    guard: tuple = ()
+    """Network policies: the plan guard settings it drives with, as sorted (key, value) pairs of
+    `stack.pipeline.GuardConfig.settings` (score 0: the network alone); () for the baselines, and for a network
+    policy the driving pipeline's `guard` section."""
+
+    alone_of: str = ""
+    """The network policy this one is the network alone of (the same model, its plan guard off): driven beside it
+    so that a report shows which part drives; information, never a verdict."""
+
+    @property
+    def guard_settings(self) -> dict | None:
+        """The guard settings this policy drives with, or None when its spec does not fix them."""
+        return dict(self.guard) if self.guard else None
 
     @property
     def policy_class(self) -> type:
@@ -149,18 +162,6 @@ class NetworkPolicy(Policy):
         images = np.ascontiguousarray(observation.images.transpose(0, 3, 1, 2))[None]
         return self.choose(self.infer(images, observation.ego_status[None].astype(np.float32),
                                       np.array([observation.command], np.int64)))
-
-
-def best_plan(trajectories: np.ndarray, scores: np.ndarray) -> np.ndarray:
-    """The highest-scoring mode, as `stack.models.decoders.decode_plan` picks it.
-
-    A network whose output is not finite (diverged weights, a broken INT8 model) has no plan: the
-    car falls back to stopping where it is (every waypoint at the ego's position), the minimal-risk
-    manoeuvre of ISO 21448 / SAE J3016's fallback, and the episode scores what that costs (no
-    progress) instead of the evaluation, or the deploy gate, dying on the controller's check."""
-    if not (np.isfinite(trajectories).all() and np.isfinite(scores).all()):
-        return np.zeros(trajectories.shape[2:], np.float64)
-    return np.asarray(trajectories[0, int(np.argmax(scores[0]))], np.float64)
 
 
 BASELINES = {"expert": ExpertPolicy, "constant_velocity": ConstantVelocityPolicy, "ego_rollout": EgoRolloutPolicy}

@@ -41,7 +41,7 @@ TRAINING_WORD = 0x7EA_C4E5
 """Second seed word of closed-loop training episodes: never an evaluation world's (HELD_OUT_WORD)."""
 TUNING_WORD = 0x70_E1A6
 """Second seed word of tuning episodes (`drive.split: tuning`): worlds of the same families, neither trained on nor
-evaluated on, where settings such as model.plan_guard_score are chosen without looking at the evaluation episodes."""
+evaluated on, where settings such as guard.score are chosen without looking at the evaluation episodes."""
 SPLIT_WORDS = {"evaluation": HELD_OUT_WORD, "training": TRAINING_WORD, "tuning": TUNING_WORD}
 PARKING_OFFSET = (LANE_WIDTH + ROAD_HALF_WIDTH) / 2 + 0.2 - LANE_WIDTH / 2
 """Parking strip centre, right of the lane centre (as recorded scenes park cars), metres."""

@@ -29,6 +29,7 @@ COMMANDS = {
     "deploy": "quantize, gate (accuracy per head, FPS measured or predicted) and bundle for a target",
     "dagger": "closed-loop fine-tuning: the network drives training episodes, the expert labels them (DAgger)",
     "drive": "closed loop: a checkpoint or deployed bundle drives held-out scenarios beside the baselines",
+    "reference": "the pinned reference network: replay it on its frames, pin a network with its card, reproduce it",
     "runs": "tracked runs (MLflow) side by side: metrics, hashes, eval and deploy verdicts; `compare A B`",
 }
 """Command name -> one-line help. Add a command here only when it works end to end."""

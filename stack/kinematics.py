@@ -116,3 +116,15 @@ def previous_pose(past: np.ndarray) -> np.ndarray:
         return np.array([x, y, 0.0], np.float32)
     chord = math.atan2(-y, -x)
     return np.array([x, y, 2.0 * chord], np.float32)
+
+
+def best_plan(trajectories: np.ndarray, scores: np.ndarray) -> np.ndarray:
+    """The highest-scoring mode, as `stack.models.decoders.decode_plan` picks it.
+
+    A network whose output is not finite (diverged weights, a broken INT8 model) has no plan: the
+    car falls back to stopping where it is (every waypoint at the ego's position), the minimal-risk
+    manoeuvre of ISO 21448 / SAE J3016's fallback, and the episode scores what that costs (no
+    progress) instead of the evaluation, or the deploy gate, dying on the controller's check."""
+    if not (np.isfinite(trajectories).all() and np.isfinite(scores).all()):
+        return np.zeros(trajectories.shape[2:], np.float64)
+    return np.asarray(trajectories[0, int(np.argmax(scores[0]))], np.float64)

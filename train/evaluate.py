@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from stack.metrics.bars import HeadVerdict, verdicts
+from stack.metrics.bars import HeadVerdict, all_judged_pass, verdicts
 from stack.pipeline import Pipeline
 
 
@@ -109,7 +109,7 @@ def attach_eval(record: dict | None, metrics: dict, out: Path, given: dict | Non
     named = {f"{prefix}/{key.removeprefix('eval/')}": value for key, value in metrics.items()}
     rows = verdicts(metrics)
     named.update({f"{prefix}/{row.head}/passed": float(row.passed) for row in rows})
-    tags = {f"stack.{prefix}.verdict": "PASS" if all(row.passed for row in rows) else "FAIL",
+    tags = {f"stack.{prefix}.verdict": "PASS" if all_judged_pass(rows) else "FAIL",
             f"stack.{prefix}.data_hash": (given or {}).get("hash", "none")}
     attach_to_run(record, named, [(out / "metrics.json", prefix), (out / "heads.png", prefix)], tags,
                   log=lambda line: print(line, file=sys.stderr, flush=True), chosen=chosen, checkpoint_folder=out.parent)
@@ -137,9 +137,9 @@ def plot_verdicts(rows: list[HeadVerdict], path: Path) -> Path:
 
     figure, axes = plt.subplots(1, len(rows), figsize=(3.2 * len(rows), 3.2))
     for axis, row in zip(axes, rows):
-        axis.bar(["model", "baseline"], [row.value, row.baseline], color=["tab:green" if row.passed else "tab:red",
-                                                                            "tab:gray"])
-        axis.set_title(f"{row.head}\n{row.bar}: {'pass' if row.passed else 'FAIL'}", fontsize=9)
+        colour = "tab:green" if row.passed else ("tab:red" if row.judged else "tab:orange")
+        axis.bar(["model", "baseline"], [row.value, row.baseline], color=[colour, "tab:gray"])
+        axis.set_title(f"{row.head}\n{row.bar}: {row.verdict}", fontsize=9)
         axis.set_ylabel(row.metric)
     figure.tight_layout()
     figure.savefig(path, dpi=100)

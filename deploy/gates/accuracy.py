@@ -71,6 +71,9 @@ class HeadBudget:
     """INT8 must not lift the metric above prior_factor x prior when fp32 is below it (lower-is-better heads)."""
     inconclusive_passes: bool = False
     """An interval that straddles the budget passes on the point estimate (the target's choice)."""
+    judged: bool = True
+    """False: the drop is measured and reported as information, and the head is judged elsewhere (planning, on a
+    target that drives closed loop: the closed-loop gate's INT8 driving-score drop, `head_scores.head_budgets`)."""
 
 
 @dataclass
@@ -94,6 +97,8 @@ class HeadResult:
     units_needed: int = 0
     """The power calculation: units that would tell a drop of the budget's size from none (0: no interval)."""
     inconclusive_passes: bool = False
+    judged: bool = True
+    """False: information (`HeadBudget.judged`): its verdict does not decide the gate."""
 
     @property
     def loses_prior(self) -> bool:
@@ -112,8 +117,14 @@ class HeadResult:
             return True
         return bool(self.high <= self.budget + 1e-12 or self.low > self.budget + 1e-12)
 
+    @property
+    def counts(self) -> bool:
+        """Whether this head lets the gate pass: it passed, or it is information."""
+        return self.passed or not self.judged
+
     def verdict(self) -> str:
-        word = "pass" if self.passed else "FAIL"
+        word = ("pass" if self.passed else "FAIL") if self.judged else \
+            f"information ({'within' if self.passed else 'beyond'} the budget)"
         if self.conclusive:
             return word
         return (f"{word} (inconclusive at {self.units} {self.unit}; about {self.units_needed} would resolve a drop "
@@ -127,7 +138,7 @@ class Attempt:
 
     @property
     def passed(self) -> bool:
-        return all(head.passed for head in self.heads)
+        return all(head.counts for head in self.heads)
 
 
 @dataclass
@@ -218,7 +229,8 @@ def compare(fp32, quantized, budgets: list[HeadBudget], resamples: int = BOOTSTR
         prior = float(quantized.metrics.get(item.prior_metric, math.nan)) if item.prior_metric else math.nan
         rows.append(HeadResult(item.head, item.metric, a, b, _drop(a, b, item.higher_is_better), item.budget,
                                low, high, fp32.frames, item.prior_factor * prior, unit, units,
-                               units_needed(error, units, item.budget, level), item.inconclusive_passes))
+                               units_needed(error, units, item.budget, level), item.inconclusive_passes,
+                               item.judged))
     return rows
 
 
@@ -357,7 +369,7 @@ def accuracy_gate(fp32_path: Path, quantize_with: Quantizer, evaluate: Evaluator
         path = quantize_with(excluded)
         scored["last"] = as_scores(evaluate(session_runner(path, simulate_int8)))
         heads = compare(fp32_metrics, scored["last"], budgets, resamples=0)
-        if all(head.passed for head in heads):  # within budget on point estimates: is it sure? (a failure needs no CI)
+        if all(head.counts for head in heads):  # within budget on point estimates: is it sure? (a failure needs no CI)
             heads = compare(fp32_metrics, scored["last"], budgets)
         report.attempts.append(Attempt(excluded, heads))
         report.quantized_path, report.quantized_metrics = path, scored["last"].metrics
@@ -386,7 +398,7 @@ def _within(attempt: Attempt) -> bool:
     the attempt is sure of it is the verdict's business (an inconclusive head fails it); keeping layers the ranking
     names in fp32 did not narrow such an interval on the tiny recipe (detection +0.0155 with none, +0.0157 with one,
     +0.0174 with two on ci-cpu), and each further attempt costs a quantization, a scoring and a bootstrap."""
-    return all(head.drop <= head.budget + 1e-12 and not head.loses_prior for head in attempt.heads)
+    return all(head.drop <= head.budget + 1e-12 and not head.loses_prior for head in attempt.heads if head.judged)
 
 
 def _with_intervals(report: AccuracyReport, fp32: Scores, quantized: Scores, budgets: list, log) -> AccuracyReport:

@@ -42,6 +42,12 @@ from stack.deploy.gates.closed_loop_budget import derivation_line
 
 
 
+NETWORK_ALONE = "fp32_alone"
+"""The fp32 model driving its planner's own best candidate, without the plan guard: shown beside the guarded models
+so a report says which part drives (nuPlan: PDM-Hybrid's learned offset adds nothing closed loop over the rules of
+PDM-Closed)."""
+
+
 def _means(rows: list[dict], name: str) -> dict:
     own = [r["metrics"] for r in rows if r["policy"] == name]
     return {"driving_score": float(np.mean([m["driving_score"] for m in own])),
@@ -73,8 +79,9 @@ def closed_loop_gate(pipeline, int8_path: Path | None, fp32_path: Path, budget, 
     budget; None without INT8), "reasons", "int8", "fp32", "expert", "constant_velocity", "ego_rollout",
     "episode_scores", ...}."""
     from stack.deploy.calibration import Calibration
-    from stack.deploy.network_policies import bundle_spec
+    from stack.deploy.network_policies import bundle_spec, guard_spec
     from stack.deploy.runner import DeployedNetwork
+    from stack.pipeline import GuardConfig
     from stack.metrics.driving import BLIND_POLICIES
     from stack.sim.drive import evaluate
     from stack.sim.policies import PolicySpec
@@ -92,12 +99,17 @@ def closed_loop_gate(pipeline, int8_path: Path | None, fp32_path: Path, budget, 
     episodes = episode_specs(list(cfg.scenarios), budget.episodes, list(cfg.seeds), cfg.episode_seconds)
     how = f"the target's latency budget ({latency_ms:.1f} ms), for {'both models' if int8_path else 'the model'}"
     models = {"int8": int8_path, "fp32": fp32_path} if int8_path else {"fp32": fp32_path}
-    specs = [bundle_spec(name, "", str(path), latency_s=latency_ms / 1000.0, latency_how=how)
-             for name, path in models.items()] + [PolicySpec(kind, kind) for kind in BLIND_POLICIES]
+    specs = [bundle_spec(name, "", str(path), latency_s=latency_ms / 1000.0, latency_how=how,
+                         guard=guard_spec(pipeline.guard)) for name, path in models.items()]
+    if pipeline.guard.score:  # the network alone beside it: which part drives (information, no verdict)
+        specs.append(bundle_spec(NETWORK_ALONE, "", str(fp32_path), latency_s=latency_ms / 1000.0, latency_how=how,
+                                 guard=guard_spec(GuardConfig()), alone_of="fp32"))
+    specs += [PolicySpec(kind, kind) for kind in BLIND_POLICIES]
     title = "closed-loop gate (INT8 vs fp32, beside the blind policies)" if int8_path else \
         "closed-loop gate (fp32 beside the blind policies)"
     rows = evaluate(pipeline, specs, episodes, log, title=title)
     drove = {"episodes": len(episodes), "latency_ms": latency_ms, "latency_how": how, "cameras": cameras,
+             "guard": pipeline.guard.settings(),
              "scenarios": list(cfg.scenarios),
              "seeds": list(cfg.seeds), "episode_seconds": cfg.episode_seconds, "replan_hz": cfg.replan_hz}
     return gate_record(rows, budget, bool(int8_path), drove)
@@ -110,6 +122,8 @@ def gate_record(rows: list[dict], budget, with_int8: bool, drove: dict) -> dict:
 
     record = {**drove, "episode_scores": episode_scores(rows),
               **{name: _means(rows, name) for name in ("fp32", "expert", *BLIND_POLICIES)}}
+    if any(r["policy"] == NETWORK_ALONE for r in rows):
+        record[NETWORK_ALONE] = _means(rows, NETWORK_ALONE)
     if not with_int8:
         return {**record, "passed": None, "reasons": [], "int8": None}
     return {**record, **_int8_against_fp32(rows, budget, drove["episodes"])}
@@ -201,6 +215,16 @@ def _cameras_line(cameras: dict | None) -> list[str]:
             f"{cameras['hash'][:12]}).", ""]
 
 
+def _guard_lines(guard: dict | None) -> list[str]:
+    """What the networks drove with: the plan guard's settings (the bundle ships them), and the network alone."""
+    if not guard:
+        return []
+    from stack.sim.drive_report import plan_guard_text
+
+    alone = f" `{NETWORK_ALONE}` is the fp32 model without it (information: which part drives)." if guard["score"] else ""
+    return [f"The networks drive {plan_guard_text(guard)}: the post-processing this bundle ships.{alone}", ""]
+
+
 def markdown(result: dict) -> list[str]:
     """The report.md section of the closed-loop gate."""
     int8 = result.get("int8") is not None
@@ -212,8 +236,9 @@ def markdown(result: dict) -> list[str]:
              f"see Quality.", "", *_cameras_line(result.get("cameras")),
              "The models drive on ONNX Runtime on this host: the gate judges the INT8 model's quantization; a "
              "TensorRT engine built from it rounds in its own kernels (and FP16 fallbacks), which this does not drive.", "",
+             *_guard_lines(result.get("guard")),
              "| policy | driving score | PDMS | route completion | at-fault collisions / episode |", "|---|---|---|---|---|"]
-    for name in ("int8", "fp32", "constant_velocity", "ego_rollout", "expert"):
+    for name in ("int8", "fp32", NETWORK_ALONE, "constant_velocity", "ego_rollout", "expert"):
         m = result.get(name)
         if m:
             lines.append(f"| {name} | {m['driving_score']:.3f} | {m['pdms']:.3f} | {m['route_completion']:.3f} | "

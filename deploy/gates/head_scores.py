@@ -36,14 +36,16 @@ from stack.metrics.bars import bar_ratio
 
 
 def head_budgets(target, pipeline) -> list[HeadBudget]:
-    """The four heads with the target's budgets."""
+    """The four heads with the target's budgets. Where the target drives closed loop, planning's open-loop L2 drop
+    is information: the closed-loop gate judges what INT8 does to the driving (open-loop L2 does not predict it;
+    `stack.metrics.bars`)."""
     budget, lenient = target.accuracy_budget, target.accuracy_inconclusive_passes
     return [HeadBudget("detection", "detection_map", budget.detection_map, True, inconclusive_passes=lenient),
             HeadBudget("segmentation", "segmentation_miou", budget.segmentation_miou, True, inconclusive_passes=lenient),
             HeadBudget("depth", "depth_abs_rel", budget.depth_abs_rel, False, inconclusive_passes=lenient),
             HeadBudget("planning", planning_key(pipeline), budget.planning_l2_3s_m, False,
                        prior_metric=f"{planning_key(pipeline)}_ego_rollout", prior_factor=bar_ratio("planning"),
-                       inconclusive_passes=lenient)]
+                       inconclusive_passes=lenient, judged=target.closed_loop.episodes <= 0)]
 
 
 def planning_key(pipeline) -> str:

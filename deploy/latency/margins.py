@@ -172,3 +172,51 @@ def loo_summary() -> str:
     return (f"leave-one-out error on {len(loo)} published AGX Orin references ({len(LOFO_ERRORS) or 3} network "
             f"families, INT8 and FP16) from {min(loo):+.0%} to {max(loo):+.0%}, RMS "
             f"{np.sqrt(np.mean(np.square(loo))):.0%}; leave-one-family-out {min(family):+.0%} to {max(family):+.0%}")
+
+
+CLASS_PINNING = {
+    "conv": ("ResNet-50 (MLPerf), CUDA-BEVFusion camera backbone, YOLO11 n-x INT8 and FP16",
+             "leave-one-out -10% to +19%"),
+    "dwconv": ("no published Orin timing of a grouped-conv network (RegNet, ResNeXt); depthwise ones (MobileNet, "
+               "SSD-MobileNet) are too fast per layer to inform it", "unpinned: keeps its prior, carried by the margin"),
+    "matmul": ("BERT-Large (MLPerf) only", "leave-one-out +71%"),
+    "memory": ("every reference", "inside the leave-one-out errors above"),
+    "gather": ("BEVDet-TensorRT BEV pool only", "leave-one-out +14%"),
+    "gather_dram": ("BERT-Large's embeddings only", "prior"),
+}
+"""Operator class (`roofline.KINDS`) -> (the published references that pin its efficiency, how well): what a
+predicted FPS verdict rests on, per class (`class_shares`)."""
+UNPINNED_CLASSES = {"dwconv": 4.0}
+"""Classes no reference pins, with the factor their efficiency may be below its prior: a network's prediction is
+re-priced with that class this much slower (`unpinned_factor`), and the gate's margin carries the ratio. Grouped
+convs: the prior 0.05 of the dense peak is a guess; a quarter of it (0.0125) is the slowest the CUDA-core kernels of
+8-channel groups plausibly run (all their MACs on CUDA cores at a quarter of those cores' share of the peak)."""
+
+
+def class_shares(workload, efficiency) -> list[dict]:
+    """Per operator class of one network's prediction: its predicted ms and share, and what pins the class."""
+    shares = workload.share_by_kind(efficiency)
+    total = sum(shares.values()) or 1.0
+    return [{"class": kind, "ms": ms, "share": ms / total, "pinned_by": CLASS_PINNING.get(kind, ("?", "?"))[0],
+             "error": CLASS_PINNING.get(kind, ("?", "?"))[1]} for kind, ms in sorted(shares.items(), key=lambda i: -i[1])]
+
+
+def unpinned_factor(workload, efficiency) -> float:
+    """How much slower the network is predicted with every unpinned class at its slowest plausible efficiency
+    (UNPINNED_CLASSES): 1.0 for a network without such layers."""
+    from dataclasses import replace
+
+    slow = replace(efficiency, **{kind: getattr(efficiency, kind) / factor for kind, factor in UNPINNED_CLASSES.items()})
+    base = workload.total_ms(efficiency)
+    return workload.total_ms(slow) / base if base > 0 else 1.0
+
+
+def with_unpinned(margin: Margin, factor: float) -> Margin:
+    """The target's margin times the network's unpinned-class factor, its basis saying so."""
+    if factor <= 1.0 + 1e-9:
+        return margin
+    from dataclasses import replace
+
+    return replace(margin, value=round(margin.value * factor, 4),
+                   basis=f"{margin.basis}; x{factor:.3f} for operator classes no published reference pins "
+                         f"({', '.join(UNPINNED_CLASSES)} at 1/{max(UNPINNED_CLASSES.values()):g} of its prior)")

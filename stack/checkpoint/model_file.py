@@ -4,7 +4,7 @@ A checkpoint is what the trainer leaves behind and the only thing deploy starts 
 so it carries the resolved pipeline YAML that made it (and its hash): deploy rebuilds
 exactly that network through `stack.models`, never through the trainer.
 
-Two formats are read:
+Three formats are read:
 
 - the plain format written by `save_model_checkpoint` (a dict with `format` =
   "stack-model", `pipeline_yaml`, `pipeline_hash`, `schema_version`, `state_dict`,
@@ -12,7 +12,10 @@ Two formats are read:
   half a file where a good checkpoint was;
 - a Lightning `.ckpt` whose LightningModule stored `pipeline_yaml` (and
   `pipeline_hash`) in the checkpoint dict (`on_save_checkpoint`) or in its
-  `hyper_parameters`; the `model.` prefix of its state-dict keys is stripped.
+  `hyper_parameters`; the `model.` prefix of its state-dict keys is stripped;
+- a `.safetensors` file written by `save_safetensors_checkpoint` (the pinned reference network, `stack.deploy
+  .reference`): the weights as safetensors, the plain format's other keys as JSON in its metadata header. It
+  loads without unpickling anything at all.
 
 A resumable checkpoint folder (`checkpoints/step-*.ckpt`, `stack.checkpoint.sharded`) is read as the Lightning
 format, so a run stopped before it wrote model.pt is evaluated, exported and deployed from its newest checkpoint.
@@ -42,14 +45,10 @@ MODEL_PREFIX = "model."
 """Prefix of the network's weights inside a Lightning checkpoint's state_dict."""
 MODEL_SECTIONS = ("model", "data.rig")
 """Pipeline sections that define the network's weights and inputs: they must agree
-between a checkpoint and the pipeline it is deployed with."""
-
-
-READ_OUT_KEYS = ("model.plan_guard_score", "model.plan_guard_deceleration", "model.plan_guard_confirm_below",
-                 "model.plan_guard_restart_s", "model.plan_guard_segmentation", "model.plan_guard_depth",
-                 "model.plan_guard_defer_below", "model.plan_guard_reaction_s")
-"""Keys of the model section that say how a network's outputs are read when it drives, not what it computes: a
-checkpoint drives with any value of them."""
+between a checkpoint and the pipeline it is deployed with. The plan's post-processing (`guard`) is not among them:
+a checkpoint drives with any guard; a bundle records the one it was gated with."""
+READABLE_SCHEMAS = (1, SCHEMA_VERSION)
+"""Pipeline schemas a stored pipeline may carry: older ones are moved to today's keys (`stack.pipeline.migrate`)."""
 
 
 class CheckpointError(StackError):
@@ -82,6 +81,58 @@ def save_model_checkpoint(path: str | Path, pipeline: Pipeline, state_dict: dict
     return path
 
 
+SAFETENSORS_KEY = "stack"
+"""The safetensors metadata key holding the plain format's keys other than the weights, as JSON."""
+
+
+def save_safetensors_checkpoint(path: str | Path, pipeline_yaml: str, pipeline_hash: str, state_dict: dict,
+                                extra: dict | None = None, lineage: dict | None = None) -> Path:
+    """Write a network as one safetensors file (weights) whose metadata header carries its resolved pipeline YAML,
+    hash, extras and lineage: `load_model_checkpoint` reads it back as the plain format, with no pickle."""
+    import json
+
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    header = {"format": FORMAT, "schema_version": SCHEMA_VERSION, "pipeline_yaml": pipeline_yaml,
+              "pipeline_hash": pipeline_hash, "extra": dict(extra or {}), **(lineage or {})}
+    tensors = {k: v.detach().cpu().contiguous() for k, v in state_dict.items()}
+    handle, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(handle)
+    try:
+        save_file(tensors, temp, metadata={SAFETENSORS_KEY: json.dumps(header, sort_keys=True)})
+        os.replace(temp, path)
+    finally:
+        if os.path.exists(temp):
+            os.unlink(temp)
+    return path
+
+
+def _read_safetensors(path: Path) -> dict:
+    """The plain format's dict from a `save_safetensors_checkpoint` file, or a CheckpointError saying what it is."""
+    import json
+
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as handle:
+            header = (handle.metadata() or {}).get(SAFETENSORS_KEY)
+            state_dict = {key: handle.get_tensor(key) for key in handle.keys()}
+    except Exception as exc:  # noqa: BLE001 - whatever the reader raises, it is not a safetensors file
+        raise CheckpointError(f"{str(path)!r} is not a safetensors file that can be read ({type(exc).__name__}: "
+                              f"{str(exc)[:200]}). Give the file `stack reference pin` or `stack train` wrote.") from None
+    try:
+        raw = json.loads(header) if isinstance(header, str) else None
+    except (json.JSONDecodeError, RecursionError):
+        raw = None
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{str(path)!r} holds weights but no stack pipeline (its safetensors metadata has no "
+                              f"valid {SAFETENSORS_KEY!r} entry): it is not a network `stack` wrote. A backbone's "
+                              f"weights go to model.backbone_checkpoint instead.")
+    return {**raw, "state_dict": state_dict}
+
+
 def load_model_checkpoint(path: str | Path) -> tuple[Pipeline, dict, dict]:
     """(pipeline, state_dict, meta) from a plain or Lightning checkpoint, or a `CheckpointError`.
 
@@ -111,7 +162,8 @@ def read_lineage(path: str | Path) -> dict:
     import torch
 
     try:
-        raw = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        raw = _read_safetensors(Path(path)) if Path(path).suffix == ".safetensors" else \
+            torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception:  # noqa: BLE001 - the caller already loaded (and vouched for) this file; lineage is extra
         raw = {}
     return _lineage(raw if isinstance(raw, dict) else {})
@@ -206,7 +258,7 @@ def model_differences(a: Pipeline, b: Pipeline) -> list[tuple[str, Any, Any]]:
     for section in MODEL_SECTIONS:
         left, right = _section(dataclasses.asdict(a), section), _section(dataclasses.asdict(b), section)
         found.extend(_diff(left, right, section))
-    return [difference for difference in found if difference[0] not in READ_OUT_KEYS]
+    return found
 
 
 # ------------------------------------------------------------------- helpers
@@ -225,6 +277,8 @@ def _read(path: Path) -> dict:
         return _read_checkpoint_folder(path)
     if not path.is_file():
         raise CheckpointError(missing_file_message("checkpoint", path, WHAT_TRAIN_WROTE))
+    if path.suffix == ".safetensors":
+        return _read_safetensors(path)
     try:
         raw = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
@@ -346,10 +400,10 @@ def _check_schema_version(text: str, path: Path) -> None:
     except YAML_ERRORS:
         return  # pipeline_from_yaml reports the syntax error with its location
     version = parsed.get("schema_version", SCHEMA_VERSION) if isinstance(parsed, dict) else SCHEMA_VERSION
-    if version != SCHEMA_VERSION:
+    if version not in READABLE_SCHEMAS:
         raise CheckpointError(
-            f"checkpoint {str(path)!r} was written with pipeline schema {version}; this stack reads schema "
-            f"{SCHEMA_VERSION}. Export it with the stack version that trained it, or retrain."
+            f"checkpoint {str(path)!r} was written with pipeline schema {version}; this stack reads schemas "
+            f"{', '.join(map(str, READABLE_SCHEMAS))} (older ones moved to today's keys). Export it with the stack version that trained it, or retrain."
         )
 
 

@@ -37,6 +37,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "and baselines expert, constant_velocity, ego_rollout. Default: network + drive.baselines")
     parser.add_argument("--scenarios", metavar="LIST", help="shorthand for drive.scenarios=[...] (comma-separated)")
     parser.add_argument("--episodes", metavar="N", help="shorthand for drive.episodes=N")
+    parser.add_argument("--experiment-guard", action="store_true",
+                        help="drive bundles with the guard section of the pipeline given (-c files, guard.* keys) "
+                             "instead of the plan guard they ship: an experiment, and drive.md says the bundle was "
+                             "not driven as shipped (without it a bundle drives as it ships, and other guard "
+                             "settings are refused)")
     parser.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"),
                         help="drive nothing: compare two drives' reports (folders or drive.json) of the same "
                              "episodes, episode by episode, with a paired bootstrap interval of each gain")
@@ -55,10 +60,10 @@ def run(args: argparse.Namespace) -> int:
         raise StackError("stack drive needs a CHECKPOINT (stack train's model.pt) or a deploy BUNDLE folder "
                          "(e.g. runs/tiny/export/cpu); several may be given to drive side by side.")
     pipeline = _pipeline(sources, args)
-    policies = _policies(sources, _choices(args.policy, pipeline))
+    policies = _policies(sources, _choices(args.policy, pipeline), pipeline, args.experiment_guard)
     result = drive(pipeline, policies, sources={p.name: p.source for p in policies if p.source})
     print((Path(pipeline.drive.out_dir) / "drive.md").read_text())
-    failed = [name for name, bar in result["bar"].items() if bar["passed"] is False]
+    failed = [name for name, bar in result["bar"].items() if bar["passed"] is False and not bar.get("information")]
     if failed:
         print(f"stack drive: below the closed-loop bar (does not beat the blind policies): {', '.join(failed)}")
     return 0 if result["rows"] and not failed else 1
@@ -69,7 +74,8 @@ def _compare(args: argparse.Namespace) -> int:
     from stack.sim.drive_compare import compare_drives, compare_markdown, read_drive
 
     extra = args.overrides + [flag for flag, value in (("--policy", args.policy), ("--scenarios", args.scenarios),
-                                                        ("--episodes", args.episodes)) if value]
+                                                        ("--episodes", args.episodes),
+                                                        ("--experiment-guard", args.experiment_guard)) if value]
     if extra:
         raise StackError(f"stack drive --compare reads two finished drives and drives nothing; it takes no sources, "
                          f"keys or driving options (got {' '.join(extra)}): drive first, then compare the reports")
@@ -187,8 +193,11 @@ def _check_same(source: str, stored, pipeline) -> None:
                          f"(data.rig): " + "; ".join(differences) + ". Drive it with its own pipeline (no -c).")
 
 
-def _policies(sources: list[str], chosen: list[str]):
-    from stack.deploy.network_policies import bundle_spec, checkpoint_spec
+def _policies(sources: list[str], chosen: list[str], pipeline, experiment_guard: bool = False):
+    """The specs to drive: each source as chosen, each fixed to the guard it drives with (a bundle's own, a
+    checkpoint's pipeline's), the first guarded one followed by the same network alone (one is enough to show which
+    part drives; every source of a drive is the same network); then the baselines."""
+    from stack.deploy.network_policies import bundle_spec, checkpoint_spec, guard_spec, network_alone
     from stack.sim.policies import PolicySpec
 
     specs = []
@@ -198,12 +207,19 @@ def _policies(sources: list[str], chosen: list[str]):
         wanted = [c for c in chosen if c in ("network", "int8", "fp32")]
         if kind == "checkpoint" and [c for c in wanted if c != "network"]:
             raise StackError(f"--policy int8/fp32 choose a bundle's model; {source} is a checkpoint (use network)")
+        guard, as_shipped = _bundle_guard(source, pipeline, experiment_guard) if kind == "bundle" else \
+            (guard_spec(pipeline.guard), True)
+        if not as_shipped:
+            label += " (guard not as shipped)"
         for choice in wanted:
             if kind == "checkpoint":
-                specs.append(checkpoint_spec("checkpoint" if len(sources) == 1 else f"checkpoint {source}", source))
+                name = "checkpoint" if len(sources) == 1 else f"checkpoint {source}"
+                spec = checkpoint_spec(name, source, guard=guard)
             else:
                 model = None if choice == "network" else choice
-                specs.append(bundle_spec(f"bundle {label}" + (f" {choice}" if model else ""), source, model))
+                spec = bundle_spec(f"bundle {label}" + (f" {model}" if model else ""), source, model, guard=guard)
+            alone = dict(guard)["score"] and not any(s.alone_of for s in specs)
+            specs += [spec] + ([network_alone(spec)] if alone else [])
     specs += [PolicySpec(c, c) for c in chosen if c in ("expert", "constant_velocity", "ego_rollout")]
     names = [s.name for s in specs]
     clash = sorted({n for n in names if names.count(n) > 1})
@@ -211,3 +227,22 @@ def _policies(sources: list[str], chosen: list[str]):
         raise StackError(f"two sources would drive under one name ({', '.join(clash)}): their results would mix. "
                          f"Give each source once, and bundles from differently named folders.")
     return specs
+
+
+def _bundle_guard(source: str, pipeline, experiment_guard: bool) -> tuple[tuple, bool]:
+    """(guard, as shipped) a bundle drives with: the one it ships; the pipeline's with --experiment-guard; refused
+    when the pipeline given asks for another one without it (a bundle drives as it ships: another setting is a new
+    deploy)."""
+    from stack.deploy.network_policies import bundle_guard, guard_spec
+
+    shipped, given = bundle_guard(source), guard_spec(pipeline.guard)
+    if experiment_guard:
+        return given, given == tuple(sorted(shipped.items()))
+    differences = [f"guard.{key}: the bundle ships {value:g}, the pipeline given has {dict(given).get(key)}"
+                   for key, value in sorted(shipped.items()) if dict(given).get(key) != value]
+    if differences:
+        raise StackError(f"bundle {source} drives with the plan guard it was gated with, and the pipeline given asks "
+                         f"for another ({'; '.join(differences[:4])}). Drive it as it ships (drop those keys), deploy "
+                         f"again with the new settings, or pass --experiment-guard to drive it with them as an "
+                         f"experiment (drive.md says it was not driven as shipped).")
+    return tuple(sorted(shipped.items())), True

@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from stack.commands.export import take_checkpoint
-    from stack.metrics.bars import verdicts
+    from stack.metrics.bars import all_judged_pass, verdicts
     from stack.metrics.depth import summary as depth_summary
     from stack.metrics.detection import summary
     from stack.metrics.motion import summary as motion_summary
@@ -46,8 +46,7 @@ def run(args: argparse.Namespace) -> int:
     rows = verdicts(metrics)
     print("| head | metric | model | baseline | bar | verdict |\n|---|---|---|---|---|---|")
     for row in rows:
-        print(f"| {row.head} | {row.metric} | {row.value:.3f} | {row.baseline:.3f} | {row.bar} | "
-              f"{'pass' if row.passed else 'FAIL'} |")
+        print(f"| {row.head} | {row.metric} | {row.value:.3f} | {row.baseline:.3f} | {row.bar} | {row.verdict} |")
     print(f"detection, nuScenes (mAP and NDS barred above; the TP errors as information): {summary(metrics)}")
     print(f"depth (information, no bar): {depth_summary(metrics)}")
     if "motion/moving_boxes" in metrics:
@@ -58,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
                   f"{row.note}")
     print(f"{int(metrics['eval/batches'])} {args.split} batches in {metrics['eval/seconds']:.1f} s; "
           f"all metrics: {out / 'metrics.json'}; plot: {out / 'heads.png'}")
-    return 0 if all(row.passed for row in rows) else 1
+    return 0 if all_judged_pass(rows) else 1
 
 
 def _checked_pipeline(checkpoint: str, args: argparse.Namespace):

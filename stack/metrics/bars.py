@@ -17,6 +17,12 @@ about 1 in 1,000 under normal noise at 3.1) while a network that learned a fifth
 
 The trivial baselines: the ego-status rollout for planning (the planner is a residual on it, so an
 untrained planner already scores it), the per-image mean depth, the majority class, the empty detector.
+
+Planning's open-loop row is information, not a verdict (`HeadVerdict.judged`): open-loop L2 does not predict
+closed-loop driving (Bench2Drive, Jia et al. 2024: Spearman rho = -0.16 between L2 and driving score over 9 methods;
+Dauner et al., CoRL 2023), and on this stack the networks that beat the blind policies in closed loop sit above the
+L2 bar while the recipe's, under it, loses to them. A planner is judged where it drives: `stack drive`'s bar and
+the quality gate of `stack deploy` (`stack.metrics.driving.closed_loop_bar`).
 """
 
 from __future__ import annotations
@@ -104,10 +110,37 @@ class HeadVerdict:
     """Another reference worth printing beside the verdict (planning: constant velocity)."""
     threshold: float = math.nan
     """The bar as a number on this evaluation's frames (the value must be at most / at least it)."""
+    judged: bool = True
+    """False: the row is information (`passed` says whether it is within the open-loop bar) and the head is judged
+    elsewhere (planning: in closed loop)."""
 
     def to_dict(self) -> dict:
         return {"head": self.head, "metric": self.metric, "value": self.value, "baseline": self.baseline,
-                "bar": self.bar, "threshold": self.threshold, "passed": self.passed}
+                "bar": self.bar, "threshold": self.threshold, "passed": self.passed, "judged": self.judged}
+
+    @property
+    def verdict(self) -> str:
+        return verdict_word(self.passed, self.judged)
+
+
+def verdict_word(passed: bool, judged: bool = True) -> str:
+    """A head row's word in tables: pass / FAIL when judged; for information, whether it is within the bar."""
+    if judged:
+        return "pass" if passed else "FAIL"
+    return "information (within)" if passed else "information (beyond)"
+
+
+PLANNING_JUDGED_IN = "closed loop (stack drive, stack deploy's quality gate)"
+"""Where planning is judged; its open-loop row is information."""
+
+
+def all_judged_pass(rows) -> bool:
+    """Whether every judged row passes (information rows do not count); `rows` are HeadVerdicts or their dicts."""
+    def field(row, name):
+        return row[name] if isinstance(row, dict) else getattr(row, name)
+
+    return all(field(row, "passed") for row in rows if (row.get("judged", True) if isinstance(row, dict)
+                                                         else row.judged))
 
 
 HEAD_KEYS = ("planning/L2_at_3s", "planning/baseline_cv/L2_at_3s", "planning/baseline_ego_rollout/L2_at_3s",
@@ -137,7 +170,8 @@ def verdicts(metrics: dict) -> list[HeadVerdict]:
                     l2 <= planning * l2_prior, f"constant velocity {l2_cv:.3f} m ({_ratio(l2, l2_cv)}); "
                     f"reproduces {departure:.0%} of the expert's departures from the rollout (> "
                     f"{DEPARTURE_M:g} m at 3 s: {share:.0%} of frames; the closed-loop mechanism, target "
-                    f">= {DEPARTURE_BAR:.0%})", planning * l2_prior),
+                    f">= {DEPARTURE_BAR:.0%}); information: planning is judged in {PLANNING_JUDGED_IN}",
+                    planning * l2_prior, judged=False),
         HeadVerdict("depth", "AbsRel", rel, rel_mean, f"<= {depth:g} x mean depth", rel <= depth * rel_mean,
                     threshold=depth * rel_mean),
         HeadVerdict("segmentation", "mIoU", miou, miou_major, f">= {segmentation:g} x majority class",

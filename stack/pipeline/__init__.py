@@ -6,8 +6,8 @@ moves between stages (data → model → train → export → deploy), and every
 carries its resolved YAML (`to_yaml`) so it can be rebuilt and audited.
 
 Every key is declared in this package, one module per top-level section: `data_config`, `model_config`,
-`train_config`, `export_config`, `target_config` (a deploy target's budgets) and `drive_config` (`drive` and
-`dagger`); `checks` holds the range and choice checks they share. This module assembles the sections into `Pipeline` and is the import
+`guard_config` (the plan's post-processing), `train_config`, `export_config`, `target_config` (a deploy target's
+budgets) and `drive_config` (`drive` and `dagger`); `migrations` reads artifacts of older schemas; `checks` holds the range and choice checks they share. This module assembles the sections into `Pipeline` and is the import
 name of the whole schema (`from stack.pipeline import ModelConfig`).
 
 Every field has an attribute docstring: `stack config --describe KEY` prints them,
@@ -39,9 +39,8 @@ from stack.pipeline.target_config import (
     MAX_EPISODES, MAX_EPISODE_SECONDS, MAX_LATENCY_MS, QDQ_FLAVOURS, RUNTIMES, TARGET_PRECISIONS, AccuracyBudget,
     ClosedLoopBudget, Target)
 from stack.pipeline.drive_config import DRIVE_BASELINES, DRIVE_SCENARIOS, DaggerConfig, DriveConfig
-
-SCHEMA_VERSION = 1
-"""Bumped whenever a field is renamed or its meaning changes; artifacts record it."""
+from stack.pipeline.guard_config import GUARD_EMERGENCY_DECELERATION, GUARD_KEYS, GUARD_STANDOFF_M, GuardConfig
+from stack.pipeline.migrations import RENAMED_KEYS, SCHEMA_VERSION, migrate
 
 
 def temporal_problems(pipeline: "Pipeline") -> Problems:
@@ -71,6 +70,8 @@ class Pipeline:
     """Sensor data: world generator, rig, shards, loaders."""
     model: ModelConfig = field(default_factory=ModelConfig)
     """The multi-task network."""
+    guard: GuardConfig = field(default_factory=GuardConfig)
+    """The plan's post-processing between the network and the car: the plan guard."""
     train: TrainConfig = field(default_factory=TrainConfig)
     """Training."""
     export: ExportConfig = field(default_factory=ExportConfig)
@@ -97,10 +98,11 @@ class Pipeline:
 __all__ = [
     "ACCELERATORS", "AGENT_CLASS_MIX", "AccuracyBudget", "AugmentConfig", "BevGridConfig", "CIRCLE_NMS_MAX_M",
     "Camera", "ClosedLoopBudget", "DATA_BACKENDS", "DETECTION_CLASSES", "DRIVE_BASELINES", "DRIVE_SCENARIOS",
-    "DaggerConfig", "DataConfig", "DepthBinsConfig", "DriveConfig", "EXPORT_BOUNDS", "ExportConfig", "LAUNCHERS",
+    "DaggerConfig", "DataConfig", "DepthBinsConfig", "DriveConfig", "EXPORT_BOUNDS", "ExportConfig",
+    "GUARD_EMERGENCY_DECELERATION", "GUARD_KEYS", "GUARD_STANDOFF_M", "GuardConfig", "LAUNCHERS",
     "LossWeights", "MAX_BATCH_SIZE", "MAX_BEV_CELLS", "MAX_CAMERAS", "MAX_EPISODES", "MAX_EPISODE_SECONDS",
     "MAX_IMAGE_SIDE", "MAX_LATENCY_MS", "MAX_STEPS", "MODEL_BOUNDS", "ModelConfig", "PRECISIONS", "Pipeline",
-    "Problems", "QDQ_FLAVOURS", "RUNTIMES", "RigConfig", "SCHEMA_VERSION", "SEGMENTATION_CLASSES", "SHARD_LAYOUTS",
+    "Problems", "QDQ_FLAVOURS", "RENAMED_KEYS", "RUNTIMES", "RigConfig", "SCHEMA_VERSION", "SEGMENTATION_CLASSES", "SHARD_LAYOUTS",
     "STRATEGIES", "TARGET_PRECISIONS", "TRACKING_FILES", "TRACKING_OFF", "TRACKING_SCHEMES", "TRAIN_BOUNDS",
-    "Target", "TrainConfig", "WorldConfig", "temporal_problems",
+    "Target", "TrainConfig", "WorldConfig", "migrate", "temporal_problems",
 ]

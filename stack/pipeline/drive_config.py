@@ -71,7 +71,7 @@ class DriveConfig:
     split: str = "evaluation"
     """Which worlds: "evaluation", the held-out episodes every reported figure comes from; or "tuning", other
     worlds of the same families, neither trained nor evaluated on, for choosing settings (such as
-    model.plan_guard_score) without looking at the evaluation episodes."""
+    guard.score) without looking at the evaluation episodes."""
     episode_seconds: float = 8.0
     """Simulated length of an episode."""
     sim_hz: float = 10.0

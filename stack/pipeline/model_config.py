@@ -113,16 +113,6 @@ CIRCLE_NMS_MAX_M = 20.0
 MAX_TEMPORAL_FRAMES = 4
 """Key frames a temporal network may fuse (2 s of history at 2 Hz): each adds an image encoder pass per training
 sample and C channels to the memory the deployed graph carries."""
-GUARD_EMERGENCY_DECELERATION = 6.0
-"""m/s^2 the plan guard's room-to-stop rule (`plan_guard_reaction_s`) brakes at: the world's car brakes at up to
-8 m/s^2 but reaches it at its 10 m/s^3 jerk limit only after 0.8 s (`stack.sim.vehicle.VehicleLimits`); the
-expert's hardest is 7."""
-GUARD_STANDOFF_M = 2.0
-"""Metres short of a detection the room-to-stop rule must be able to stop the car (RSS's minimum distance; an
-adaptive cruise control's standstill gap): braking as late as possible otherwise leaves no room for the detector's
-placement error along the ray (metres at the tiny-drive network's 10-30 m) or the controller's lag, and the car
-creeps into the stopped car it has braked for (tuning drives, stopped_vehicle)."""
-
 MODEL_BOUNDS = (
     ("neck_channels", 4096, "channels (ResNet-50's widest stage has 2048); e.g. 64"),
     ("bev_channels", 4096, "channels (BEV encoders use 64-512); e.g. 64"),
@@ -183,39 +173,6 @@ class ModelConfig:
     """m/s^2. 0: a path-speed candidate's collision label looks at its 3-s horizon only. Otherwise the candidate
     must also leave room to stop at this rate after it (`stack.models.losses._stop_after_horizon`): one that
     cannot stop before a stopped car it has not reached yet is labelled a collision already."""
-    plan_guard_score: float = 0.0
-    """0: the network drives its planner's best-scoring candidate (the guard is off, and its rules below with it: a
-    preset's guard is switched off by this one key). Otherwise the best one whose footprint runs into none of the
-    network's own detections scoring at least this, moved at their detected velocities (`stack.models.plan_guard`,
-    InterFuser's safety controller on our outputs); closed loop only."""
-    plan_guard_deceleration: float = 3.5
-    """m/s^2: the plan guard also drops a candidate that could not stop at this rate after its horizon."""
-    plan_guard_confirm_below: float = 0.0
-    """0: the plan guard brakes for a detection at once. Otherwise one scoring below this only once the previous
-    replan saw it too, where its velocity and the ego's odometry put it (`stack.models.plan_guard`); 1: every one."""
-    plan_guard_restart_s: float = 0.0
-    """0: off. Otherwise, once the ego has stood this many seconds and the guarded choice would still not move it,
-    the best-scoring candidate that moves on and runs into no detection drives (the inertia problem)."""
-    plan_guard_reaction_s: float = 0.0
-    """0: off. Otherwise the plan guard also drops a candidate after which the car could not stop GUARD_STANDOFF_M
-    short of a detection (where it goes, or where it stands now) if it followed the candidate this many seconds and
-    then braked at GUARD_EMERGENCY_DECELERATION: RSS's response time
-    (`stack.models.plan_guard.braking_after_reaction`). One replanning period (0.5 s at 2 Hz) plus the latency from
-    camera to controller, e.g. 0.6."""
-    plan_guard_defer_below: float = 0.0
-    """0: the plan guard brakes for every detection it counts as soon as it sees it. Otherwise one scoring below this
-    is held to the `plan_guard_reaction_s` rule only: braked for as late as the car can still stop for it, so that
-    the next replan looks again before the car slows for a doubtful detection."""
-    plan_guard_segmentation: float = 0.0
-    """0: off. Otherwise the plan guard ignores a detection where the network's own segmentation sees no road user:
-    one whose road-user probability stays below this in the central half of its image rectangle in every camera that
-    sees it (`stack.models.plan_guard.segmentation_support`; two heads must agree before the car brakes). Measured on
-    tiny-drive: more progress, more collisions (BENCHMARKS.md, "Two heads must agree"), so off in the presets."""
-    plan_guard_depth: float = 0.0
-    """0: off. Otherwise the plan guard ignores a detection where the network's own depth head puts no surface: one
-    whose depth-bin probability between its nearest corner and its centre stays below this at the cell its centre
-    projects to in every camera that sees it (`stack.models.plan_guard.depth_support`): a box placed along a
-    road user's ray in front of it, where the depth head sees the road user behind."""
     planning_velocity: bool = False
     """The path-speed planner's scorer also reads the detection head's velocity of whatever lies on each candidate's
     path, resolved along and across it (`stack.models.path_speed_head`). Needs temporal_frames >= 1: one frame holds
@@ -287,34 +244,6 @@ class ModelConfig:
             found.append(("temporal_pre_blocks", f"got {self.temporal_pre_blocks} with temporal_frames 0; the blocks "
                                                  f"encode each frame before the temporal fusion: set temporal_frames: "
                                                  f"1, or temporal_pre_blocks: 0"))
-        if not 0 <= self.plan_guard_score < 1:
-            found.append(("plan_guard_score", f"got {self.plan_guard_score}; give 0 (no guard) or a detection score "
-                                              f"in (0, 1), e.g. 0.3"))
-        if not 0 < self.plan_guard_deceleration <= 12:
-            found.append(("plan_guard_deceleration", f"got {self.plan_guard_deceleration}; give a braking rate in "
-                                                     f"m/s^2 within (0, 12], e.g. 3.5"))
-        if self.plan_guard_confirm_below and not self.plan_guard_score < self.plan_guard_confirm_below <= 1:
-            found.append(("plan_guard_confirm_below", f"got {self.plan_guard_confirm_below}; give 0 (off) or a score "
-                                                      f"above plan_guard_score ({self.plan_guard_score}) and up to 1"))
-        if not 0 <= self.plan_guard_reaction_s <= 3:
-            found.append(("plan_guard_reaction_s", f"got {self.plan_guard_reaction_s}; give 0 (off) or seconds within "
-                                                   f"(0, 3]: a replanning period plus the latency, e.g. 0.6"))
-        if self.plan_guard_defer_below and not self.plan_guard_score < self.plan_guard_defer_below <= 1:
-            found.append(("plan_guard_defer_below", f"got {self.plan_guard_defer_below}; give 0 (off) or a score "
-                                                    f"above plan_guard_score ({self.plan_guard_score}) and up to 1"))
-        elif self.plan_guard_defer_below and not self.plan_guard_reaction_s:
-            found.append(("plan_guard_defer_below", f"got {self.plan_guard_defer_below} with plan_guard_reaction_s 0; "
-                                                    f"a deferred detection is held to the reaction-time rule: set "
-                                                    f"plan_guard_reaction_s (e.g. 0.6) or plan_guard_defer_below: 0"))
-        if not 0 <= self.plan_guard_restart_s <= 10:
-            found.append(("plan_guard_restart_s", f"got {self.plan_guard_restart_s}; give 0 (off) or seconds of "
-                                                  f"standing within (0, 10], e.g. 1"))
-        if not 0 <= self.plan_guard_segmentation < 1:
-            found.append(("plan_guard_segmentation", f"got {self.plan_guard_segmentation}; give 0 (off) or a "
-                                                      f"road-user probability in (0, 1), e.g. 0.2"))
-        if not 0 <= self.plan_guard_depth < 1:
-            found.append(("plan_guard_depth", f"got {self.plan_guard_depth}; give 0 (off) or a depth-bin probability "
-                                              f"in (0, 1), e.g. 0.1"))
         if self.planning_velocity and not (self.planning_accelerations and self.temporal_frames):
             found.append(("planning_velocity", "got true; the path-speed planner reads velocities that a temporal "
                                                "network regresses: set planning_accelerations and temporal_frames: 1, "

@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -101,7 +102,7 @@ def test_deploy_ci_cpu_measures_and_an_untrained_network_is_not_for_deployment(t
     """An untrained network passes every INT8-against-fp32 gate and the FPS gate, and is still below the quality
     bar: with --allow-below-bar the bundle is built (exit 0), marked NOT FOR DEPLOYMENT, and the runtime refuses it."""
     checkpoint, overrides, folder = tiny
-    result = stack("deploy", "--target", "ci-cpu", "--allow-below-bar", str(checkpoint), *overrides,
+    result = stack("deploy", "--target", "ci-cpu", "--allow-below-bar", str(checkpoint), *overrides, *GUARD,
                    "targets.ci-cpu.closed_loop.episodes=2", "export.timing_runs=100")  # 5 rounds of 20: a verdict
     assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
     assert "ci-cpu: PASS, NOT FOR DEPLOYMENT (below the quality bar)" in result.stdout
@@ -111,6 +112,7 @@ def test_deploy_ci_cpu_measures_and_an_untrained_network_is_not_for_deployment(t
     assert closed_loop["episodes"] == 2 and closed_loop["passed"] and closed_loop["int8"]["episodes"] == 2, closed_loop
     assert closed_loop["ego_rollout"]["episodes"] == 2 and closed_loop["constant_velocity"]["episodes"] == 2
     assert "Closed loop: INT8 against fp32" in (bundle / "report.md").read_text()
+    check_post_processing_ships(bundle, gate, folder)
     assert gate["passed"] and not gate["for_deployment"] and gate["fps"]["mode"] == "measured"
     assert any(r.startswith("quality: detection mAP ") and "does not clear its bar" in r for r in gate["below_bar"])
     assert [row["head"] for row in gate["quality"]["heads"]["rows"]] == ["planning", "depth", "segmentation",
@@ -144,11 +146,78 @@ def test_deploy_ci_cpu_measures_and_an_untrained_network_is_not_for_deployment(t
     assert "bundle ci-cpu" in report and "measured on this host" in report and "constant_velocity" in report
     clips = {p.name for p in (folder / "drive" / "clips").glob("*.mp4")}
     worst = {name for name in clips if "-best-" not in name}
-    assert len(worst) == 3, clips  # the worst episode of each policy + the expert
-    # and the best of each family (2 episodes: route and lead_brake) for each of the three, named apart
-    assert len(clips - worst) == 6 and {name.replace("-best-", "-") for name in clips - worst} >= worst, clips
+    assert len(worst) == 4, clips  # the worst episode of each policy (the bundle, the same network alone) + the expert
+    # and the best of each family (2 episodes: route and lead_brake) for each of the four, named apart
+    assert len(clips - worst) == 8 and {name.replace("-best-", "-") for name in clips - worst} >= worst, clips
     best = report.split("## Best episode of each family")[1].split("##")[0]
-    assert sum(line.startswith("| ") and ".mp4" in line for line in best.splitlines()) == 6
+    assert sum(line.startswith("| ") and ".mp4" in line for line in best.splitlines()) == 8
+    assert "`bundle ci-cpu` drives through the plan guard (detections scoring >= 0.2" in report
+    assert "`bundle ci-cpu alone` drives the planner's best-scoring candidate" in report
+
+
+GUARD = ["guard.score=0.2", "guard.restart_s=0.5", "guard.reaction_s=0.6"]
+"""The plan guard the deployed bundle ships (the tiny preset drives without one)."""
+
+
+def check_post_processing_ships(bundle, gate, folder):
+    """What was driven is what ships: gate.json records the guard the closed-loop gate drove with (and the network
+    alone beside it); the runtime plans with it, exactly as the gate's drive did; `stack drive` drives the bundle
+    with it and refuses other settings unless told; an edited setting fails verification, resealed or not."""
+    from stack.deploy.bundle import BundleMismatch, seal, verify_bundle
+    from stack.deploy.runner import DeployedNetwork
+
+    recorded = gate["post_processing"]
+    assert recorded["guard"]["score"] == 0.2 and recorded["guard"]["restart_s"] == 0.5
+    assert gate["closed_loop"]["guard"] == recorded["guard"] and gate["closed_loop"]["fp32_alone"]["episodes"] == 2
+    assert "fp32_alone" in (bundle / "report.md").read_text()
+    net = DeployedNetwork.open(bundle, model="fp32", threads=1, allow_below_bar=True)
+    assert net.post_processing.settings.score == 0.2
+    assert_runtime_plans_as_the_gate_drove(bundle, net)
+    refused = stack("drive", str(bundle), "guard.score=0.3", "--episodes", "1", f"drive.out_dir={folder / 'other'}")
+    assert refused.returncode == 2 and "drives with the plan guard it was gated with" in refused.stderr
+    assert "--experiment-guard" in refused.stderr and "Traceback" not in refused.stderr
+    for resealed in (False, True):
+        edited = folder / f"edited-{resealed}"
+        shutil.copytree(bundle, edited)
+        record = json.loads((edited / "gate.json").read_text())
+        record["post_processing"]["guard"]["score"] = 0.3
+        (edited / "gate.json").write_text(seal(record) if resealed else json.dumps(record))
+        with pytest.raises(BundleMismatch, match="sha256" if not resealed else "post_processing.guard"):
+            verify_bundle(edited)
+        assert stack("deploy", "--verify", str(edited)).returncode == 1
+
+
+def assert_runtime_plans_as_the_gate_drove(bundle, net):
+    """On the frames of one driven episode, `DeployedNetwork.plan` (what a car runs) returns the trajectory the
+    closed-loop gate's policy chose from the same model (`BundlePolicy`, the gate's guard settings)."""
+    import numpy as np
+
+    from stack.config import pipeline_from_yaml
+    from stack.deploy.network_policies import BundlePolicy, bundle_spec, guard_spec, odometry
+    from stack.sim.episode import run_episode
+    from stack.sim.policies import Policy
+    from stack.sim.scenarios import build_world, episode_specs
+
+    pipeline = pipeline_from_yaml((bundle / "pipeline.yaml").read_text(), source="bundle")
+    gate_policy = BundlePolicy(bundle_spec("fp32", "", str(bundle / "model.onnx"), guard=guard_spec(pipeline.guard)),
+                               pipeline.model.planning_steps, pipeline)
+    compared = []
+
+    class Both(Policy):
+        uses_cameras = True
+
+        def plan(self, observation):
+            driven = gate_policy.plan(observation)
+            images = np.ascontiguousarray(observation.images.transpose(0, 3, 1, 2))[None]
+            shipped = net.plan(images, observation.ego_status[None].astype(np.float32),
+                               np.array([observation.command], np.int64), net.calibration, odometry(observation))
+            compared.append(np.abs(driven - shipped).max())
+            return driven
+
+    spec = episode_specs(["stopped_vehicle"], 1, [0], 3.0)[0]
+    world = build_world(spec, pipeline.data.world, 1.0 / pipeline.drive.sim_hz)
+    run_episode(world, Both(gate_policy.spec, pipeline.model.planning_steps), pipeline.drive, pipeline.data.rig)
+    assert compared and max(compared) == 0.0, compared
 
 
 def test_deploy_orin_is_predicted_and_fails_an_unreachable_bar(tiny):

@@ -253,6 +253,23 @@ def _workload(compute_ms: float, memory_ms: float = 0.0, kind: str = "conv", pre
     return load
 
 
+def test_the_margin_carries_an_unpinned_class_for_the_networks_built_of_it():
+    """No published Orin timing pins grouped convs (`dwconv` keeps its prior): a network whose time sits in them is
+    re-priced at a quarter of that prior and the target's margin grows by the ratio; one without them keeps its
+    margin. The per-class table names what pins each class."""
+    from stack.deploy.latency.margins import class_shares, target_margin, unpinned_factor, with_unpinned
+    from stack.deploy.latency.roofline import FITTED_EFFICIENCY
+
+    grouped, dense = _workload(1.0, kind="dwconv"), _workload(1.0)
+    factor = unpinned_factor(grouped, FITTED_EFFICIENCY)
+    assert factor > 3.0 and unpinned_factor(dense, FITTED_EFFICIENCY) == pytest.approx(1.0)
+    carried = with_unpinned(target_margin("orin"), factor)
+    assert carried.value == pytest.approx(target_margin("orin").value * factor, rel=1e-3) and "dwconv" in carried.basis
+    assert with_unpinned(target_margin("orin"), 1.0) == target_margin("orin")
+    (row,) = class_shares(grouped, FITTED_EFFICIENCY)
+    assert row["class"] == "dwconv" and row["share"] == pytest.approx(1.0) and "unpinned" in row["error"]
+
+
 def _ref(name: str, published: float):
     from stack.deploy.latency.references import Reference
 

@@ -10,7 +10,7 @@ from stack.config import load_pipeline
 from stack.kinematics import along_path, speed_profile_arcs
 from stack.models.plan_guard import (Odometry, PlanGuard, braking_after_reaction, candidate_arcs, colliding_candidates,
                                      depth_support, guarded_choice, segmentation_support)
-from stack.pipeline.model_config import GUARD_EMERGENCY_DECELERATION
+from stack.pipeline.guard_config import GUARD_EMERGENCY_DECELERATION
 
 ACCELERATIONS = [-7.0, -3.0, -1.0, 0.0, 1.5]
 CAR = [4.5, 1.9, 1.6]
@@ -78,46 +78,45 @@ def _outputs(pipeline, peak_logit: float):
 @pytest.mark.parametrize("guard, peak, expected", [(0.0, 2.0, 3), (0.3, 2.0, 2), (0.3, -2.0, 3)],
                          ids=["no-guard", "detected", "below-the-guard-score"])
 def test_a_network_policy_drives_the_guarded_plan_only_when_asked_and_only_for_what_it_detects(guard, peak, expected):
-    from stack.deploy.network_policies import guarded_plan
+    from stack.models.post_processing import PlanPostProcessing
 
     pipeline = load_pipeline(["configs/pipeline.yaml", "configs/presets/tiny.yaml", "configs/presets/tiny-drive.yaml"],
-                             [f"model.plan_guard_score={guard}"])
+                             [f"guard.score={guard}"])
     outputs = _outputs(pipeline, peak)
-    np.testing.assert_allclose(guarded_plan(outputs, pipeline), outputs["plan_trajectories"][0, expected])
+    np.testing.assert_allclose(PlanPostProcessing(pipeline).choose(outputs), outputs["plan_trajectories"][0, expected])
 
 
 def test_bad_guard_settings_are_refused_with_the_key_named():
     from stack.errors import StackError
 
-    for bad, key in ((["model.plan_guard_score=1.5"], "plan_guard_score"),
-                     (["model.plan_guard_deceleration=0"], "plan_guard_deceleration"),
-                     (["model.plan_guard_score=0.2", "model.plan_guard_confirm_below=0.1"], "plan_guard_confirm_below"),
-                     (["model.plan_guard_score=0.2", "model.plan_guard_restart_s=-1"], "plan_guard_restart_s"),
-                     (["model.plan_guard_score=0.2", "model.plan_guard_segmentation=1"], "plan_guard_segmentation"),
-                     (["model.plan_guard_score=0.2", "model.plan_guard_depth=-0.1"], "plan_guard_depth"),
-                     (["model.plan_guard_score=0.2", "model.plan_guard_defer_below=0.2"], "plan_guard_defer_below"),
-                     (["model.plan_guard_reaction_s=-0.5"], "plan_guard_reaction_s"),
-                     (["model.plan_guard_score=0.2", "model.plan_guard_defer_below=0.4"], "plan_guard_reaction_s")):
+    for bad, key in ((["guard.score=1.5"], "guard.score"),
+                     (["guard.deceleration=0"], "guard.deceleration"),
+                     (["guard.score=0.2", "guard.confirm_below=0.1"], "guard.confirm_below"),
+                     (["guard.score=0.2", "guard.restart_s=-1"], "guard.restart_s"),
+                     (["guard.score=0.2", "guard.segmentation=1"], "guard.segmentation"),
+                     (["guard.score=0.2", "guard.depth=-0.1"], "guard.depth"),
+                     (["guard.score=0.2", "guard.defer_below=0.2"], "guard.defer_below"),
+                     (["guard.reaction_s=-0.5"], "guard.reaction_s"),
+                     (["guard.score=0.2", "guard.defer_below=0.4"], "guard.reaction_s")):
         with pytest.raises(StackError, match=key):
             load_pipeline(["configs/pipeline.yaml", "configs/presets/tiny.yaml"], bad)
 
 
 def test_a_guard_score_of_0_switches_a_presets_guard_off_with_its_rules():
-    from stack.sim.drive import plan_guard_settings
     from stack.sim.drive_report import plan_guard_text
 
     files = ["configs/pipeline.yaml", "configs/presets/tiny.yaml", "configs/presets/tiny-drive.yaml"]
-    guarded, off = load_pipeline(files), load_pipeline(files, ["model.plan_guard_score=0"])
-    assert guarded.model.plan_guard_score > 0 and off.model.plan_guard_restart_s == guarded.model.plan_guard_restart_s
-    assert plan_guard_text(plan_guard_settings(guarded.model)).startswith("through the plan guard")
-    assert plan_guard_text(plan_guard_settings(off.model)) == "the planner's best-scoring candidate (no plan guard)"
-    checked = load_pipeline(files, ["model.plan_guard_segmentation=0.2"])
-    assert "segmentation sees no road user (probability under 0.2)" in plan_guard_text(plan_guard_settings(checked.model))
-    checked = load_pipeline(files, ["model.plan_guard_depth=0.1"])
-    assert "depth head puts no surface (probability under 0.1" in plan_guard_text(plan_guard_settings(checked.model))
-    checked = load_pipeline(files, ["model.plan_guard_defer_below=0.4", "model.plan_guard_reaction_s=0.7"])
+    guarded, off = load_pipeline(files), load_pipeline(files, ["guard.score=0"])
+    assert guarded.guard.score > 0 and off.guard.restart_s == guarded.guard.restart_s
+    assert plan_guard_text(guarded.guard.settings()).startswith("through the plan guard")
+    assert plan_guard_text(off.guard.settings()) == "the planner's best-scoring candidate (no plan guard)"
+    checked = load_pipeline(files, ["guard.segmentation=0.2"])
+    assert "segmentation sees no road user (probability under 0.2)" in plan_guard_text(checked.guard.settings())
+    checked = load_pipeline(files, ["guard.depth=0.1"])
+    assert "depth head puts no surface (probability under 0.1" in plan_guard_text(checked.guard.settings())
+    checked = load_pipeline(files, ["guard.defer_below=0.4", "guard.reaction_s=0.7"])
     assert ("always room to stop 2 m short of each after a 0.7-s reaction at 6 m/s^2; those under 0.4 held to that "
-            "room only" in plan_guard_text(plan_guard_settings(checked.model)))
+            "room only" in plan_guard_text(checked.guard.settings()))
 
 
 def test_a_checkpoint_drives_with_any_guard_setting_but_not_with_another_network():
@@ -125,11 +124,11 @@ def test_a_checkpoint_drives_with_any_guard_setting_but_not_with_another_network
 
     files = ["configs/pipeline.yaml", "configs/presets/tiny.yaml", "configs/presets/tiny-drive.yaml"]
     trained = load_pipeline(files, ["model.temporal_frames=1"])
-    guarded = load_pipeline(files, ["model.temporal_frames=1", "model.plan_guard_score=0.3",
-                                    "model.plan_guard_deceleration=5", "model.plan_guard_confirm_below=0.4",
-                                    "model.plan_guard_restart_s=1.5", "model.plan_guard_segmentation=0.3",
-                                    "model.plan_guard_depth=0.1", "model.plan_guard_defer_below=0.5",
-                                    "model.plan_guard_reaction_s=1.0"])
+    guarded = load_pipeline(files, ["model.temporal_frames=1", "guard.score=0.3",
+                                    "guard.deceleration=5", "guard.confirm_below=0.4",
+                                    "guard.restart_s=1.5", "guard.segmentation=0.3",
+                                    "guard.depth=0.1", "guard.defer_below=0.5",
+                                    "guard.reaction_s=1.0"])
     assert model_differences(trained, guarded) == []
     other = load_pipeline(files, ["model.temporal_frames=1", "model.planning_velocity=true"])
     assert [key for key, _, _ in model_differences(trained, other)] == ["model.planning_velocity"]
@@ -233,12 +232,12 @@ def test_a_detection_under_defer_below_is_braked_for_only_once_waiting_would_lea
 
 
 def test_a_network_policy_carries_its_guard_across_replans():
-    from stack.deploy.network_policies import guarded_plan, plan_guard
+    from stack.models.post_processing import PlanPostProcessing
 
     pipeline = load_pipeline(["configs/pipeline.yaml", "configs/presets/tiny.yaml", "configs/presets/tiny-drive.yaml"],
-                             ["model.plan_guard_score=0.2", "model.plan_guard_confirm_below=0.5"])
-    guard, faint, nothing = plan_guard(pipeline), _outputs(pipeline, -1.0), _outputs(pipeline, -10.0)  # score 0.27
-    plans = [guarded_plan(outputs, pipeline, guard, at(t)) for t, outputs in
+                             ["guard.score=0.2", "guard.confirm_below=0.5"])
+    post, faint, nothing = PlanPostProcessing(pipeline), _outputs(pipeline, -1.0), _outputs(pipeline, -10.0)  # 0.27
+    plans = [post.choose(outputs, at(t)) for t, outputs in
              ((0.0, nothing), (0.5, faint), (1.0, faint))]
     for plan, expected in zip(plans, (3, 3, 2)):
         np.testing.assert_allclose(plan, faint["plan_trajectories"][0, expected])
@@ -306,16 +305,16 @@ def test_depth_support_is_the_depth_heads_mass_between_the_boxs_near_face_and_it
 @pytest.mark.parametrize("road_user_logit, expected", [(8.0, 2), (-8.0, 3)], ids=["seen", "not-seen"])
 def test_with_plan_guard_segmentation_a_detection_the_segmentation_does_not_see_is_not_braked_for(road_user_logit,
                                                                                                   expected):
-    from stack.deploy.network_policies import guarded_plan
+    from stack.models.post_processing import PlanPostProcessing
 
-    pipeline = load_pipeline(TINY_DRIVE, ["model.plan_guard_score=0.3", "model.plan_guard_segmentation=0.2"])
+    pipeline = load_pipeline(TINY_DRIVE, ["guard.score=0.3", "guard.segmentation=0.2"])
     _, _, _, cells = _rig(pipeline)
     classes = pipeline.model.segmentation_classes
     logits = np.zeros((1, len(pipeline.data.rig.cameras), len(classes), *cells), np.float32)
     logits[:, :, classes.index("road")] = 4.0
     logits[:, :, classes.index("car")] = road_user_logit
     outputs = {**_outputs(pipeline, 2.0), "seg_logits": logits}
-    np.testing.assert_allclose(guarded_plan(outputs, pipeline), outputs["plan_trajectories"][0, expected])
+    np.testing.assert_allclose(PlanPostProcessing(pipeline).choose(outputs), outputs["plan_trajectories"][0, expected])
 
 
 @pytest.mark.parametrize("surface_m, expected", [(29.0, 2), (45.0, 3)], ids=["depth-agrees", "surface-behind-it"])
@@ -323,30 +322,30 @@ def test_with_plan_guard_depth_a_detection_in_front_of_the_surface_the_depth_hea
                                                                                                          expected):
     """The car detected 30 m ahead is braked for where the depth head puts a surface at 29 m along its rays, and
     ignored where it puts every surface at 45 m (the box would be a smear in front of something farther)."""
-    from stack.deploy.network_policies import guarded_plan
+    from stack.models.post_processing import PlanPostProcessing
 
-    pipeline = load_pipeline(TINY_DRIVE, ["model.plan_guard_score=0.3", "model.plan_guard_depth=0.1"])
+    pipeline = load_pipeline(TINY_DRIVE, ["guard.score=0.3", "guard.depth=0.1"])
     depth, stride, rig = pipeline.model.depth, pipeline.model.feature_stride, pipeline.data.rig
     logits = np.zeros((1, len(rig.cameras), depth.bins, rig.image_height // stride, rig.image_width // stride),
                       np.float32)
     logits[:, :, int((surface_m - depth.min_m) / ((depth.max_m - depth.min_m) / depth.bins))] = 20.0
     outputs = {**_outputs(pipeline, 2.0), "depth_logits": logits}
-    np.testing.assert_allclose(guarded_plan(outputs, pipeline), outputs["plan_trajectories"][0, expected])
+    np.testing.assert_allclose(PlanPostProcessing(pipeline).choose(outputs), outputs["plan_trajectories"][0, expected])
 
 
 def test_plan_guard_depth_on_a_model_without_the_depth_output_says_what_to_do():
-    from stack.deploy.network_policies import guarded_plan
+    from stack.models.post_processing import PlanPostProcessing
     from stack.errors import StackError
 
-    pipeline = load_pipeline(TINY_DRIVE, ["model.plan_guard_score=0.3", "model.plan_guard_depth=0.1"])
-    with pytest.raises(StackError, match="plan_guard_depth=0"):
-        guarded_plan(_outputs(pipeline, 2.0), pipeline)
+    pipeline = load_pipeline(TINY_DRIVE, ["guard.score=0.3", "guard.depth=0.1"])
+    with pytest.raises(StackError, match="guard.depth=0"):
+        PlanPostProcessing(pipeline).choose(_outputs(pipeline, 2.0))
 
 
 def test_plan_guard_segmentation_on_a_model_without_the_segmentation_output_says_what_to_do():
-    from stack.deploy.network_policies import guarded_plan
+    from stack.models.post_processing import PlanPostProcessing
     from stack.errors import StackError
 
-    pipeline = load_pipeline(TINY_DRIVE, ["model.plan_guard_score=0.3", "model.plan_guard_segmentation=0.2"])
-    with pytest.raises(StackError, match="plan_guard_segmentation=0"):
-        guarded_plan(_outputs(pipeline, 2.0), pipeline)
+    pipeline = load_pipeline(TINY_DRIVE, ["guard.score=0.3", "guard.segmentation=0.2"])
+    with pytest.raises(StackError, match="guard.segmentation=0"):
+        PlanPostProcessing(pipeline).choose(_outputs(pipeline, 2.0))

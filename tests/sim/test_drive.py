@@ -168,27 +168,32 @@ def test_stack_drive_runs_a_checkpoint_beside_the_baselines_and_an_untrained_one
     assert code == 1 and "below the closed-loop bar" in capsys.readouterr().out
     report = (out / "drive.md").read_text()
     assert "## The bar: `checkpoint` FAIL" in report and "`ego_rollout` | pdms" in report
-    assert "Network policies drive the planner's best-scoring candidate (no plan guard)" in report
+    assert "`checkpoint` drives the planner's best-scoring candidate (no plan guard)" in report
+    assert "checkpoint alone" not in report  # with no guard there is nothing to set it apart from
     for policy in ("checkpoint", "expert", "constant_velocity", "ego_rollout"):
         assert policy in report
     assert (out / "drive.json").is_file() and (out / "drive.png").stat().st_size > 1000
 
 
 def test_tuning_episodes_are_driven_on_request_and_reported_as_not_held_out(checkpoint, tmp_path):
-    """drive.split=tuning: the worlds for choosing settings (model.plan_guard_score) without looking at the
-    evaluation episodes; the report says they are not the held-out set, and how the network's plan was guarded."""
+    """drive.split=tuning: the worlds for choosing settings (guard.score) without looking at the evaluation
+    episodes; the report says they are not the held-out set, how the network's plan was guarded, and drives the
+    network alone beside it (information: which part drives)."""
     import json
 
     out = tmp_path / "tune"
     code = main(["drive", str(checkpoint), "--episodes", "1", "--scenarios", "route", f"drive.out_dir={out}",
                  "drive.seeds=[0]", "drive.latency_ms=0", "drive.episode_seconds=2.0", "drive.split=tuning",
-                 "drive.baselines=[expert]", "model.plan_guard_score=0.2", "model.plan_guard_restart_s=0.5"])
+                 "drive.baselines=[expert]", "guard.score=0.2", "guard.restart_s=0.5"])
     assert code in (0, 1)
     meta = json.loads((out / "drive.json").read_text())["meta"]
-    assert meta["split"] == "tuning" and meta["plan_guard"]["restart_s"] == 0.5
+    assert meta["split"] == "tuning" and meta["post_processing"]["checkpoint"]["restart_s"] == 0.5
+    assert meta["post_processing"]["checkpoint alone"]["score"] == 0.0
+    assert meta["alone_of"] == {"checkpoint alone": "checkpoint"} and meta["bar"]["checkpoint alone"]["information"]
     report = (out / "drive.md").read_text()
     assert "1 tuning (not held-out" in report
     assert "through the plan guard (detections scoring >= 0.2;" in report and "after 0.5 s standing" in report
+    assert "`checkpoint alone` drives the planner's best-scoring candidate (no plan guard) (the network alone" in report
 
 
 def test_clips_show_each_policy_worst_episodes_and_its_best_of_every_family():

@@ -105,7 +105,10 @@ COMMAND_OPTIONS = {"bench": {"--record", "--history",  # record a run's figures 
                    "deploy": {"--target", "--verify", "--calibration", "--allow-below-bar"},
                    # the closed-loop command line the users asked for: --scenarios/--episodes map onto drive.* keys
                    # and --compare reads two finished drives (a mode, not a setting)
-                   "drive": {"--policy", "--scenarios", "--episodes", "--compare"}, "export": {"--calibration"}, "eval": {"--split"}, "train": {"--dry-run"}}
+                   # --experiment-guard: drive a bundle with other guard settings than it ships, said in drive.md
+                   "drive": {"--policy", "--scenarios", "--episodes", "--compare", "--experiment-guard"},
+                   # the reference network's card is made of two reports and a folder
+                   "reference": {"--eval", "--drive", "--folder", "--record"}, "export": {"--calibration"}, "eval": {"--split"}, "train": {"--dry-run"}}
 """Options each command may add beyond the shared ones. Config keys are never flags:
 add a key to the schema instead (see stack/pipeline/)."""
 

@@ -93,8 +93,22 @@ def test_all_problems_are_reported_at_once():
     assert "allowed: torch, dali" in text
 
 
+def test_an_artifact_of_schema_1_is_read_with_its_guard_moved_and_a_config_file_is_told_where_it_went(tmp_path):
+    """Schema 2 moved the plan guard's settings from model.plan_guard_* to the guard section: a checkpoint written
+    before still loads with its settings; a user's file naming an old key is told the new one."""
+    text = pipeline_to_yaml(load_pipeline([DEFAULT])).replace("schema_version: 2", "schema_version: 1")
+    text = text.replace("\nmodel:\n", "\nmodel:\n  plan_guard_score: 0.15\n  plan_guard_reaction_s: 0.6\n", 1)
+    text = text.replace("\nguard:\n  score: 0.0\n", "\nguard:\n", 1)
+    read = pipeline_from_yaml(text, "checkpoint x.ckpt")
+    assert (read.guard.score, read.guard.reaction_s, read.schema_version) == (0.15, 0.6, 2)
+    old = tmp_path / "old.yaml"
+    old.write_text("model:\n  plan_guard_score: 0.2\n")
+    with pytest.raises(ConfigError, match="model.plan_guard_score.*moved to 'guard.score'"):
+        load_pipeline([DEFAULT, old])
+
+
 def test_artifact_yaml_from_another_schema_is_refused():
-    text = pipeline_to_yaml(load_pipeline([DEFAULT])).replace("schema_version: 1", "schema_version: 99")
+    text = pipeline_to_yaml(load_pipeline([DEFAULT])).replace("schema_version: 2", "schema_version: 99")
     with pytest.raises(ConfigError, match="schema_version"):
         pipeline_from_yaml(text, "checkpoint x.ckpt")
 

@@ -60,9 +60,9 @@ def test_checkpoint_without_pipeline(tmp_path):
 
 def test_checkpoint_of_another_schema_version(tmp_path, tiny):
     path = tmp_path / "old.ckpt"
-    text = pipeline_to_yaml(tiny).replace("schema_version: 1", "schema_version: 0")
+    text = pipeline_to_yaml(tiny).replace("schema_version: 2", "schema_version: 0")
     torch.save({"state_dict": {}, "pipeline_yaml": text}, path)
-    with pytest.raises(CheckpointError, match="schema 0; this stack reads schema 1"):
+    with pytest.raises(CheckpointError, match="schema 0; this stack reads schemas 1, 2"):
         load_model_checkpoint(path)
 
 
