@@ -27,14 +27,16 @@ from pathlib import Path
 
 from stack.errors import StackError
 
-POLICY_CHOICES = ("network", "int8", "fp32", "expert", "constant_velocity", "ego_rollout")
+POLICY_CHOICES = ("network", "int8", "fp32", "alone", "expert", "constant_velocity", "ego_rollout")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy", metavar="LIST",
                         help="comma-separated policies to drive: network (each source as built: a checkpoint in "
                              "PyTorch, a bundle's shipped model), int8 / fp32 (a bundle's model of that precision), "
-                             "and baselines expert, constant_velocity, ego_rollout. Default: network + drive.baselines")
+                             "alone (the first guarded source without its plan guard, beside it: which part drives), "
+                             "and baselines expert, constant_velocity, ego_rollout. Default: network + alone + "
+                             "drive.baselines")
     parser.add_argument("--scenarios", metavar="LIST", help="shorthand for drive.scenarios=[...] (comma-separated)")
     parser.add_argument("--episodes", metavar="N", help="shorthand for drive.episodes=N")
     parser.add_argument("--experiment-guard", action="store_true",
@@ -96,7 +98,7 @@ def _shorthands(args) -> list[str]:
 
 def _choices(text: str | None, pipeline) -> list[str]:
     if not text:
-        return ["network"] + list(pipeline.drive.baselines)
+        return ["network", "alone"] + list(pipeline.drive.baselines)
     chosen = list(dict.fromkeys(c.strip() for c in text.split(",") if c.strip()))
     unknown = [c for c in chosen if c not in POLICY_CHOICES]
     if unknown or not chosen:
@@ -218,7 +220,7 @@ def _policies(sources: list[str], chosen: list[str], pipeline, experiment_guard:
             else:
                 model = None if choice == "network" else choice
                 spec = bundle_spec(f"bundle {label}" + (f" {model}" if model else ""), source, model, guard=guard)
-            alone = dict(guard)["score"] and not any(s.alone_of for s in specs)
+            alone = "alone" in chosen and dict(guard)["score"] and not any(s.alone_of for s in specs)
             specs += [spec] + ([network_alone(spec)] if alone else [])
     specs += [PolicySpec(c, c) for c in chosen if c in ("expert", "constant_velocity", "ego_rollout")]
     names = [s.name for s in specs]

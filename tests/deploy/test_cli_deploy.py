@@ -137,7 +137,7 @@ def test_deploy_ci_cpu_measures_and_an_untrained_network_is_not_for_deployment(t
     assert gate["fps"]["budget_ms"] > 0 and "headroom" in (bundle / "report.md").read_text()
     assert {"model.onnx", "model.int8.onnx", "pipeline.yaml", "report.md", "latency.png"} <= {p.name for p in bundle.iterdir()}
     # the bundle drives: its shipped model on ONNX Runtime at the latency measured here, beside a blind baseline
-    drove = stack("drive", str(bundle), "--policy", "network,constant_velocity", "--episodes", "2",
+    drove = stack("drive", str(bundle), "--policy", "network,alone,constant_velocity", "--episodes", "2",
                   f"drive.out_dir={folder / 'drive'}", "drive.seeds=[0]", "drive.episode_seconds=3.0", "drive.clips=1",
                   "drive.best_clips=1")
     assert drove.returncode in (0, 1), drove.stderr[-3000:]  # 1: the (untrained) network is below the bar

@@ -28,7 +28,7 @@ def assert_bad_input(result, *needles):
 def test_config_prints_the_resolved_pipeline():
     result = stack("config", "-c", "configs/pipeline.yaml", "-c", "configs/presets/tiny.yaml", "train.max_epochs=3")
     assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith("# pipeline tiny (schema 1, sha256 ")
+    assert result.stdout.startswith("# pipeline tiny (schema 2, sha256 ")
     resolved = yaml.safe_load(result.stdout)
     assert resolved["train"]["max_epochs"] == 3
     assert resolved["data"]["rig"]["image_width"] == 256
