@@ -118,10 +118,14 @@ ego-status rollout on all 112 (untrained: far below; the pinned network alone: +
 score, card.md), so they fail on any subset, and 28 keep this test to about a minute on two cores."""
 
 
+TINY_DRIVE = ["configs/pipeline.yaml", "configs/presets/tiny.yaml", "configs/presets/tiny-drive.yaml"]
+
+
 def _gate_keys() -> list[str]:
-    """The keys `make test` deploys and drives the reference network with (the Makefile's REFERENCE_KEYS)."""
-    found = re.search(r"^REFERENCE_KEYS := (.+)$", (REPO / "Makefile").read_text(), re.MULTILINE)
-    assert found, "the Makefile names REFERENCE_KEYS"
+    """The key=value words `make test` deploys and drives the reference network with (the Makefile's REFERENCE_KEYS,
+    after its config files: $(TINY_DRIVE))."""
+    found = re.search(r"^REFERENCE_KEYS := \$\(TINY_DRIVE\) (.+)$", (REPO / "Makefile").read_text(), re.MULTILINE)
+    assert found, "the Makefile names REFERENCE_KEYS: the tiny-drive preset, then keys"
     return [word.strip('"') for word in found.group(1).split()]
 
 
@@ -141,7 +145,7 @@ def test_the_gates_bar_fails_an_untrained_network_and_the_reference_network_with
     pinned_path = str(PINNED / reference.MODEL_FILE)
     keys = _gate_keys() + [f"drive.episodes={WEAKENED_EPISODES}", f"drive.out_dir={tmp_path / 'drive'}",
                            "drive.clips=0", "drive.best_clips=0"]
-    pipeline, _, _ = load_for_deploy(pinned_path, [], keys)
+    pipeline, _, _ = load_for_deploy(pinned_path, [str(REPO / f) for f in TINY_DRIVE], keys)
     pipeline = replace(pipeline, drive=replace(pipeline.drive, latency_ms=pipeline.targets["ci-cpu"].latency_budget_ms()))
     untrained = save_model_checkpoint(tmp_path / "untrained.pt", pipeline, build_model(pipeline).state_dict())
     pinned = checkpoint_spec("reference", pinned_path, guard=guard_spec(pipeline.guard))
