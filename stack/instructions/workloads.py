@@ -4,7 +4,8 @@
 workload once unmeasured (lazy initialisation, CPython's specialising interpreter and the dispatcher's caches
 warm up on a first call), switches callgrind's instrumentation on and runs each workload again inside named
 stages: callgrind writes one dump per stage (`stack.instructions.callgrind` reads them). What runs between
-stages is zeroed, not counted.
+stages is zeroed, not counted, and CPython's garbage collector is off while they run (its traversals cost in
+proportion to every object the imports left alive, so a new import elsewhere moved a stage's count by 3-5%).
 
 The workloads are the CPU kernels of `stack._C` on the tiny preset's geometry at batch 1 (`bev_geometry_ranks`,
 `bev_pool` forward and backward) and one frame of the renderer (six 64 x 32 cameras, twelve road users), split
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import gc
 import json
 import sys
 from pathlib import Path
@@ -200,6 +202,9 @@ def main(argv: list[str]) -> int:
     for (_, run), data in zip(chosen, inputs):
         run(data, None)  # warm-up, not counted
     args.level_file.write_text(json.dumps(level()))
+    gc.collect()
+    gc.freeze()  # the objects every import left alive are never traversed again: a collection's cost is the
+    gc.disable()  # interpreter's, scaled by what else the process holds, not the measured code's; none runs now
     marks.start()
     for (_, run), data in zip(chosen, inputs):
         run(data, marks)
