@@ -19,13 +19,13 @@ training of the recipe with the card.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from pathlib import Path
 
 import numpy as np
 
+from stack.deploy.bundle import sha256_file
 from stack.errors import StackError
 
 REFERENCE_DIR = Path("models/reference/tiny-drive")
@@ -58,14 +58,6 @@ CARD_FIGURES = ("detection/mAP", "detection/NDS", "detection/mATE", "detection/m
 """The `stack eval` figures card.md lists (card.json keeps every one)."""
 NETWORK, ALONE = "checkpoint", "checkpoint alone"
 """The policy names of the pinned network's drive: with its post-processing, and alone (`stack drive`)."""
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 # ------------------------------------------------------------------ pin
@@ -264,9 +256,9 @@ def card_record(folder: Path, pipeline, metrics: dict, drive: dict, trained: dic
     from stack.config import pipeline_hash
     from stack.models.post_processing import post_processing_record
 
-    return {"network": {"file": MODEL_FILE, "sha256": file_sha256(folder / MODEL_FILE),
+    return {"network": {"file": MODEL_FILE, "sha256": sha256_file(folder / MODEL_FILE),
                         "pipeline_hash": pipeline_hash(pipeline), "replay": REPLAY_FILE,
-                        "replay_sha256": file_sha256(folder / REPLAY_FILE)},
+                        "replay_sha256": sha256_file(folder / REPLAY_FILE)},
             "trained": trained, "eval": {k: v for k, v in metrics.items() if isinstance(v, (int, float))},
             "closed_loop": closed_loop_summary(drive), "post_processing": post_processing_record(pipeline),
             "reproductions": []}

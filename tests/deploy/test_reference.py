@@ -29,7 +29,7 @@ def test_the_pinned_network_loads_without_unpickling_and_carries_its_pipeline(mo
     assert meta["format"] == "stack-model" and pipeline.guard.score > 0 and pipeline.model.temporal_frames == 1
     assert (PINNED / reference.MODEL_FILE).stat().st_size < 12e6  # the card's promise: about 12 MB at most
     card = json.loads((PINNED / reference.CARD_JSON).read_text())
-    assert card["network"]["sha256"] == reference.file_sha256(PINNED / reference.MODEL_FILE)
+    assert card["network"]["sha256"] == reference.sha256_file(PINNED / reference.MODEL_FILE)
     assert card["post_processing"]["guard"] == pipeline.guard.settings()
 
 
