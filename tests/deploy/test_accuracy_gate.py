@@ -2,6 +2,8 @@
 carries a paired bootstrap interval over whole scenes (frames where none are named), an interval straddling the
 budget fails unless the target lets it pass, and the power calculation says how many scenes would resolve it."""
 
+import dataclasses
+
 import numpy as np
 import onnx
 import pytest
@@ -263,7 +265,7 @@ def test_screen_ranks_the_outlier_first_in_one_pass(tmp_path):
 
 @pytest.mark.parametrize("train_frames, sensitivity", [(64, 0), (66, 2), (68, 4), (500, 4)])
 def test_sensitivity_frames_never_shrink_the_calibration_set(monkeypatch, train_frames, sensitivity):
-    from stack.config import load_pipeline
+    from stack.config import load_pipeline, load_target
     from stack.deploy import validation
 
     monkeypatch.setattr(validation, "split_size", lambda pipeline, split: train_frames if split == "train" else 10)
@@ -273,3 +275,33 @@ def test_sensitivity_frames_never_shrink_the_calibration_set(monkeypatch, train_
     samples = validation.deploy_samples(pipeline)
     assert len(samples.calibration) == 64 and len(samples.sensitivity) == sensitivity
     assert not set(samples.calibration) & set(samples.sensitivity)
+
+
+def _recipe_like_scores(l2: float) -> dict:
+    """Every head the tiny recipe scores, with planning's L2 set: the rest of the network is as fp32 left it."""
+    return {"detection_map": 0.38, "segmentation_miou": 0.74, "depth_abs_rel": 0.13,
+            "planning_l2_3s_m": l2, "planning_l2_3s_m_ego_rollout": 0.85}
+
+
+@pytest.mark.parametrize("target_name", ["orin", "ci-cpu"])
+def test_an_int8_planner_that_drifts_fails_where_nothing_drives_it(target_name):
+    """A target that drives no closed-loop episodes has only open-loop L2 to judge INT8's planner by: a planner
+    that quantization moves past its budget fails the gate there. Where the target drives, the same drop is
+    information and the closed-loop gate's INT8 driving-score drop decides (`head_scores.head_budgets`)."""
+    from stack.config import load_pipeline, load_target
+    from stack.deploy.gates.accuracy import Attempt
+    from stack.deploy.gates.head_scores import head_budgets
+
+    pipeline = load_pipeline(["configs/pipeline.yaml", "configs/presets/tiny.yaml"], [])
+    driving = load_target(target_name, pipeline)
+    assert driving.closed_loop.episodes > 0, "the shipped targets drive closed loop"
+    blind = dataclasses.replace(driving, closed_loop=dataclasses.replace(driving.closed_loop, episodes=0))
+    budget = driving.accuracy_budget.planning_l2_3s_m
+    fp32, drifted = _recipe_like_scores(0.60), _recipe_like_scores(0.60 + 2 * budget)
+    for target, gate_passes in ((blind, False), (driving, True)):
+        heads = compare(fp32, drifted, head_budgets(target, pipeline), resamples=0)
+        planning, = [head for head in heads if head.head == "planning"]
+        assert not planning.passed and planning.judged is (not gate_passes), planning
+        assert Attempt([], heads).passed is gate_passes, [head.verdict() for head in heads]
+    kept = compare(fp32, _recipe_like_scores(0.60 + budget / 2), head_budgets(blind, pipeline), resamples=0)
+    assert Attempt([], kept).passed, "a drift within the budget passes where nothing drives"
