@@ -125,7 +125,7 @@ PORTABLE_TESTS := $(wildcard tests/data tests/sim tests/stack/metrics)
 PORTABLE_CPUS ?= avx2 x86-64-v2
 test-portable: install
 	@for cpu in $(PORTABLE_CPUS); do \
-		$(BIN)/python -m stack.testing above $$cpu; rc=$$?; \
+		$(BIN)/python -m stack.cpu_emulation above $$cpu; rc=$$?; \
 		if [ $$rc -eq 0 ]; then $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile \
 			--junitxml=$(TEST_REPORTS)/portable-$$cpu.xml --emulate-cpu=$$cpu $(PORTABLE_TESTS) || exit 1; \
 		elif [ $$rc -ne 1 ]; then exit $$rc; fi; \

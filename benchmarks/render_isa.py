@@ -3,7 +3,7 @@
 The generator reaches 79 camera images/s on the AVX-512 EPYC and 37 on an AVX2-only EPYC (BENCHMARKS.md, "Data:
 generator and loaders"): two machines, two days, two microarchitectures. Here the same frames are rendered on one
 machine in child processes that alternate between this CPU's own kernels and the kernels an AVX2-only CPU gets
-(`stack.testing.emulated_cpu_env("avx2")`: PyTorch's ATen dispatch, oneDNN, MKL and numpy's SIMD dispatch limited
+(`stack.cpu_emulation.emulated_cpu_env("avx2")`: PyTorch's ATen dispatch, oneDNN, MKL and numpy's SIMD dispatch limited
 to AVX2), so the ratio is the instruction set's share of the gap and the rest is the other machine's cores.
 Each child sets up and renders every key frame of the same seeded scenes of the pipeline's world with one torch
 thread (as `stack data make`'s workers do), timed in CPU seconds, and profiles them (cProfile: PyTorch and numpy
@@ -72,7 +72,7 @@ def _render_all(frame, scene, rig, ground, rng) -> None:
 
 def child(args) -> int:
     from stack.config import load_pipeline
-    from stack.testing import cpu_kernels, emulation_problems
+    from stack.cpu_emulation import cpu_kernels, emulation_problems
 
     level = os.environ.get("STACK_EMULATED_CPU")
     if level and emulation_problems(level):
@@ -84,7 +84,7 @@ def child(args) -> int:
 
 
 def run_level(args, level: str) -> dict:
-    from stack.testing import emulated_cpu_env
+    from stack.cpu_emulation import emulated_cpu_env
 
     env = {**os.environ, **(emulated_cpu_env("avx2") if level == "avx2" else {})}
     command = [sys.executable, __file__, "--child", "--scenes", str(args.scenes),

@@ -237,8 +237,16 @@ def time_engine(engine_path: Path, feeds: dict, runs: int, warmup: int) -> Laten
     return summarize(times)
 
 
-def available() -> bool:
-    """True when TensorRT can be imported and a CUDA device is usable."""
-    from stack.testing import trt_skip_reason
+def unavailable_reason() -> str | None:
+    """Why TensorRT cannot run here, or None when it can be imported and a CUDA device is usable."""
+    import importlib.util
 
-    return trt_skip_reason() is None
+    if importlib.util.find_spec("tensorrt") is None:
+        return "needs TensorRT (pip extra `stack[trt]` on a GPU host or a Jetson); not importable here"
+    import torch
+
+    return None if torch.cuda.is_available() else "needs a CUDA GPU; torch.cuda.is_available() is False here"
+
+
+def available() -> bool:
+    return unavailable_reason() is None

@@ -1,8 +1,8 @@
 """stack.models: the multi-task BEV perception/planning network (plain nn.Modules, export-friendly).
 
 `build_model(pipeline)` returns a `BevNet`; its named outputs are described in
-`stack.models.outputs`, decoders live in `stack.models.decoders`, losses in
-`stack.models.losses`, and `stack.models.testing.random_batch` makes synthetic Batches.
+`stack.models.outputs`, decoders live in `stack.models.decoders` and losses in `stack.models.losses`;
+`stack.synthetic_batch.random_batch` makes synthetic Batches for it.
 """
 
 from __future__ import annotations

@@ -136,7 +136,7 @@ def run(pipeline: Pipeline, args) -> int:
     import warnings
 
     from stack.models import build_model
-    from stack.models.testing import random_batch
+    from stack.synthetic_batch import random_batch
 
     warnings.filterwarnings("ignore", message="bev_pool: the extension")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")

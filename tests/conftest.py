@@ -9,7 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stack.testing import EMULATED_CPUS, MARKER_SKIP_REASONS, cpu_kernels, emulated_cpu_env, emulation_problems
+from stack.cpu_emulation import EMULATED_CPUS, cpu_kernels, emulated_cpu_env, emulation_problems
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # `helpers`: --import-mode=importlib does not add it
+
+from helpers import MARKER_SKIP_REASONS  # noqa: E402
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 
@@ -18,7 +22,7 @@ def pytest_addoption(parser):
     parser.addoption("--emulate-cpu", choices=list(EMULATED_CPUS), default=None,
                      help="run the tests as on an AVX2-only CPU (avx2) or an SSE4.2 one (x86-64-v2): pytest starts "
                           "again with numpy's SIMD dispatch, PyTorch's kernels, oneDNN, MKL and OpenBLAS limited to "
-                          "that CPU's instructions (stack.testing.EMULATED_CPUS)")
+                          "that CPU's instructions (stack.cpu_emulation.EMULATED_CPUS)")
 
 
 @pytest.hookimpl(tryfirst=True)

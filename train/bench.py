@@ -1,7 +1,7 @@
 """Training benchmarks: `stack bench train-step` and `stack bench train-memory`.
 
 - train-step: one training step of the pipeline's network (synthetic batches from
-  `stack.models.testing.random_batch`, so data loading is out of the picture) at fp32
+  `stack.synthetic_batch.random_batch`, so data loading is out of the picture) at fp32
   vs bf16-mixed, with and without activation checkpointing, and at fp32 with the images
   entering the backbone NCHW instead of channels-last (`ImageEncoder`). The five configurations
   run in one process, interleaved step by step (round robin), so they share whatever
@@ -71,7 +71,7 @@ def _case_step(pipeline: Pipeline, precision: str, checkpointed: list[str], chan
 
 def step_cases(pipeline: Pipeline, rounds: int = 6) -> list[dict]:
     """Every STEP_CASES configuration, interleaved for `rounds` rounds after a warm-up; one row each."""
-    from stack.models.testing import random_batch
+    from stack.synthetic_batch import random_batch
     from stack.train.callbacks import PRECISION_DTYPES, measure_peak_tflops, step_flop_counter
 
     batch = random_batch(pipeline, pipeline.data.batch_size, seed=0)
@@ -232,7 +232,7 @@ def run_memory(pipeline: Pipeline, args) -> int:
 
 def parallel_case(pipeline: Pipeline) -> dict | None:
     """2-rank fit on synthetic batches (this process is one rank); rank 0 returns the figures."""
-    from stack.models.testing import random_batch
+    from stack.synthetic_batch import random_batch
     from stack.train.datamodule import ResumableLoader
     from stack.train.fit import fit
 

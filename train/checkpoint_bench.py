@@ -19,7 +19,7 @@ The stall above times the writer alone. What a user waits for is the training lo
 state dump, the finite-weights scan, the staging and hand-off, and, while the asynchronous write runs
 beside the next steps, whatever it takes from them (on a 2-core machine it competes for the cores).
 So the bench also runs the real loop (`stack train`'s Trainer and callbacks, synthetic batches from
-`stack.models.testing.random_batch`) three ways, interleaved over rounds: no checkpoint, asynchronous
+`stack.synthetic_batch.random_batch`) three ways, interleaved over rounds: no checkpoint, asynchronous
 checkpoints, synchronous ones, every `LOOP_EVERY` steps; the cost of a checkpoint is the loop's extra
 wall time over the run without, divided by the checkpoints written. Goal (issue 17): the asynchronous
 checkpoint costs the loop ≤ 0.1× what the synchronous one does (judged on the loop, not the writer).
@@ -169,7 +169,7 @@ def loop_seconds(pipeline: Pipeline, folder: Path, mode: str) -> float:
     """Wall seconds of `LOOP_EVERY * LOOP_CHECKPOINTS` training steps after a first (untimed) one, checkpointing every
     `LOOP_EVERY` steps as `mode` says ("none", "async", "sync"); the last checkpoint's write is inside the window."""
     from stack.checkpoint.training import RollingCheckpoints
-    from stack.models.testing import random_batch
+    from stack.synthetic_batch import random_batch
     from stack.train.datamodule import PipelineData, ResumableLoader
     from stack.train.fit import _quiet_known_warnings, build_trainer
     from stack.train.module import TrainModule

@@ -14,7 +14,7 @@ runs on one machine train alike.
 convolutions, off the bf16 instructions (measured on the AVX512-BF16 EPYC: bf16 matmul 440 GFLOP/s,
 2.6 with ONEDNN_MAX_CPU_ISA=AVX2, as slow as on an AVX2-only CPU), and `ATEN_CPU_CAPABILITY`
 below avx512 tells PyTorch to treat the CPU as one without AVX-512. Either makes the run choose as
-such a CPU would, so an AVX2-only CPU can be emulated on a newer one (`stack.testing.EMULATED_CPUS`).
+such a CPU would, so an AVX2-only CPU can be emulated on a newer one (`stack.cpu_emulation.EMULATED_CPUS`).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """`stack bench train-step-cuda`: one training step of the pipeline's network on a CUDA GPU.
 
-The network, AdamW and a synthetic batch (`stack.models.testing.random_batch`, already in
+The network, AdamW and a synthetic batch (`stack.synthetic_batch.random_batch`, already in
 GPU memory: data loading is measured by `stack bench data`) at fp32 and at bf16-mixed.
 Each step is split by CUDA events recorded between its phases -- forward with the loss,
 backward, optimizer step -- so the parts add up to the step and no extra synchronisation
@@ -95,7 +95,7 @@ def format_row(row: dict, batch_size: int) -> str:
 
 
 def run_step_cuda(pipeline: Pipeline, args) -> int:
-    from stack.models.testing import random_batch
+    from stack.synthetic_batch import random_batch
     from stack.ops.bev_pool_cuda_bench import require_cuda
 
     device = require_cuda("train-step-cuda", "train-step")

@@ -23,7 +23,7 @@ def test_both_backends_yield_narrow_dense_labels(dataset, small_pipeline, backen
 
 
 def test_mismatches_names_a_widened_field(dataset):
-    from stack.models.testing import random_batch
+    from stack.synthetic_batch import random_batch
 
     pipeline, _ = dataset
     batch = random_batch(pipeline)
@@ -37,7 +37,7 @@ def test_mismatches_names_a_widened_field(dataset):
 def test_the_loss_of_a_narrow_batch_equals_the_loss_of_the_widened_batch():
     from stack.models import build_model
     from stack.models.losses import multitask_loss
-    from stack.models.testing import random_batch
+    from stack.synthetic_batch import random_batch
 
     pipeline = load_pipeline(overrides=["data.rig.image_width=128", "data.rig.image_height=64", "model.backbone=resnet10t",
                                         "model.neck_channels=16", "model.bev_channels=16"])

@@ -4,7 +4,7 @@ The same config and seed give byte-identical shards on one machine (test_world.p
 CPUs they need not: numpy's float64 sin/cos/exp and PyTorch's float32 kernels differ in the last bits per
 instruction set (AVX-512, AVX2, SSE4.2), so a world state may differ by ~1e-14 m, and a float32 label or a
 pixel at a knife edge may round the other way. What a user may rely on is below; the test renders the
-session's small dataset again in a process limited to an SSE4.2 CPU's kernels (`stack.testing`; natively
+session's small dataset again in a process limited to an SSE4.2 CPU's kernels (`stack.cpu_emulation`; natively
 when this run already emulates that CPU) and compares every member of every shard.
 """
 
@@ -23,7 +23,7 @@ import pytest
 from PIL import Image
 
 from stack.config import pipeline_to_yaml
-from stack.testing import EMULATED_CPUS, emulated_cpu_env
+from stack.cpu_emulation import EMULATED_CPUS, emulated_cpu_env
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -91,7 +91,7 @@ def test_a_dataset_rendered_with_another_cpus_kernels_matches_in_geometry_and_la
     config = tmp_path / "pipeline.yaml"
     config.write_text(pipeline_to_yaml(pipeline))
     # `stack data make`, in a process that first checks that it computes as that CPU would.
-    program = ("import sys\nfrom stack.testing import emulation_problems\nfrom stack.cli import main\n"
+    program = ("import sys\nfrom stack.cpu_emulation import emulation_problems\nfrom stack.cli import main\n"
                "level = sys.argv[1]\nproblems = emulation_problems(level) if level != 'native' else []\n"
                "sys.exit(f'not emulated: {problems}' if problems else main(sys.argv[2:]))")
     result = subprocess.run([sys.executable, "-c", program, "x86-64-v2" if here != "x86-64-v2" else "native",

@@ -16,7 +16,7 @@ from stack.deploy.runner import DeployedNetwork
 from stack.deploy.stateful import MEMORY_OUTPUT, STATE_INPUTS, with_memory
 from stack.errors import StackError
 from stack.models import build_model
-from stack.models.testing import random_batch
+from stack.synthetic_batch import random_batch
 
 TINY = ["configs/pipeline.yaml", "configs/presets/tiny.yaml"]
 

@@ -8,7 +8,7 @@ from stack.models.bev_heads import DetectionHead
 from stack.models.decoders import decode_attributes
 from stack.models.losses import attribute_loss
 from stack.models.targets import encode_detections
-from stack.models.testing import random_batch
+from stack.synthetic_batch import random_batch
 from stack.ops.bev_pool import grid_cells
 
 

@@ -10,7 +10,7 @@ from stack.config import load_pipeline
 from stack.models import build_model
 from stack.models.bench import component_flops
 from stack.models.network import COMPONENTS
-from stack.models.testing import random_batch
+from stack.synthetic_batch import random_batch
 
 
 def test_model_benchmark_is_registered():

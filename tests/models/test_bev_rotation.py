@@ -13,7 +13,7 @@ from stack.kinematics import kinematic_rollout
 from stack.models import build_model
 from stack.models.bev_heads import rotate_trajectories
 from stack.models.losses import planning_loss
-from stack.models.testing import random_batch
+from stack.synthetic_batch import random_batch
 
 TINY = ["configs/pipeline.yaml", "configs/presets/tiny.yaml"]
 

@@ -11,7 +11,9 @@ from stack.config import load_pipeline
 from stack.errors import StackError
 from stack.models import build_model
 from stack.models.image_heads import camera_vector
-from stack.models.testing import fixed_and_per_batch_outputs, random_batch
+from stack.synthetic_batch import random_batch
+
+from helpers import fixed_and_per_batch_outputs
 
 warnings.filterwarnings("ignore", message="bev_pool: the extension")
 TINY = ["configs/pipeline.yaml", "configs/presets/tiny.yaml"]

@@ -10,7 +10,7 @@ import torch
 from stack.config import load_pipeline
 from stack.models import build_model
 from stack.models.outputs import output_names
-from stack.models.testing import random_batch
+from stack.synthetic_batch import random_batch
 
 
 class NamedOutputs(torch.nn.Module):

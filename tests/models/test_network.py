@@ -8,8 +8,9 @@ import torch
 from stack.config import load_pipeline
 from stack.models import build_model
 from stack.models.outputs import OUTPUTS, output_layout, output_names, output_shapes
-from stack.models.testing import fixed_and_per_batch_outputs, random_batch
-from stack.testing import device_params
+from stack.synthetic_batch import random_batch
+
+from helpers import device_params, fixed_and_per_batch_outputs
 
 warnings.filterwarnings("ignore", message="bev_pool: the extension")
 PRESETS = {"default": ["configs/pipeline.yaml"],

@@ -7,7 +7,7 @@ import torch
 
 from stack.config import load_pipeline
 from stack.models import build_model
-from stack.models.testing import random_batch
+from stack.synthetic_batch import random_batch
 
 
 @pytest.mark.slow

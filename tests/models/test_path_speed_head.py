@@ -11,7 +11,7 @@ from stack.kinematics import along_path, speed_profile_arcs
 from stack.models import build_model
 from stack.models.losses import speed_candidate_targets
 from stack.models.outputs import TRAINING_OUTPUTS, output_names, output_shapes
-from stack.models.testing import random_batch
+from stack.synthetic_batch import random_batch
 
 warnings.filterwarnings("ignore", message="bev_pool: the extension")
 ACCELERATIONS = [-7.0, -3.0, -1.0, 0.0, 1.5]

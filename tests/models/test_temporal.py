@@ -11,7 +11,7 @@ from stack.config import load_pipeline
 from stack.models import build_model
 from stack.models.outputs import output_names
 from stack.models.temporal import cell_centres, warp_previous_bev
-from stack.models.testing import random_batch
+from stack.synthetic_batch import random_batch
 
 TINY = ["configs/pipeline.yaml", "configs/presets/tiny.yaml"]
 RANGES = ((-32.0, 32.0), (-32.0, 32.0))

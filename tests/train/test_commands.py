@@ -78,7 +78,7 @@ def test_profile_writes_a_trace_with_a_range_per_phase(tmp_path):
 @pytest.mark.slow
 def test_evaluate_reports_every_head_and_its_baseline():
     from stack.models import build_model
-    from stack.models.testing import random_batch
+    from stack.synthetic_batch import random_batch
 
     pipeline = tiny_pipeline("model.backbone=resnet10t", "model.neck_channels=16", "model.bev_channels=16",
                              "model.bev.cell_size=3.2", "model.depth.bins=8", "model.max_boxes=8",
@@ -100,7 +100,7 @@ def test_evaluate_reports_every_head_and_its_baseline():
 @pytest.mark.slow
 def test_evaluate_says_what_a_temporal_network_reads_from_the_previous_key_frame():
     from stack.models import build_model
-    from stack.models.testing import random_batch
+    from stack.synthetic_batch import random_batch
 
     pipeline = tiny_pipeline("model.temporal_frames=1", "model.bev_channels=16", "model.depth.bins=8")
     torch.manual_seed(0)

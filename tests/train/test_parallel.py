@@ -119,7 +119,7 @@ def test_the_real_network_trains_with_bf16_gathers_and_its_fp32_layers_kept(one_
     weight meets an fp32 input there: 'mat1 and mat2 must have the same dtype')."""
     from stack.config import load_pipeline
     from stack.models import build_model
-    from stack.models.testing import random_batch
+    from stack.synthetic_batch import random_batch
     from stack.train.parallel import apply_fsdp
 
     pipeline = load_pipeline(["configs/pipeline.yaml", "configs/presets/tiny.yaml"],

@@ -80,10 +80,10 @@ def test_pytorch_kernels_limited_below_avx512_are_a_cpu_without_bf16(monkeypatch
 
 
 def test_an_emulated_avx2_cpu_trains_in_fp32_and_says_why():
-    """The settings `stack.testing` uses to emulate an AVX2-only CPU, in a fresh process (oneDNN and PyTorch read
+    """The settings `stack.cpu_emulation` uses to emulate an AVX2-only CPU, in a fresh process (oneDNN and PyTorch read
     them at start): bf16-mixed becomes 32-true, and the notice names the setting (or, on a CPU that really lacks
     bf16, the CPU)."""
-    from stack.testing import emulated_cpu_env
+    from stack.cpu_emulation import emulated_cpu_env
 
     probe = ("from stack.train.precision import effective_precision\n"
              "print(*effective_precision('bf16-mixed', 'cpu'), sep='\\n')")

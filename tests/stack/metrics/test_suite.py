@@ -10,7 +10,7 @@ from stack.config import load_pipeline
 from stack.metrics.suite import TaskMetrics
 from stack.models import build_model
 from stack.models.decoders import decode_all
-from stack.models.testing import random_batch
+from stack.synthetic_batch import random_batch
 
 
 def test_untrained_model_is_scored_on_every_task_with_baselines():

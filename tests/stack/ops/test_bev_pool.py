@@ -6,11 +6,11 @@ import warnings
 import pytest
 import torch
 from bev_cases import bev_pool_naive, make_geometry, random_inputs, rig_tensors
+from helpers import device_params
 
 from stack.ops import BevPoolError, bev_geometry, bev_pool, bev_pool_ref, extension_loaded
 from stack.ops import _extension
 from stack.pipeline import BevGridConfig
-from stack.testing import device_params
 
 needs_extension = pytest.mark.skipif(not extension_loaded(), reason="stack._C is not built (no C++ compiler at install)")
 # fp32 sums of hundreds of points in another order (CUDA intervals vs index_add) differ by a few

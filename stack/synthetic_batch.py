@@ -1,11 +1,12 @@
-"""Synthetic Batches for tests and benchmarks: a flat-ground scene seen by the pipeline's rig.
+"""Synthetic Batches for benches and tests: a flat-ground scene seen by the pipeline's rig.
 
 `random_batch` returns a `stack.batch.Batch` that passes `Batch.mismatches` for any
 pipeline: the fixed rig's cameras, metric depth and road/sky semantics rendered
 from a flat ground plane (z = 0), images painted by class with noise, random boxes
 on the grid, and ego motion at constant speed and yaw rate (past and future
 trajectories, command) — geometrically consistent, so depth, segmentation and
-planning are learnable, not noise. Train and deploy tests reuse it.
+planning are learnable, not noise. The model and training benches time steps on it
+(no loader in the way), so it ships with `stack`, beside `stack.batch`.
 """
 
 from __future__ import annotations
@@ -125,16 +126,3 @@ def _attributes(classes, labels: np.ndarray, rng: np.random.Generator) -> np.nda
         out[index] = rng.choice(choices) if len(choices) else -1
     return out
 
-
-def fixed_and_per_batch_outputs(model, batch: Batch) -> tuple[dict, dict]:
-    """(outputs with the rig baked by `fix_geometry`, outputs with geometry from the batch's cameras) of `model` in
-    eval mode: export's graph and training's path, which must agree for the pipeline's own rig."""
-    model.eval()
-    with torch.no_grad():
-        per_batch = model.forward_batch(batch)
-        model.fix_geometry(model.rig_geometry(batch=batch.images.shape[0]))
-        try:
-            fixed = model(batch.images, batch.ego_status, batch.command)
-        finally:
-            model.fix_geometry(None)
-    return fixed, per_batch

@@ -1,46 +1,11 @@
-"""Test helpers shared by the test suite: device parameters and skip reasons.
+"""Run this machine as an older CPU would: the kernel limits of numpy, PyTorch, oneDNN, MKL and OpenBLAS.
 
-Tests that need hardware this machine may lack carry a marker (`gpu`, `trt`);
-`tests/conftest.py` turns each marker into a skip that says why, using the
-reasons below. Importing this module is as cheap as importing `stack`.
+Users need it as much as the tests (`tests/conftest.py --emulate-cpu`): `eval "$(python -m stack.cpu_emulation env
+avx2)"` before a command makes it compute as an AVX2-only CI machine does, and `make test-portable` asks
+`python -m stack.cpu_emulation above LEVEL` whether emulating a level changes anything here.
 """
 
 from __future__ import annotations
-
-import importlib.util
-from functools import lru_cache
-
-
-@lru_cache(maxsize=1)
-def gpu_skip_reason() -> str | None:
-    """Why `gpu` tests cannot run here, or None when a CUDA device is usable."""
-    import torch
-
-    if not torch.cuda.is_available():
-        return "needs a CUDA GPU; torch.cuda.is_available() is False on this machine"
-    return None
-
-
-@lru_cache(maxsize=1)
-def trt_skip_reason() -> str | None:
-    """Why `trt` tests cannot run here, or None when TensorRT can be imported."""
-    if importlib.util.find_spec("tensorrt") is None:
-        return "needs TensorRT (pip extra `stack[trt]` on a GPU host or a Jetson); not importable here"
-    return gpu_skip_reason()
-
-
-MARKER_SKIP_REASONS = {"gpu": gpu_skip_reason, "trt": trt_skip_reason}
-"""Marker name -> function giving the reason to skip (None: run)."""
-
-
-def device_params() -> list:
-    """`["cpu", "cuda"]` for `pytest.mark.parametrize`, the CUDA case marked `gpu`."""
-    import pytest
-
-    return ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
-
-
-# ----------------------------------------------------------------------------- other CPUs on this one
 
 EMULATED_CPUS = {
     "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
@@ -48,7 +13,7 @@ EMULATED_CPUS = {
     "x86-64-v2": {"ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "SSE41",
                   "MKL_ENABLE_INSTRUCTIONS": "SSE4_2", "OPENBLAS_CORETYPE": "Nehalem"},
 }
-"""The CPUs a test run can pretend to be, and the settings that make PyTorch (ATen's vectorised kernels), oneDNN
+"""The CPUs a run can pretend to be, and the settings that make PyTorch (ATen's vectorised kernels), oneDNN
 (convolutions, bf16/fp32 matmuls), MKL and OpenBLAS pick the kernels they pick on such a CPU. `avx2`: an AVX2-only
 AMD EPYC, as some CI machines are (no AVX-512, no AVX512-BF16, no VNNI); `x86-64-v2`: SSE4.2, numpy's baseline.
 numpy's own SIMD dispatch is limited through NPY_DISABLE_CPU_FEATURES (`numpy_features_to_disable`)."""
@@ -135,14 +100,14 @@ def above_emulated_cpu(level: str) -> list[str]:
 
 
 def _main(argv: list[str]) -> int:
-    """python -m stack.testing above LEVEL: exit 0 when this CPU has more than LEVEL (so emulating it changes
-    something), 1 when not. python -m stack.testing env LEVEL: `export` lines of LEVEL's settings, for
-    eval "$(python -m stack.testing env avx2)" before a command that should compute as such a CPU would."""
+    """python -m stack.cpu_emulation above LEVEL: exit 0 when this CPU has more than LEVEL (so emulating it changes
+    something), 1 when not. python -m stack.cpu_emulation env LEVEL: `export` lines of LEVEL's settings, for
+    eval "$(python -m stack.cpu_emulation env avx2)" before a command that should compute as such a CPU would."""
     import shlex
     import sys
 
     if len(argv) != 2 or argv[0] not in ("above", "env") or argv[1] not in EMULATED_CPUS:
-        print(f"usage: python -m stack.testing {{above,env}} {{{','.join(EMULATED_CPUS)}}}", file=sys.stderr)
+        print(f"usage: python -m stack.cpu_emulation {{above,env}} {{{','.join(EMULATED_CPUS)}}}", file=sys.stderr)
         return 2
     if argv[0] == "env":
         print("\n".join(f"export {name}={shlex.quote(value)}" for name, value in emulated_cpu_env(argv[1]).items()))
