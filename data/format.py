@@ -56,6 +56,7 @@ from pathlib import Path
 import numpy as np
 
 from stack.failpoints import fail_point
+from stack.user_json import read_json_or_none
 
 SCHEMA_VERSION = 3
 """Version of the shard schema described above."""
@@ -100,8 +101,9 @@ def encode_jpeg(image: np.ndarray, quality: int) -> bytes:
 def dataset_files(root: Path) -> list[str]:
     """Paths (relative to `root`) of every shard and sidecar its manifest lists; [] when there is no
     readable manifest. These are the only files `stack data make` ever replaces or deletes."""
+    manifest = read_json_or_none(Path(root) / MANIFEST)
     try:
-        return manifest_files(json.loads((Path(root) / MANIFEST).read_text()))
+        return manifest_files(manifest) if manifest is not None else []
     except (OSError, ValueError):
         return []
 

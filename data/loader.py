@@ -25,7 +25,6 @@ and logged.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import multiprocessing
@@ -46,6 +45,7 @@ from stack.data.shard_index import SampleReader, ShortShard
 from stack.data.sharding import Piece, locate, rank_samples, worker_quotas, worker_samples
 from stack.errors import StackError
 from stack.pipeline import Pipeline
+from stack.user_json import read_json
 
 log = logging.getLogger("stack.data")
 SHUFFLE_BUFFER = 16
@@ -57,11 +57,9 @@ def read_manifest(root: str | Path) -> dict:
     if not path.is_file():
         raise StackError(f"no dataset at {root}: expected {path}; render one with `stack data make` "
                          "(or point data.root at an existing dataset)")
-    try:
-        manifest = json.loads(path.read_text())
-    except ValueError as exc:
-        raise StackError(f"{path} is not valid JSON ({exc}); re-create the dataset with `stack data make`") from exc
-    if isinstance(manifest, dict) and manifest.get("schema") != SCHEMA_VERSION:
+    manifest = read_json(path, "a dataset manifest `stack data make` writes",
+                         "Re-create the dataset with `stack data make` (or point data.root at one).")
+    if manifest.get("schema") != SCHEMA_VERSION:
         raise StackError(f"{path}: schema version {manifest.get('schema')!r}, this stack reads version {SCHEMA_VERSION}; "
                          "re-create the dataset with this version's `stack data make`")
     problem = manifest_problem(manifest)

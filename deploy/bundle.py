@@ -37,6 +37,7 @@ from pathlib import Path
 from stack.durable import exchange
 from stack.errors import StackError
 from stack.failpoints import fail_point
+from stack.user_json import read_json
 
 GATE_FILE = "gate.json"
 GATE_DIGEST = "gate_sha256"
@@ -151,13 +152,10 @@ def read_gate(folder: str | Path) -> dict:
     if not path.is_file():
         raise StackError(f"{folder} is not a deploy bundle: it has no {GATE_FILE}. Run `stack deploy` to build one.")
     try:
-        gate = json.loads(path.read_text())
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise BundleMismatch(f"{path} is not valid JSON ({exc}); the bundle cannot be trusted. Deploy again.") from None
-    except RecursionError:
-        raise BundleMismatch(f"{path} is nested too deeply to be a gate.json `stack deploy` wrote; the bundle "
-                             "cannot be trusted. Deploy again.") from None
-    if not isinstance(gate, dict) or not isinstance(gate.get("files"), dict):
+        gate = read_json(path, f"the {GATE_FILE} `stack deploy` writes", "The bundle cannot be trusted: deploy again.")
+    except StackError as refused:
+        raise BundleMismatch(str(refused)) from None
+    if not isinstance(gate.get("files"), dict):
         raise BundleMismatch(f"{path} lists no file checksums (expected a 'files' object of sha256 sums): it was "
                              f"written by an older stack or edited. Deploy again to get a bundle that can be verified.")
     malformed = [name for name, digest in gate["files"].items()

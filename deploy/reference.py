@@ -27,6 +27,7 @@ import numpy as np
 
 from stack.deploy.bundle import sha256_file
 from stack.errors import StackError
+from stack.user_json import read_json
 
 REFERENCE_DIR = Path("models/reference/tiny-drive")
 """Where the pinned reference network lives, relative to the repository root."""
@@ -88,13 +89,7 @@ def pin(checkpoint: str | Path, folder: Path, eval_metrics: Path, drive_json: Pa
 
 
 def _read_json(path: Path, what: str) -> dict:
-    try:
-        found = json.loads(Path(path).read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise StackError(f"{path}: expected {what}, could not read it ({type(exc).__name__}: {str(exc)[:120]})") from None
-    if not isinstance(found, dict):
-        raise StackError(f"{path}: expected {what} (a JSON object), found a {type(found).__name__}")
-    return found
+    return read_json(path, what, "Write it again with the stack command that makes it.")
 
 
 def capture_frames(model_path: Path, pipeline) -> list[dict]:

@@ -14,13 +14,13 @@ on the same episodes they must not move, which checks that the worlds were the s
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 from stack.errors import StackError
 from stack.metrics.driving import paired_gain
 from stack.sim.policies import BASELINE_KINDS
+from stack.user_json import read_json
 
 COMPARED = ("driving_score", "pdms", "route_completion", "collisions")
 """What the comparison reports: the two headline scores, and the progress and the at-fault collisions per episode
@@ -37,12 +37,8 @@ def read_drive(path: str | Path) -> dict:
     if not file.is_file():
         raise StackError(f"--compare {path}: expected a stack drive folder or its drive.json (stack drive writes them "
                          f"to drive.out_dir); found {'a folder without drive.json' if path.is_dir() else 'nothing'}")
-    try:
-        report = json.loads(file.read_text())
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise StackError(f"--compare {file}: expected the JSON report stack drive writes; it does not parse ({exc}); "
-                         f"drive again to rewrite it") from None
-    rows = report.get("rows") if isinstance(report, dict) else None
+    report = read_json(file, "the JSON report stack drive writes (--compare)", "Drive again to rewrite it.")
+    rows = report.get("rows")
     if not isinstance(rows, list) or not rows or not all(_is_row(row) for row in rows):
         raise StackError(f"--compare {file}: expected stack drive's report (a 'rows' list of episodes with policy, "
                          f"family, seed and metrics); this file has none: is it another tool's JSON?")

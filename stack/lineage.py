@@ -40,6 +40,8 @@ import re
 import subprocess
 from pathlib import Path
 
+from stack.user_json import read_json_or_none
+
 TRACKING_KEY = "tracking"
 """Checkpoint / gate.json key of the MLflow run record {uri, run_id, experiment}."""
 DATASET_KEY = "dataset"
@@ -76,8 +78,7 @@ def dataset_fingerprint(root: str | Path) -> dict | None:
     """The fingerprint of the dataset at `root`, or None when it has no readable manifest."""
     root = Path(root)
     try:
-        text = (root / MANIFEST).read_text()
-        manifest = json.loads(text)
+        manifest = read_json_or_none(root / MANIFEST)
         splits = manifest["splits"]
         assert isinstance(splits, dict)
     except (OSError, ValueError, KeyError, TypeError, AssertionError):

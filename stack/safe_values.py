@@ -114,3 +114,11 @@ def container_mount(value: str) -> str | None:
 
 def _short(value: str, limit: int = 80) -> str:
     return repr(value if len(value) <= limit else value[:limit] + "...")
+
+
+def escaped(text: str, limit: int = 200) -> str:
+    """`text` as it may be printed: control characters as `\\x1b`-style escapes (a name from a user's file must
+    not move the cursor or recolour the terminal), cut at `limit` characters."""
+    text = str(text)
+    shown = CONTROL.sub(lambda match: match.group().encode("unicode_escape").decode("ascii"), text[:limit])
+    return shown + ("..." if len(text) > limit else "")

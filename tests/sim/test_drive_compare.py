@@ -50,7 +50,7 @@ def test_one_network_each_under_other_names_is_paired(tmp_path, capsys):
 
 @pytest.mark.parametrize("case, message", [
     ("missing", "expected a stack drive folder or its drive.json"),
-    ("not-json", "does not parse"),
+    ("not-json", "found invalid JSON at line 1"),
     ("other-json", "'rows' list of episodes"),
     ("other-split", "did not drive the same worlds (drive.split 'tuning' against 'evaluation')"),
     ("other-episodes", "drove no episode in common"),

@@ -1,0 +1,126 @@
+"""One bounded reader for the JSON files the stack reads back from users' folders.
+
+Drive reports, bench records, gate.json, shard manifests and reference cards are files a user (or anyone who
+can write to their folder) may have edited. Python's `json` has no limits of its own: nesting deeper than the
+interpreter's stack escapes as RecursionError, `1e999` parses to inf, a 5,000-digit integer raises a bare
+ValueError, and a multi-gigabyte file is read whole before anything is checked. `read_json` / `parse_json`
+check the size before reading, the nesting before parsing, refuse infinite and huge numbers while parsing,
+and the top-level type after; every refusal is a `StackError` in one style: what the file should be, what
+was found, what to do. Standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from stack.errors import StackError
+from stack.safe_values import escaped
+
+MAX_BYTES = 64 * 1024 * 1024
+"""Largest JSON file read (a 112-episode drive report is ~1 MB, a bench record a few kB)."""
+MAX_DEPTH = 64
+"""Deepest nesting of objects and arrays (the stack's own files nest at most ~6 levels)."""
+MAX_NUMBER = 1e19
+"""Largest magnitude of a number (above a nanosecond clock, below where float arithmetic overflows)."""
+MAX_DIGITS = 20
+"""Longest integer literal (digits) parsed."""
+
+
+def read_json(path: str | Path, what: str, fix: str, expect: type = dict, max_bytes: int = MAX_BYTES):
+    """The parsed JSON at `path`, which should be `what` (e.g. "a stack drive report"); `fix` says what to do
+    when it is not (e.g. "drive again to rewrite it")."""
+    path = Path(path)
+    if not path.is_file():
+        found = "a folder" if path.is_dir() else "nothing"
+        raise StackError(f"{escaped(str(path))}: expected {what} (a JSON file); found {found}. {fix}")
+    size = path.stat().st_size
+    if size > max_bytes:
+        raise StackError(f"{escaped(str(path))}: expected {what} of at most {max_bytes // (1024 * 1024)} MiB; found "
+                         f"{size / (1024 * 1024):.0f} MiB, which the stack never writes. {fix}")
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError:
+        raise StackError(f"{escaped(str(path))}: expected {what} (JSON text); found binary data. {fix}") from None
+    return parse_json(text, f"{escaped(str(path))}", what, fix, expect)
+
+
+def parse_json(text: str, source: str, what: str, fix: str, expect: type = dict):
+    """`text` parsed under the limits above; `source` names where it came from in the error."""
+    depth = nesting_depth(text)
+    if depth > MAX_DEPTH:
+        raise StackError(f"{source}: expected {what}; found JSON nested {depth} levels deep (at most {MAX_DEPTH} "
+                         f"are read). {fix}")
+    try:
+        value = json.loads(text, parse_constant=_refuse_constant, parse_int=_bounded_int, parse_float=_bounded_float)
+    except json.JSONDecodeError as exc:
+        raise StackError(f"{source}: expected {what}; found invalid JSON at line {exc.lineno} column {exc.colno} "
+                         f"({exc.msg}); the file may be cut short or edited. {fix}") from None
+    except _NumberOutOfRange as exc:
+        raise StackError(f"{source}: expected {what}; found the number {exc} (numbers are NaN or within "
+                         f"±{MAX_NUMBER:.0e}). {fix}") from None
+    if not isinstance(value, expect):
+        raise StackError(f"{source}: expected {what} (a JSON {_json_type(expect)}); found a JSON "
+                         f"{_json_type(type(value))}. {fix}")
+    return value
+
+
+def nesting_depth(text: str) -> int:
+    """The deepest nesting of `[`/`{` outside strings: a linear scan, so depth is known before json recurses."""
+    depth = deepest = 0
+    in_string = escape = False
+    for char in text:
+        if in_string:
+            if escape:
+                escape = False
+            elif char == "\\":
+                escape = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth -= 1
+    return deepest
+
+
+class _NumberOutOfRange(ValueError):
+    pass
+
+
+def _refuse_constant(name: str) -> float:
+    """NaN stays (the stack writes it for "no value": an interval never computed); ±Infinity does not."""
+    if name == "NaN":
+        return math.nan
+    raise _NumberOutOfRange(name)
+
+
+def _bounded_int(literal: str) -> int:
+    if len(literal.lstrip("-")) > MAX_DIGITS or abs(int(literal)) > MAX_NUMBER:
+        raise _NumberOutOfRange(literal if len(literal) <= 24 else f"{literal[:20]}... ({len(literal)} digits)")
+    return int(literal)
+
+
+def _bounded_float(literal: str) -> float:
+    value = float(literal)
+    if math.isinf(value) or abs(value) > MAX_NUMBER:
+        raise _NumberOutOfRange(literal if len(literal) <= 24 else f"{literal[:20]}...")
+    return value
+
+
+def _json_type(kind: type) -> str:
+    return {dict: "object", list: "array", str: "string", int: "number", float: "number", bool: "boolean",
+            type(None): "null"}.get(kind, kind.__name__)
+
+
+def read_json_or_none(path: str | Path, expect: type = dict):
+    """The parsed JSON at `path` under the same limits, or None when it is absent, unreadable or refused: for
+    callers that treat such a file as "none there" and let the reader that needs it say what is wrong."""
+    try:
+        return read_json(path, "JSON", "", expect)
+    except (StackError, OSError):
+        return None
