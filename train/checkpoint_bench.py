@@ -168,7 +168,7 @@ class StepClock(pl.Callback):
 def loop_seconds(pipeline: Pipeline, folder: Path, mode: str) -> float:
     """Wall seconds of `LOOP_EVERY * LOOP_CHECKPOINTS` training steps after a first (untimed) one, checkpointing every
     `LOOP_EVERY` steps as `mode` says ("none", "async", "sync"); the last checkpoint's write is inside the window."""
-    from stack.checkpoint.training import RollingCheckpoints
+    from stack.train.checkpoints import RollingCheckpoints
     from stack.synthetic_batch import random_batch
     from stack.train.datamodule import PipelineData, ResumableLoader
     from stack.train.fit import _quiet_known_warnings, build_trainer

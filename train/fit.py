@@ -8,7 +8,7 @@ starts the other local ranks itself (re-running the same command) or, under SLUR
 and torchrun, picks up the ranks their launchers created.
 
 Before Lightning starts, the out_dir and the resume checkpoint are checked
-(`stack.checkpoint.training`): a fresh run never overwrites an earlier one unasked, and
+(`stack.train.checkpoints`): a fresh run never overwrites an earlier one unasked, and
 a checkpoint that is unreadable or shaped for another network is refused. A resumed
 run appends to the earlier CSV and TensorBoard logs (rows from the resumed step on are
 replaced, since those steps run again). Ctrl-C stops with `TrainingInterrupted`
@@ -34,8 +34,8 @@ from torch import nn
 from stack.errors import StackError
 from stack.pipeline import Pipeline
 from stack.train.callbacks import LoaderPosition, StepStats
-from stack.checkpoint.training import (LATEST, RollingCheckpoints, ShardedCheckpointIO, check_resume, out_dir_lock,
-                                    prepare_out_dir, resolve_resume)
+from stack.train.checkpoints import (LATEST, RollingCheckpoints, ShardedCheckpointIO, check_resume, out_dir_lock,
+                                  prepare_out_dir, resolve_resume)
 from stack.data.camera_records import check_rig
 from stack.train.datamodule import LoaderFactory, PipelineData
 from stack.train.module import TrainModule

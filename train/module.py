@@ -9,7 +9,7 @@ A non-finite loss term or gradient norm stops the run with `TrainingDiverged`,
 naming the step and the term; every rank agrees before stopping, so no rank is left
 waiting in a collective, and no checkpoint is written after the bad step. Weights that
 an update itself turns non-finite are caught before the next checkpoint is written
-(`stack.checkpoint.training`), so the checkpoint named "last good" always has finite weights.
+(`stack.train.checkpoints`), so the checkpoint named "last good" always has finite weights.
 """
 
 from __future__ import annotations

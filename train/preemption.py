@@ -47,7 +47,7 @@ import torch.distributed as dist
 
 from stack.errors import StackError
 from stack.pipeline import Pipeline
-from stack.checkpoint.training import LATEST, RollingCheckpoints
+from stack.train.checkpoints import LATEST, RollingCheckpoints
 
 REQUEUE_SIGNAL = signal.SIGUSR1
 """What `#SBATCH --signal` asks for before the time limit (Lightning's default requeue signal too)."""

@@ -35,7 +35,6 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner, _EmptyStateDictLoadPlanner
 from torch.distributed.checkpoint.staging import AsyncStager
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
@@ -313,16 +312,6 @@ def first_line(exc: BaseException) -> str:
         exc = next(iter(exc.failures.values()))
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
-
-
-class ShardedCheckpointIO(TorchCheckpointIO):
-    """Lightning's resume reader for 1 rank and DDP: a checkpoint folder is read through DCP (FSDP2's
-    ModelParallelStrategy reads the same folder itself, into its shards); a single `.ckpt` file weights-only."""
-
-    def load_checkpoint(self, path, map_location=None, weights_only=None) -> dict:
-        if Path(path).is_dir():
-            return load_sharded_checkpoint(Path(path))
-        return super().load_checkpoint(path, map_location=map_location, weights_only=True)
 
 
 def read_checkpoint_safely(path: Path) -> dict:

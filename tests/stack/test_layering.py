@@ -70,7 +70,26 @@ def test_the_ground_floor_imports_stages_only_inside_functions():
     assert not wrong, "; ".join(wrong)
 
 
+def imports_lightning(path: Path) -> bool:
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else \
+            [node.module] if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 else []
+        if any(name.split(".")[0] in ("lightning", "pytorch_lightning") for name in names):
+            return True
+    return False
+
+
+def test_only_the_trainer_imports_lightning():
+    """Lightning is training's framework: the base layer (checkpoint formats included: `stack.checkpoint`), the
+    simulator, data, models and deploy read and write what training made without it (its side of checkpoints is
+    `stack.train.checkpoints`)."""
+    wrong = [path.relative_to(ROOT).as_posix() for folder in ("stack", "sim", "data", "models", "deploy")
+             for path in sorted((ROOT / folder).rglob("*.py")) if imports_lightning(path)]
+    assert not wrong, "only train/ may import Lightning: " + ", ".join(wrong)
+
+
 def test_the_check_sees_a_wrong_import(tmp_path):
     bad = tmp_path / "bad.py"
-    bad.write_text("def f():\n    from stack.deploy.runner import DeployedNetwork\n")
+    bad.write_text("def f():\n    from stack.deploy.runner import DeployedNetwork\n    import lightning.pytorch\n")
     assert imported_stages(bad) == {"stack.deploy"}
+    assert imports_lightning(bad)

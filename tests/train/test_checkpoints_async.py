@@ -20,7 +20,7 @@ import stack.train.fit as fit_module
 from stack.checkpoint import sharded as dcp_io
 from stack.checkpoint.model_file import load_model_checkpoint
 from stack.checkpoint.sharded import load_sharded_checkpoint
-from stack.checkpoint.training import RollingCheckpoints
+from stack.train.checkpoints import RollingCheckpoints
 from stack.errors import StackError
 
 RECIPE = STANDIN_RECIPE  # trained once per session: tests/train/conftest.py
@@ -216,7 +216,7 @@ def test_ctrl_c_during_the_state_dump_is_held_until_the_checkpoint_is_staged():
     structured-config code it surfaced as an AttributeError and the run exited 1 instead of 130)."""
     import signal
 
-    from stack.checkpoint.training import ctrl_c_deferred
+    from stack.train.checkpoints import ctrl_c_deferred
 
     finished = []
     outer = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal (a background shell ignores it)

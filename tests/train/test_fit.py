@@ -14,7 +14,7 @@ from standin import STANDIN_RECIPE, TinyMultiTask, synthetic_loaders, tiny_pipel
 
 from stack.checkpoint.model_file import load_model_checkpoint
 from stack.errors import StackError
-from stack.checkpoint.training import resolve_resume
+from stack.train.checkpoints import resolve_resume
 from stack.checkpoint.sharded import load_sharded_checkpoint
 from stack.train.fit import fit
 from stack.train.module import TrainingDiverged

@@ -13,7 +13,7 @@ from standin import TinyMultiTask, synthetic_loaders, tiny_pipeline  # noqa: E40
 
 from stack.checkpoint.model_file import load_model_checkpoint
 from stack.lineage import dataset_fingerprint
-from stack.checkpoint.training import read_resume_checkpoint
+from stack.train.checkpoints import read_resume_checkpoint
 from stack.train.fit import fit
 
 RECIPE = ["train.max_epochs=1", "train.log_every_n_steps=1", "train.checkpoint_every_n_steps=3", "train.seed=7",

@@ -1,4 +1,7 @@
-"""Resumable checkpoints that an interrupted write can never corrupt.
+"""Resumable checkpoints that an interrupted write can never corrupt: the Lightning side (callback, resume reader).
+
+It lives in `stack.train` because only training uses it and it needs Lightning; the formats it writes and reads
+(`stack.checkpoint.sharded`, `stack.checkpoint.model_file`) need only torch, so deploy and eval read them without it.
 
 Every `train.checkpoint_every_n_steps` (and when fitting ends) the full training state
 — model, optimizer, LR schedule, step, loop and loader position, RNG, and the
@@ -33,14 +36,25 @@ from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
 from stack.errors import StackError
-from stack.checkpoint.sharded import (LATEST, AsyncCheckpointWriter, CheckpointWriteFailed, ShardedCheckpointIO,
-                               read_checkpoint_safely)
+from stack.checkpoint.sharded import (LATEST, AsyncCheckpointWriter, CheckpointWriteFailed, load_sharded_checkpoint,
+                                      read_checkpoint_safely)
 
 __all__ = ["LATEST", "RollingCheckpoints", "ShardedCheckpointIO", "check_resume", "prepare_out_dir", "resolve_resume"]
 RUN_OUTPUTS = ("checkpoints", "model.pt", "csv", "tensorboard", "pipeline.yaml")
 """What a run writes under train.out_dir (and what train.overwrite=true deletes)."""
+
+
+class ShardedCheckpointIO(TorchCheckpointIO):
+    """Lightning's resume reader for 1 rank and DDP: a checkpoint folder is read through DCP (FSDP2's
+    ModelParallelStrategy reads the same folder itself, into its shards); a single `.ckpt` file weights-only."""
+
+    def load_checkpoint(self, path, map_location=None, weights_only=None) -> dict:
+        if Path(path).is_dir():
+            return load_sharded_checkpoint(Path(path))
+        return super().load_checkpoint(path, map_location=map_location, weights_only=True)
 
 
 class RollingCheckpoints(pl.Callback):
