@@ -37,6 +37,7 @@ from pathlib import Path
 from stack.durable import exchange
 from stack.errors import StackError
 from stack.failpoints import fail_point
+from stack.safe_values import escaped
 from stack.user_json import read_json
 
 GATE_FILE = "gate.json"
@@ -62,12 +63,17 @@ def sha256_file(path: str | Path) -> str:
 
 def bundle_files(folder: Path) -> dict[str, str]:
     """{relative path: sha256} of every file in `folder` except gate.json itself and the device/ outputs."""
-    files = {}
+    return {name: sha256_file(folder / name) for name in bundle_names(folder)}
+
+
+def bundle_names(folder: Path) -> list[str]:
+    """Relative paths of the files `bundle_files` hashes, without reading any of them."""
+    names = []
     for path in sorted(folder.rglob("*")):
         relative = path.relative_to(folder)
         if path.is_file() and relative.as_posix() != GATE_FILE and relative.parts[0] != DEVICE_FOLDER:
-            files[relative.as_posix()] = sha256_file(path)
-    return files
+            names.append(relative.as_posix())
+    return names
 
 
 def check_replaceable(folder: Path) -> None:
@@ -199,13 +205,15 @@ def _check_files(folder: Path, gate: dict) -> None:
     the bundle, or at /dev/zero, whose sha256 never ends), which is refused before any file is read."""
     links = [path.relative_to(folder).as_posix() for path in _links(folder)]
     if links:
-        raise BundleMismatch(f"bundle {folder} holds symbolic links ({', '.join(links[:5])}); a bundle holds only "
+        raise BundleMismatch(f"bundle {folder} holds symbolic links ({escaped(', '.join(links[:5]))}); a bundle holds only "
                              "the files `stack deploy` wrote. Its gate verdict does not cover them; deploy again.")
-    found, vouched = bundle_files(folder), gate["files"]
-    problems = [f"{name}: missing" for name in sorted(set(vouched) - set(found))]
-    problems += [f"{name}: changed since the gate ran (sha256 {found[name][:12]}…, vouched {vouched[name][:12]}…)"
-                 for name in sorted(set(vouched) & set(found)) if found[name] != vouched[name]]
-    problems += [f"{name}: not part of the gated bundle" for name in sorted(set(found) - set(vouched))]
+    names, vouched = set(bundle_names(folder)), gate["files"]
+    problems = [f"{escaped(name)}: missing" for name in sorted(set(vouched) - names)]
+    problems += [f"{escaped(name)}: not part of the gated bundle" for name in sorted(names - set(vouched))]
+    if not problems:  # names first: a file gate.json does not list is refused unread (it may be huge)
+        found = {name: sha256_file(folder / name) for name in sorted(names)}
+        problems = [f"{escaped(name)}: changed since the gate ran (sha256 {found[name][:12]}…, vouched "
+                    f"{vouched[name][:12]}…)" for name in sorted(names) if found[name] != vouched[name]]
     if problems:
         raise BundleMismatch(f"bundle {folder} does not match its {GATE_FILE}:\n  " + "\n  ".join(problems)
                              + "\nIts gate verdict does not cover these files; deploy again to rebuild it.")
@@ -229,7 +237,7 @@ def _check_verdicts(folder: Path, gate: dict) -> None:
     shipped = gate.get("shipped")
     name = shipped.get("file") if isinstance(shipped, dict) else None
     if name not in MODEL_FILES or name not in gate["files"]:
-        raise BundleMismatch(f"{folder / GATE_FILE} ships {str(name)[:200]!r}; expected one of the bundle's own "
+        raise BundleMismatch(f"{folder / GATE_FILE} ships {escaped(repr(name))}; expected one of the bundle's own "
                              f"model files {list(MODEL_FILES)} that gate.json vouches for. Deploy again.")
     problems = verdict_problems(gate)
     if problems:

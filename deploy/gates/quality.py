@@ -72,8 +72,8 @@ def reasons(heads: dict, driving: dict) -> list[str]:
 def recompute(quality: dict, closed_loop: dict | None) -> list[str]:
     """What in a recorded quality verdict does not follow from its recorded figures ([] when all does)."""
     problems = []
-    heads = head_quality(quality["heads"]["metrics"], quality["heads"]["source"]) \
-        if "not_judged" not in quality["heads"] else quality["heads"]
+    recorded = quality["heads"]  # "not judged" is recomputed too: it fails, whatever the record claims
+    heads = head_quality(None if "not_judged" in recorded else recorded["metrics"], recorded["source"])
     if heads["passed"] != quality["heads"]["passed"] or \
             [(r["passed"], r["judged"]) for r in heads["rows"]] != \
             [(r.get("passed"), r.get("judged", True)) for r in quality["heads"]["rows"]]:

@@ -69,16 +69,20 @@ def verify(bundle: str) -> int:
     """`stack deploy --verify BUNDLE`: 0 when every file matches gate.json and the bundle is for deployment (every
     gate passed, quality included), else 1."""
     from stack.deploy.bundle import BundleMismatch, verify_bundle
+    from stack.safe_values import escaped
+
+    def show(text) -> None:  # gate.json's text and the bundle's file names are the user's: printed escaped
+        print("\n".join(escaped(line, limit=2000) for line in str(text).splitlines()))
 
     try:
         gate = verify_bundle(bundle)
     except BundleMismatch as exc:
-        print(f"stack deploy --verify: {exc}")
+        show(f"stack deploy --verify: {exc}")
         return 1
     from stack.deploy.report import verdict_line
 
-    print(f"{bundle}: {len(gate['files'])} files match gate.json; the gate verdict for target "
-          f"{gate.get('target', '?')} is {verdict_line(gate)} (checkpoint {gate.get('checkpoint', '?')})")
+    show(f"{bundle}: {len(gate['files'])} files match gate.json; the gate verdict for target "
+         f"{gate.get('target', '?')} is {verdict_line(gate)} (checkpoint {gate.get('checkpoint', '?')})")
     for reason in gate.get("failures", []) + gate.get("below_bar", []):
-        print(f"  {reason}")
+        show(f"  {reason}")
     return 0 if gate["for_deployment"] else 1

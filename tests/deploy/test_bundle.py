@@ -162,6 +162,12 @@ def _fp32_drives_into_everything(gate):
             row["metrics"] = {"driving_score": 0.0, "pdms": 0.0}
 
 
+def _heads_say_not_judged_but_passed(gate):
+    """The heads' record replaced by a "not judged" one that still claims to pass (not judged is not good enough)."""
+    gate["quality"]["heads"] = {"passed": True, "rows": [], "metrics": {}, "source": "edited",
+                                "not_judged": "nothing was scored"}
+
+
 def _interval_past_the_budget(gate):
     """A head's interval now reaches past its budget: inconclusive, which the target does not let pass."""
     head = gate["accuracy"]["heads"][0]
@@ -182,6 +188,7 @@ def _interval_past_the_budget(gate):
     (_set("failures", ["edited"]), "the overall verdict is PASS, but its failures list failed"),
     (_set("fps", None), "misshapen"),
     (_set("quality.heads.metrics.segmentation/mIoU", 0.01), "head verdicts do not follow from its recorded head"),
+    (_heads_say_not_judged_but_passed, "head verdicts do not follow from its recorded head"),
     (_fp32_drives_into_everything, "the quality gate's closed-loop verdict says True but its episode scores say False"),
     (_set("for_deployment", False), "for_deployment says False"),
     (_set("quality.passed", False), "the quality verdict is not the conjunction"),
@@ -214,6 +221,22 @@ def test_a_gate_json_nested_200000_deep_is_a_clear_error(gated, tmp_path, capsys
     assert "nested 200000 levels deep" in out and "Traceback" not in out
 
 
+def test_an_unvouched_file_is_named_before_any_file_is_hashed(gated, tmp_path, monkeypatch):
+    """A file gate.json does not list fails on its name: a 1 TiB sparse file is never read (hashing it would take
+    hours), and a name holding terminal escapes is printed escaped."""
+    import stack.deploy.bundle as bundle_module
+
+    bundle = _copy(gated, tmp_path)
+    with (bundle / "huge\x1b[2J.bin").open("wb") as handle:
+        handle.truncate(1024 ** 4)
+    hashed = []
+    monkeypatch.setattr(bundle_module, "sha256_file", lambda path: hashed.append(path) or "0" * 64)
+    with pytest.raises(BundleMismatch) as caught:
+        verify_bundle(bundle)
+    assert hashed == [] and "huge\\x1b[2J.bin: not part of the gated bundle" in str(caught.value)
+    assert "\x1b" not in str(caught.value)
+
+
 def test_what_build_engine_sh_writes_on_the_device_does_not_break_verification(gated, tmp_path):
     bundle = _copy(gated, tmp_path)
     (bundle / "device").mkdir()
@@ -233,6 +256,10 @@ def test_stack_deploy_verify_exit_codes(gated, tmp_path, capsys):
     assert "report.md: changed" in capsys.readouterr().out
     assert main(["deploy", "--verify", str(tmp_path / "nothing")]) == 2
     assert "not a deploy bundle" in capsys.readouterr().err
+    resealed = _resealed(_copy(gated, tmp_path / "escapes"), lambda gate: gate.update(checkpoint="run\x1b]0;owned\x07.pt"))
+    assert main(["deploy", "--verify", str(resealed)]) == 0
+    out = capsys.readouterr().out
+    assert "run\\x1b]0;owned\\x07.pt" in out and "\x1b" not in out, "gate.json's text is printed escaped"
 
 
 def test_a_completed_redeploy_leaves_nothing_of_the_old_bundle(gated, tmp_path, deploy_module):
