@@ -480,17 +480,21 @@ def _check_folders(pipeline: Pipeline) -> None:
     """A folder key whose path (or one of its parents) is an existing file fails later, deep in a stage."""
     for key in FOLDER_KEYS:
         section, name = key.split(".")
-        value = getattr(getattr(pipeline, section), name)
-        path = Path(value)
-        try:
-            blocking = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
-        except (OSError, ValueError) as exc:
-            raise ConfigError(f"{key}={value[:80]!r} cannot be used as a folder ({exc}); "
-                              "give a shorter, plain path.") from None
-        if blocking is not None:
-            what = "is a file" if blocking == path else f"lies under {str(blocking)!r}, which is a file"
-            raise ConfigError(f"{key}={value!r} {what}; {key} names a folder (created when missing). "
-                              f"Point it at a folder, or move the file away.")
+        check_folder(key, getattr(getattr(pipeline, section), name))
+
+
+def check_folder(key: str, value: str) -> None:
+    """ConfigError unless `value` (the folder key `key`) can be a folder: neither it nor a parent is a file."""
+    path = Path(value)
+    try:
+        blocking = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{key}={value[:80]!r} cannot be used as a folder ({exc}); "
+                          "give a shorter, plain path.") from None
+    if blocking is not None:
+        what = "is a file" if blocking == path else f"lies under {str(blocking)!r}, which is a file"
+        raise ConfigError(f"{key}={value!r} {what}; {key} names a folder (created when missing). "
+                          f"Point it at a folder, or move the file away.")
 
 
 def _walk_problems(node: Any, prefix: str) -> Iterator[tuple[str, str]]:

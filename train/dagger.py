@@ -22,12 +22,15 @@ expert's run of the same episode) are logged per iteration, printed as a table, 
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
+from stack.durable import write_atomic
 from stack.errors import StackError
 from stack.pipeline import Pipeline
 
@@ -49,21 +52,92 @@ def beta_of(pipeline: Pipeline, iteration: int) -> float:
     return float(pipeline.dagger.beta * pipeline.dagger.beta_decay ** (iteration - 1))
 
 
-def prepare_out_dir(pipeline: Pipeline) -> Path:
-    """The DAgger folder, emptied with dagger.overwrite; one that holds an earlier run is refused without it."""
+def check_inputs(pipeline: Pipeline, weights: str | Path) -> None:
+    """Everything a DAgger run reads, checked before its first episode is driven (an iteration takes minutes):
+    the checkpoint loads, fits its network and has a planner; data.root and every data.aggregate dataset hold a
+    train split of frames shards with the cameras of data.rig; train.tracking_uri is a store it may log into."""
+    from stack.checkpoint.model_file import load_network
+    from stack.data.camera_records import check_rig
+    from stack.data.loader import check_layout, dataset_shards, read_manifest
+    from stack.train.tracking import check_store
+
+    if pipeline.data.layout != "frames":
+        raise StackError(f"stack dagger records frames shards; data.layout is {pipeline.data.layout}: set "
+                         f"data.layout=frames (and a frames dataset in data.root)")
+    load_network(weights, needs_planner=True)
+    manifest = read_manifest(pipeline.data.root)
+    check_layout(pipeline, manifest, pipeline.data.root)
+    dataset_shards(pipeline, manifest, "train")
+    check_rig(pipeline.data.rig, pipeline.data.root, "train", "DAgger would fine-tune on")
+    check_store(pipeline)
+
+
+OUTPUT_FILES = (SUMMARY, "dagger.png", "model.pt")
+"""The files a DAgger run writes at the top of dagger.out_dir (beside its iteration-N folders)."""
+ITERATION = re.compile(r"iteration-[0-9]+")
+LEFTOVER = re.compile(r"\.(dagger\.json|dagger\.png|model\.pt)\.[0-9]+\.tmp")
+"""A temporary file `stack.durable.write_atomic` left behind when a SIGKILL hit before its rename."""
+
+
+def run_outputs(out: Path) -> list[Path]:
+    """What a DAgger run wrote in `out` (what dagger.overwrite=true deletes); anything else there is the user's.
+    A symbolic link, or a file where a DAgger run writes a folder (or the reverse), is refused: it was not
+    written by a run, and following a link would delete outside `out`."""
+    found = []
+    for path in sorted(out.iterdir()):
+        folder = ITERATION.fullmatch(path.name) is not None
+        if not (folder or path.name in OUTPUT_FILES or LEFTOVER.fullmatch(path.name)):
+            continue
+        if path.is_symlink() or (path.is_dir() != folder):
+            kind = "a symbolic link" if path.is_symlink() else "a folder" if path.is_dir() else "a file"
+            raise StackError(f"dagger.out_dir {out}: {path.name} is {kind}, which a DAgger run never writes there "
+                             f"(expected {'a folder' if folder else 'a file'}), so dagger.overwrite=true will not "
+                             f"delete it; move it out of {out}, or choose another dagger.out_dir (nothing was deleted)")
+        found.append(path)
+    return found
+
+
+def prepare_out_dir(pipeline: Pipeline, inputs: tuple = ()) -> Path:
+    """The DAgger folder, created when missing. One that holds an earlier run is refused unless
+    dagger.overwrite=true, which deletes only that run's outputs (`run_outputs`), never the user's other files;
+    and refused even then when one of `inputs` (the checkpoint, data.root, data.aggregate) lies among them."""
+    from stack.config import check_folder
+
     out = Path(pipeline.dagger.out_dir)
-    if out.exists() and not out.is_dir():
-        raise StackError(f"dagger.out_dir {out} is a file; point dagger.out_dir at a folder")
+    check_folder("dagger.out_dir", str(out))
+    if out.is_symlink() and not out.exists():
+        raise StackError(f"dagger.out_dir {out} is a symbolic link to {os.readlink(out)}, which does not exist; "
+                         f"create that folder, or point dagger.out_dir at a folder (nothing was written)")
     if out.is_dir() and any(out.iterdir()):
-        if not (out / SUMMARY).is_file() and not any(out.glob("iteration-*")):
+        if not (out / SUMMARY).is_file() and not any(ITERATION.fullmatch(p.name) for p in out.iterdir()):
             raise StackError(f"dagger.out_dir {out} holds files that are not a DAgger run's; choose an empty or new "
                              f"folder (nothing was written)")
         if not pipeline.dagger.overwrite:
             raise StackError(f"dagger.out_dir {out} holds an earlier DAgger run; set dagger.overwrite=true to start "
                              f"over there, or choose another dagger.out_dir")
-        shutil.rmtree(out)
-    out.mkdir(parents=True, exist_ok=True)
+        outputs = run_outputs(out)
+        for given in inputs:
+            inside = next((path for path in outputs if _inside(Path(given), path)), None)
+            if inside is not None:
+                raise StackError(f"{given} lies in {inside}, which dagger.overwrite=true would delete before reading "
+                                 f"it; copy it elsewhere and pass the copy, or choose another dagger.out_dir "
+                                 f"(nothing was deleted)")
+        for path in outputs:
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StackError(f"dagger.out_dir {out} cannot be created ({exc.strerror or exc}); point dagger.out_dir "
+                         f"at a folder you can write") from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise StackError(f"dagger.out_dir {out} is not writable; point dagger.out_dir at a folder you can write")
     return out
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    """True when `path` is `folder` or lies under it (symbolic links and `..` resolved)."""
+    path, folder = path.resolve(), folder.resolve()
+    return path == folder or folder in path.parents
 
 
 def record(pipeline: Pipeline, student_spec, iteration: int, folder: Path, log=print) -> dict:
@@ -155,10 +229,8 @@ def run_dagger(pipeline: Pipeline, weights: str | Path, student_builder: type, l
     Returns the summary written to dagger.json."""
     from stack.sim.policies import PolicySpec
 
-    if pipeline.data.layout != "frames":
-        raise StackError(f"stack dagger records frames shards; data.layout is {pipeline.data.layout}: set "
-                         f"data.layout=frames (and a frames dataset in data.root)")
-    out = prepare_out_dir(pipeline)
+    check_inputs(pipeline, weights)
+    out = prepare_out_dir(pipeline, (weights, pipeline.data.root, *pipeline.data.aggregate))
     weights = Path(weights)
     aggregate, history = list(pipeline.data.aggregate), []
     for iteration in range(1, pipeline.dagger.iterations + 1):
@@ -174,10 +246,10 @@ def run_dagger(pipeline: Pipeline, weights: str | Path, student_builder: type, l
         weights = fine_tune(pipeline, weights, aggregate, folder / "train")
         history.append({**figures, "weights_driven": str(spec.source), "weights_out": str(weights)})
         log_iteration(pipeline, weights, figures, log)
-    shutil.copyfile(weights, out / "model.pt")
+    write_atomic(out / "model.pt", writer=lambda temporary: shutil.copyfile(weights, temporary))
     summary = {"iterations": history, "model": str(out / "model.pt"), "data_root": pipeline.data.root,
                "aggregate": [str(a) for a in aggregate]}
-    (out / SUMMARY).write_text(json.dumps(summary, indent=2) + "\n")
+    write_atomic(out / SUMMARY, (json.dumps(summary, indent=2) + "\n").encode())
     plot_history(history, out / "dagger.png")
     return summary
 

@@ -7,8 +7,10 @@ and the network is fine-tuned on them, for dagger.iterations rounds (DAgger; `st
 The student drives training episodes only (worlds never used by `stack drive`'s evaluation). Outputs under
 dagger.out_dir: iteration-i/data (the labelled frames of iteration i, a dataset), iteration-i/train (its
 fine-tuning run and model.pt), model.pt (the last), dagger.json, dagger.png. Judge the result on the held-out
-episodes with `stack drive dagger.out_dir/model.pt`. Exit 2 for bad input (a checkpoint without a planner,
-one for another network, an out_dir holding something else).
+episodes with `stack drive dagger.out_dir/model.pt`. dagger.overwrite=true deletes only those outputs of an
+earlier run, never other files there. Exit 2, before the first episode is driven, for bad input (a checkpoint
+without a planner, one for another network or inside the run overwrite would delete, a data.root without a
+train split of frames shards of data.rig's cameras, an out_dir holding something else or under a file).
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@ it visits is written with the expert's label, the aggregate trains the next stud
 reported; bad input is refused before anything is written."""
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -165,3 +166,153 @@ def test_aggregating_a_dataset_of_another_rig_is_refused(prepared, tmp_path):
     mixed = load_pipeline([], [*MICRO, f"data.root={pipeline.data.root}", f"data.aggregate=[{other.data.root}]"])
     with pytest.raises(StackError, match="image_size"):
         build_loader(mixed, "train", rank=0, world_size=1)
+
+
+# ----------------------------------------------------------------------------- what dagger.overwrite may delete
+
+FILES = ["-c", str(REPO / "configs/pipeline.yaml"), "-c", str(REPO / "configs/presets/tiny.yaml")]
+
+
+def earlier_run(folder: Path) -> dict:
+    """A DAgger run's outputs in `folder` beside files of the user's; returns {user path: content}."""
+    (folder / "iteration-1" / "train").mkdir(parents=True)
+    (folder / "iteration-1" / "train" / "model.pt").write_bytes(b"old weights")
+    (folder / "iteration-2").mkdir()
+    for name in ("dagger.json", "dagger.png", "model.pt"):
+        (folder / name).write_text(f"earlier {name}")
+    mine = {folder / "notes.md": "my notes", folder / "iteration-notes.txt": "mine too",
+            folder / "plots" / "mine.png": "my plot"}
+    for path, text in mine.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return mine
+
+
+def dagger_outputs(folder: Path) -> list:
+    return sorted(p.name for p in folder.iterdir() if p.name.startswith("iteration-") and p.is_dir()
+                  or p.name in ("dagger.json", "dagger.png", "model.pt"))
+
+
+def never_drive(monkeypatch):
+    """Driving an episode fails the test: every refusal below must come before the first one."""
+    import stack.sim.drive
+
+    def drove(*_, **__):
+        raise AssertionError("stack dagger drove an episode before checking its inputs")
+
+    monkeypatch.setattr(stack.sim.drive, "evaluate", drove)
+
+
+def test_overwrite_removes_only_what_a_dagger_run_wrote(prepared, tmp_path):
+    from stack.train.dagger import prepare_out_dir
+
+    tmp, pipeline, weights = prepared
+    out = tmp_path / "dagger"
+    mine = earlier_run(out)
+    prepare_out_dir(micro(tmp, f"dagger.out_dir={out}", "dagger.overwrite=true"))
+    assert dagger_outputs(out) == [], "the earlier run's outputs are gone"
+    assert {path: path.read_text() for path in mine} == mine, "the user's files are kept"
+
+
+def test_a_symlinked_out_dir_is_emptied_inside_and_a_dangling_one_is_refused(prepared, tmp_path):
+    from stack.train.dagger import prepare_out_dir
+
+    tmp = prepared[0]
+    target, link = tmp_path / "elsewhere", tmp_path / "dagger"
+    mine = earlier_run(target)
+    link.symlink_to(target)
+    prepare_out_dir(micro(tmp, f"dagger.out_dir={link}", "dagger.overwrite=true"))
+    assert link.is_symlink() and dagger_outputs(target) == [] and all(p.read_text() == t for p, t in mine.items())
+    # an iteration folder that is a link elsewhere is not the run's: refused, and its target kept
+    (target / "dagger.json").write_text("{}")
+    (target / "iteration-1").symlink_to(tmp_path / "precious", target_is_directory=True)
+    (tmp_path / "precious").mkdir()
+    (tmp_path / "precious" / "data.bin").write_text("keep")
+    with pytest.raises(StackError, match="symbolic link"):
+        prepare_out_dir(micro(tmp, f"dagger.out_dir={link}", "dagger.overwrite=true"))
+    assert (tmp_path / "precious" / "data.bin").read_text() == "keep" and (target / "dagger.json").is_file()
+    dangling = tmp_path / "dangling"
+    dangling.symlink_to(tmp_path / "missing")
+    with pytest.raises(StackError, match="symbolic link to .*missing.* which does not exist"):
+        prepare_out_dir(micro(tmp, f"dagger.out_dir={dangling}"))
+
+
+def test_a_source_checkpoint_inside_the_folder_overwrite_would_empty_is_refused(prepared, tmp_path, monkeypatch,
+                                                                               capsys):
+    """Continuing from the last result (`stack dagger runs/x/dagger/model.pt ... dagger.out_dir=runs/x/dagger
+    dagger.overwrite=true`) deleted the checkpoint before loading it."""
+    tmp, pipeline, weights = prepared
+    never_drive(monkeypatch)
+    out = tmp_path / "dagger"
+    mine = earlier_run(out)
+    for source in (out / "model.pt", out / "iteration-1" / "train" / "model.pt"):
+        source.write_bytes(weights.read_bytes())
+        assert main(["dagger", str(source), *FILES, *MICRO, f"data.root={pipeline.data.root}",
+                     f"dagger.out_dir={out}", "dagger.overwrite=true"]) == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and str(source) in err and "copy it elsewhere" in err, err
+        assert source.read_bytes() == weights.read_bytes()
+    assert dagger_outputs(out) == ["dagger.json", "dagger.png", "iteration-1", "iteration-2", "model.pt"]
+    assert all(p.read_text() == t for p, t in mine.items())
+
+
+@pytest.mark.parametrize("case", ["under-a-file", "no-dataset", "clips-dataset", "no-train-split", "aggregate-missing",
+                                  "garbage-checkpoint", "other-rig"])
+def test_every_input_is_checked_before_the_first_episode(prepared, tmp_path, monkeypatch, capsys, case):
+    tmp, pipeline, weights = prepared
+    never_drive(monkeypatch)
+    out, root, source = tmp_path / "dagger", Path(pipeline.data.root), weights
+    extra, needle = [], ""
+    if case == "under-a-file":
+        (tmp_path / "results").write_text("a file of mine")
+        out, needle = tmp_path / "results" / "dagger", "which is a file"
+    elif case == "no-dataset":
+        root, needle = tmp_path / "nothing", "no dataset at"
+    elif case in ("clips-dataset", "no-train-split", "other-rig"):
+        root = tmp_path / "edited"
+        shutil.copytree(pipeline.data.root, root)
+        manifest = json.loads((root / "manifest.json").read_text())
+        if case == "clips-dataset":
+            manifest["layout"], needle = "clips", "holds clips shards"
+        elif case == "no-train-split":
+            manifest["splits"]["train"], needle = [], "split 'train'"
+        else:
+            manifest["image_size"], needle = [64, 96], "data.rig is not the cameras"
+        (root / "manifest.json").write_text(json.dumps(manifest))
+    elif case == "aggregate-missing":
+        extra, needle = [f"data.aggregate=[{tmp_path / 'gone'}]"], "gone"
+    else:
+        source = tmp_path / "model.pt"
+        source.write_bytes(b"not a checkpoint")
+        needle = "model.pt"
+    code = main(["dagger", str(source), *FILES, *MICRO, f"data.root={root}", f"dagger.out_dir={out}", *extra])
+    err = capsys.readouterr().err
+    assert code == 2 and needle in err and "Traceback" not in err, err
+    assert not out.exists(), "nothing is written before the inputs are checked"
+    if case == "under-a-file":
+        assert (tmp_path / "results").read_text() == "a file of mine"
+
+
+def test_a_run_killed_mid_iteration_is_refused_then_overwritten_cleanly(prepared, tmp_path, capsys):
+    """SIGKILL while iteration 1's frames are written (after its episodes were driven): no summary or model.pt
+    claims a result; the next run refuses the folder, and dagger.overwrite=true removes the partial run only."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from stack.train.dagger import prepare_out_dir
+
+    tmp, pipeline, weights = prepared
+    out = tmp_path / "dagger"
+    command = [sys.executable, "-m", "stack", "dagger", str(weights), *FILES, *MICRO, f"data.root={pipeline.data.root}",
+               f"dagger.out_dir={out}", "dagger.iterations=1", "dagger.episodes=1"]
+    killed = subprocess.run(command, env={**os.environ, "STACK_FAIL_POINT": "shard-write"}, capture_output=True,
+                            text=True, timeout=600)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    assert (out / "iteration-1").is_dir() and not (out / "dagger.json").exists() and not (out / "model.pt").exists()
+    (out / "notes.md").write_text("mine")
+    assert main(["dagger", str(weights), *FILES, *MICRO, f"data.root={pipeline.data.root}", f"dagger.out_dir={out}"]) == 2
+    assert "holds an earlier DAgger run" in capsys.readouterr().err
+    prepare_out_dir(micro(tmp, f"dagger.out_dir={out}", "dagger.overwrite=true"))
+    assert sorted(p.name for p in out.iterdir()) == ["notes.md"] and (out / "notes.md").read_text() == "mine"
