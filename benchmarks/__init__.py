@@ -1,4 +1,4 @@
-"""Bench-only code: the baselines `stack bench` times the product against, which no user runs.
+"""Bench-only code: the baselines `stack bench` times the product against, and one-off lab scripts; no bench.
 
 This folder is not installed (setup.py maps only the stage folders into `stack`), so nothing here
 ships to users. `stack.bench_only.load(name)` imports a module of it from a source checkout (an
@@ -9,4 +9,11 @@ editable install); installed from a wheel, the benchmark rows that need it say s
 - `render_side_by_side`: both renderers on the same frames, interleaved, in CPU seconds.
 - `bev_pool_v1` (+ `csrc/bev_pool_cpu_v1.cpp`): the previous CPU kernels of `stack::bev_pool`, compiled on
   first use into a library of their own, timed beside the current ones by `stack bench ops`.
+- `instructions/<level>.json`: the instruction-count baselines `stack bench instructions --check` judges against.
+
+The other modules are lab scripts, run by hand (`python benchmarks/NAME.py ...`, usage in each docstring), each
+answering one question BENCHMARKS.md records (`label_ambiguity`, `standstill_labels`, `guard_overrides`,
+`guard_class_scores`, `motion_probe`, `previous_heading`, `loader_profile`, `dali_history_graph`, `clip_loaders`,
+`render_isa`, `clip_sheet`). They are not benches: no `stack bench` row, no record, and so not in the one
+registry of benches, `stack.commands.bench.BENCHMARKS`.
 """

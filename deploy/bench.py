@@ -1,12 +1,10 @@
-"""`stack bench infer`, `latency` and `drive`: the deploy stage's side-by-side measurements.
+"""`stack bench infer`, `latency` and `fps-bar`: the deploy stage's side-by-side measurements.
 
 infer: the trained network (`{train.out_dir}/model.pt`) on ONNX Runtime CPU, fp32 vs INT8
 in both QDQ flavours (U8S8 for the CPU, S8S8 as TensorRT wants), timed in interleaved
 rounds in one process (so drift hits all alike), each with its per-head accuracy on the
 same validation samples. Floor: the graph's FLOPs over this machine's fp32 matmul rate
 (a dense fp32 matmul, timed in the same run).
-
-drive: the closed loop's speed (`stack.sim.bench`) with the network as its camera policy.
 
 fps-bar: a measured target's median bar derived on this machine (`ci-cpu`'s rule: sqrt(2) x the network's
 fp32 median, so the network and a 2x slower one sit a factor 1.41 on either side of it), and how the target's
@@ -185,31 +183,6 @@ def _latency_predictions(pipeline, figures) -> None:
         figures.add(f"{name}: predicted int8", [int8], "ms")
         print(f"| {name} | {fp16:.2f} | {int8:.2f} | {margin.value:g} | {int8 * margin.value:.2f} | {target.min_fps:g} | "
               f"{target.max_p99_latency_ms:g} | {margin.status} |")
-
-
-def drive(pipeline, args) -> int:
-    """`stack bench drive`: the closed loop's speed (`stack.sim.bench`) with the network as the camera policy:
-    `{train.out_dir}/model.pt` when it exists, else the pipeline's network with untrained weights (same cost); with
-    `stack bench drive BUNDLE ...` also each deploy bundle's model on ONNX Runtime."""
-    from stack.checkpoint.model_file import save_model_checkpoint
-    from stack.commands.drive import check_bundle
-    from stack.deploy.network_policies import bundle_spec, checkpoint_spec
-    from stack.models import build_model
-    from stack.sim import bench
-
-    bundles = list(getattr(args, "bundles", []))
-    for bundle in bundles:
-        check_bundle(bundle, pipeline)  # before minutes of driving
-    deployed = [bundle_spec(f"bundle {Path(bundle).name}", bundle) for bundle in bundles]
-    checkpoint = Path(pipeline.train.out_dir) / "model.pt"
-    if checkpoint.is_file():
-        return bench.run(pipeline, checkpoint_spec("checkpoint", str(checkpoint)), f"trained weights ({checkpoint})",
-                         figures_of(args), deployed)
-    with tempfile.TemporaryDirectory() as folder:
-        path = save_model_checkpoint(Path(folder) / "untrained.pt", pipeline, build_model(pipeline).state_dict())
-        return bench.run(pipeline, checkpoint_spec("checkpoint", str(path)), "untrained weights (same cost as trained)",
-                         figures_of(args), deployed)
-
 
 
 FPS_BAR_TARGET = "ci-cpu"

@@ -1,7 +1,7 @@
 """`stack bench drive`: how fast the closed loop runs, and where its time goes.
 
 Drives `BENCH_EPISODES` episodes (one per scenario family, round-robin) in this process, one thread,
-with a camera policy (`stack bench drive` gives the network, `stack.deploy.bench.drive`: the
+with a camera policy (`stack bench drive` gives the network, `stack.commands.drive.bench`: the
 trained `{train.out_dir}/model.pt` when it exists, else the pipeline's network with untrained weights,
 whose cost is the same), with each deployed bundle's model on ONNX Runtime given (`stack bench drive BUNDLE ...`),
 and with the blind ego-status rollout, which renders nothing.

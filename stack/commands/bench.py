@@ -1,8 +1,11 @@
 """`stack bench NAME`: side-by-side speed measurements, written for BENCHMARKS.md; `stack bench compare`.
 
-Each benchmark is a function `run(pipeline, args) -> int` in the stage that owns
-the code it measures; BENCHMARKS below maps its name to "module:function" so that
-only the chosen benchmark's stage is imported. Timings live here, never in tests.
+`BENCHMARKS` below is the one list of benches: the CLI reads it and nothing else lists them. Each entry names
+a function `(pipeline, args) -> int` beside the code it times, in that stage's `bench` or `*_bench` module (as
+torchtitan and timm keep theirs), imported only when chosen; a bench that times stages composed (`drive`: sim's loop with
+deploy's network policies) is wired by the command module that composes them for the real command, since a
+stage cannot import the one above it. `benchmarks/` holds bench-only baselines and one-off lab scripts, not
+benches, so none is listed here. Timings live in benches, never in tests.
 
 A benchmark adds every figure it prints, with its samples, to `args.figures` (a
 `stack.benchrecord.FigureLog`); `--record [PATH]` writes them into a JSON record
@@ -29,11 +32,11 @@ BENCHMARKS: dict[str, str] = {
     "infer": "stack.deploy.bench:infer",
     "latency": "stack.deploy.bench:latency",
     "fps-bar": "stack.deploy.bench:fps_bar",
-    "drive": "stack.deploy.bench:drive",
+    "drive": "stack.commands.drive:bench",
     "checkpoint": "stack.train.checkpoint_bench:run",
     "instructions": "stack.instructions.bench:run",
 }
-"""Benchmark name -> "module:function". Add an entry when the benchmark works."""
+"""Benchmark name -> "module:function" (the registry). Add an entry when the benchmark works."""
 COMPARE = "compare"
 INSTRUCTIONS = "instructions"
 

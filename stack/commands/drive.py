@@ -155,11 +155,38 @@ def _bundle_pipeline(source: str):
 
 def check_bundle(source: str, pipeline) -> None:
     """Refuse `source` unless it is a deploy bundle folder of `pipeline`'s network, built for the camera rig the world
-    renders with, as `stack drive` refuses it (`stack bench drive --bundle`)."""
+    renders with, as `stack drive` refuses it (`stack bench drive BUNDLE`)."""
     if _kind(source) != "bundle":
         raise StackError(f"{source} is a checkpoint file, not a deploy bundle folder: give the folder `stack deploy` "
                          f"wrote (e.g. runs/tiny/export/ci-cpu)")
     _check_same(source, _bundle_pipeline(source), pipeline)
+
+
+def bench(pipeline, args) -> int:
+    """`stack bench drive [BUNDLE ...]`: the closed loop's speed (`stack.sim.bench`, where the bench lives) with the
+    sources `stack drive` would drive, wired here as `stack drive` wires them (sim cannot import deploy's network
+    policies): `{train.out_dir}/model.pt` when it exists, else the pipeline's network with untrained weights (same
+    cost), and each deploy bundle given on ONNX Runtime."""
+    import tempfile
+
+    from stack.benchrecord import figures_of
+    from stack.checkpoint.model_file import save_model_checkpoint
+    from stack.deploy.network_policies import bundle_spec, checkpoint_spec
+    from stack.models import build_model
+    from stack.sim import bench as drive_bench
+
+    bundles = list(getattr(args, "bundles", []))
+    for bundle in bundles:
+        check_bundle(bundle, pipeline)  # before minutes of driving
+    deployed = [bundle_spec(f"bundle {Path(bundle).name}", bundle) for bundle in bundles]
+    checkpoint = Path(pipeline.train.out_dir) / "model.pt"
+    if checkpoint.is_file():
+        return drive_bench.run(pipeline, checkpoint_spec("checkpoint", str(checkpoint)),
+                               f"trained weights ({checkpoint})", figures_of(args), deployed)
+    with tempfile.TemporaryDirectory() as folder:
+        path = save_model_checkpoint(Path(folder) / "untrained.pt", pipeline, build_model(pipeline).state_dict())
+        return drive_bench.run(pipeline, checkpoint_spec("checkpoint", str(path)),
+                               "untrained weights (same cost as trained)", figures_of(args), deployed)
 
 
 def _check_trained_cameras(source: str, stored, dataset: dict | None) -> None:

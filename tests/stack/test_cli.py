@@ -130,6 +130,16 @@ def test_bench_takes_key_value_overrides_and_record_paths_after_its_name():
     assert (args.name, args.overrides, args.history) == ("compare", ["a.json", "b.json"], None)
 
 
+def test_every_bench_of_the_registry_is_a_function_of_the_installed_stages():
+    """`stack.commands.bench.BENCHMARKS` is the one list of benches; `benchmarks/` (baselines, lab scripts) is not."""
+    import importlib
+
+    from stack.commands.bench import BENCHMARKS
+
+    for name, target in BENCHMARKS.items():
+        module, function = target.split(":")
+        assert module.startswith("stack.") and callable(getattr(importlib.import_module(module), function)), name
+
 def test_bench_compare_of_a_missing_record_is_bad_input(tmp_path):
     assert_bad_input(stack("bench", "compare", str(tmp_path / "old.json"), str(tmp_path / "new.json")),
                      "old.json' does not exist", "stack bench NAME --record")

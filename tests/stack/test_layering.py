@@ -30,17 +30,20 @@ BENCH_EXCEPTIONS = {("data/bench.py", "stack.models")}
 """`stack bench data` times a training step of the network on the loader's batches beside the loader itself."""
 
 
-def imported_stages(path: Path) -> set[str]:
+def imported_names(path: Path) -> set[str]:
+    """Every absolute module name an `import` statement of `path` names, at any depth."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
-        names = []
         if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
+            found |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
-        for name in names:
-            found |= {stage for stage in STAGES.values() if name == stage or name.startswith(stage + ".")}
+            found |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
     return found
+
+
+def imported_stages(path: Path) -> set[str]:
+    return {stage for name in imported_names(path) for stage in STAGES.values()
+            if name == stage or name.startswith(stage + ".")}
 
 
 @pytest.mark.parametrize("folder", sorted(ALLOWED))
@@ -70,26 +73,30 @@ def test_the_ground_floor_imports_stages_only_inside_functions():
     assert not wrong, "; ".join(wrong)
 
 
-def imports_lightning(path: Path) -> bool:
-    for node in ast.walk(ast.parse(path.read_text())):
-        names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else \
-            [node.module] if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 else []
-        if any(name.split(".")[0] in ("lightning", "pytorch_lightning") for name in names):
-            return True
-    return False
+def importers(folders, wrong) -> list[str]:
+    return [f"{path.relative_to(ROOT).as_posix()} imports {name}" for folder in folders
+            for path in sorted((ROOT / folder).rglob("*.py")) for name in sorted(imported_names(path)) if wrong(name)]
 
 
 def test_only_the_trainer_imports_lightning():
     """Lightning is training's framework: the base layer (checkpoint formats included: `stack.checkpoint`), the
     simulator, data, models and deploy read and write what training made without it (its side of checkpoints is
     `stack.train.checkpoints`)."""
-    wrong = [path.relative_to(ROOT).as_posix() for folder in ("stack", "sim", "data", "models", "deploy")
-             for path in sorted((ROOT / folder).rglob("*.py")) if imports_lightning(path)]
-    assert not wrong, "only train/ may import Lightning: " + ", ".join(wrong)
+    wrong = importers(("stack", "sim", "data", "models", "deploy"),
+                      lambda name: name.split(".")[0] in ("lightning", "pytorch_lightning"))
+    assert not wrong, "only train/ may import Lightning: " + "; ".join(wrong)
+
+
+def test_no_stage_imports_the_cli():
+    """The CLI (`stack.cli`, `stack.commands`) composes the stages; a stage that needs what a command checks takes
+    it as an argument or owns the check."""
+    wrong = importers(sorted(ALLOWED), lambda name: name == "stack.cli" or name.startswith(("stack.cli.",
+                                                                                           "stack.commands")))
+    assert not wrong, "; ".join(wrong)
 
 
 def test_the_check_sees_a_wrong_import(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text("def f():\n    from stack.deploy.runner import DeployedNetwork\n    import lightning.pytorch\n")
     assert imported_stages(bad) == {"stack.deploy"}
-    assert imports_lightning(bad)
+    assert {"lightning.pytorch", "stack.deploy.runner.DeployedNetwork"} <= imported_names(bad)
