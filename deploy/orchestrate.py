@@ -403,7 +403,8 @@ def _choose_shipped(target, int8_path: Path, fp32_path: Path, result: dict, time
                 "why": f"INT8 fails the accuracy gate (see Accuracy), fp32 passes by definition ({timing})"}
     if (result.get("closed_loop") or {}).get("passed") is False:
         return {"file": fp32_path.name, "precision": "fp32",
-                "why": f"INT8 drives worse than fp32 beyond the budget (see Closed loop) ({timing})"}
+                "why": f"INT8 fails the closed-loop gate: it drives worse than fp32 beyond the budget, or no longer "
+                       f"beats a blind policy fp32 beats (see Closed loop) ({timing})"}
     if int8_ms < fp32_ms:
         return {"file": int8_path.name, "precision": "int8",
                 "why": f"INT8 passes the accuracy gate and is {fp32_ms / int8_ms:.2f}x faster ({timing})"}

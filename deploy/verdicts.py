@@ -89,7 +89,10 @@ def _head_passed(head: dict) -> bool:
 
 
 def _closed_loop_passed(closed_loop: dict | None) -> bool | None:
-    """INT8's driving-score drop and collision rise against fp32 within the budget (None: the gate did not run)."""
+    """INT8's driving-score drop and collision rise against fp32 within the budget, and INT8 clearing the blind-
+    policy bar where fp32 does (None: the gate did not run)."""
+    from stack.deploy.gates.closed_loop import int8_bar
+
     if not closed_loop or "skipped" in closed_loop or closed_loop.get("int8") is None:  # "skipped": older bundles
         return None
     drop = closed_loop["fp32"]["driving_score"] - closed_loop["int8"]["driving_score"]
@@ -103,7 +106,8 @@ def _closed_loop_passed(closed_loop: dict | None) -> bool | None:
               if means[name] <= budget[name] and found["high"] > budget[name] + 1e-12]
     if "inconclusive" in closed_loop and unsure != list(closed_loop["inconclusive"]):
         return False  # older bundles record no "inconclusive": their verdicts were on the means
-    return within and (not unsure or bool(budget.get("inconclusive_passes", True)))
+    keeps_the_bar = int8_bar(closed_loop["episode_scores"])["passed"] is not False  # from the scores, not the record
+    return within and keeps_the_bar and (not unsure or bool(budget.get("inconclusive_passes", True)))
 
 
 def _fps_passed(fps: dict) -> bool:

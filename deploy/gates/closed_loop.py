@@ -14,8 +14,9 @@ derived (`stack.deploy.gates.closed_loop_budget`: the spread between training se
 and the report says how likely the episodes driven were to catch a drop of the budget's size.
 
 The blind policies (constant velocity, ego-status rollout) drive the same episodes: the fp32 network must
-beat them (the quality gate), whatever INT8 does. On targets without INT8 only fp32 and the blind
-policies drive. Each episode's scores are recorded (`episode_scores`) so `stack deploy --verify` can
+beat them (the quality gate), and where it does, so must INT8 (`int8_bar`): a drop within the budget can
+still cost a small lead, and the INT8 model is what the car runs. On targets without INT8 only fp32 and the
+blind policies drive. Each episode's scores are recorded (`episode_scores`) so `stack deploy --verify` can
 decide the driving bar again.
 
 Both run on ONNX Runtime on the deploying host, whatever the target: the gate judges the QDQ model's
@@ -39,6 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from stack.deploy.gates.closed_loop_budget import derivation_line
+from stack.metrics.driving import comparison_text
 
 
 
@@ -158,11 +160,26 @@ def _int8_against_fp32(rows: list[dict], budget, episodes: int) -> dict:
         inconclusive.append("collision_rise")
     if inconclusive and not budget.inconclusive_passes:
         reasons += [_inconclusive_reason(name, statistics[name], getattr(budget, name)) for name in inconclusive]
-    return {"passed": not reasons, "reasons": reasons,
+    bar = int8_bar(rows)
+    if bar["passed"] is False:
+        reasons.append("closed loop: INT8 does not clear the bar fp32 clears: it does not beat "
+                       + "; nor ".join(comparison_text(c) for c in bar["comparisons"] if not c["beats"]))
+    return {"passed": not reasons, "reasons": reasons, "int8_bar": bar,
             "budget": {"driving_score_drop": budget.driving_score_drop, "collision_rise": budget.collision_rise,
                        "inconclusive_passes": budget.inconclusive_passes},
             "int8": int8, "driving_score_drop": drop, "collision_rise": rise, "int8_worse": _paired(rows)[:10],
             "inconclusive": inconclusive, "statistics": statistics}
+
+
+def int8_bar(rows: list[dict]) -> dict:
+    """The blind-policy bar (`closed_loop_bar`) applied to INT8 where fp32 clears it: a drop within the budget
+    may still cost the lead over a policy that never looks at a camera, and what ships must keep it. None where
+    fp32 does not clear it (the quality gate fails that network) or no blind policy drove."""
+    from stack.metrics.driving import closed_loop_bar
+
+    if closed_loop_bar(rows, "fp32")["passed"] is not True:
+        return {"passed": None, "comparisons": []}
+    return closed_loop_bar(rows, "int8")
 
 
 def _inconclusive_reason(name: str, found: dict, size: float) -> str:

@@ -23,7 +23,7 @@ Every figure a verdict rests on is recorded (the head metrics, each episode's sc
 from __future__ import annotations
 
 from stack.metrics.bars import HEAD_KEYS, all_judged_pass, verdict_word, verdicts
-from stack.metrics.driving import closed_loop_bar
+from stack.metrics.driving import closed_loop_bar, comparison_text
 
 NETWORK = "fp32"
 """The policy name the closed-loop gate gives the fp32 model, the one this gate judges."""
@@ -62,9 +62,7 @@ def reasons(heads: dict, driving: dict) -> list[str]:
               for row in heads["rows"] if not row["passed"] and row.get("judged", True)]
     if "not_judged" in driving:
         found.append(f"quality: closed loop not judged: {driving['not_judged']}")
-    found += [f"quality: closed loop: the network does not beat {c['baseline']} in {c['metric']} "
-              f"(gain {c['gain']:+.3f}, {c['level']:.0%} interval [{c['low']:+.3f}, {c['high']:+.3f}] over "
-              f"{c['episodes']} episodes; the interval must lie above 0)"
+    found += [f"quality: closed loop: the network does not beat {comparison_text(c)}"
               for c in driving["comparisons"] if not c["beats"]]
     return found
 

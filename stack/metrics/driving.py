@@ -605,6 +605,13 @@ def paired_gain(rows: list[dict], policy: str, baseline: str, metric: str, level
             "beats": bool(interval["low"] > 0)}
 
 
+def comparison_text(comparison: dict) -> str:
+    """One comparison of `closed_loop_bar` in words: what it gained, how sure, over how many episodes."""
+    c = comparison
+    return (f"{c['baseline']} in {c['metric']} (gain {c['gain']:+.3f}, {c['level']:.0%} interval [{c['low']:+.3f}, "
+            f"{c['high']:+.3f}] over {c['episodes']} episodes; the interval must lie above 0)")
+
+
 def closed_loop_bar(rows: list[dict], policy: str, baselines=BLIND_POLICIES, metrics=BAR_METRICS) -> dict:
     """The bar a driving network must clear: beat every blind baseline driven beside it in every bar metric,
     each with a paired bootstrap interval of the gain above zero. {"passed", "comparisons"}; passed is None

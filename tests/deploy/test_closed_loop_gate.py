@@ -201,3 +201,31 @@ def test_a_collision_rise_beyond_budget_fails_whatever_its_interval():
     result = gate_record(_int8_rows([0.0] * 8, [1.0, 1.0] + [0.0] * 6), ClosedLoopBudget(episodes=8), True, DROVE)
     assert not result["passed"] and result["collision_rise"] == pytest.approx(0.25)
     assert "at-fault collisions" in result["reasons"][0] and result["inconclusive"] == []
+
+
+def test_int8_within_the_drop_budget_that_no_longer_beats_a_blind_policy_fails():
+    """What ships must clear the bar the network cleared: fp32 beats the ego rollout on every episode by 0.05,
+    INT8 loses 0.04 (within the 0.08 budget, surely) and with it the lead (a gain of 0.01 with one episode in
+    four a loss: the interval reaches below 0). The gate fails, names the comparison, ships fp32 on `best`
+    targets, and `stack deploy --verify` reaches the same verdict from the episode scores."""
+    from stack.deploy.gates.closed_loop import gate_record
+    from stack.deploy.verdicts import _closed_loop_passed
+
+    rows = []
+    for i in range(16):
+        lost = 0.04 + (0.08 if i % 4 == 0 else -0.0266)
+        for policy, score in (("fp32", 0.65), ("int8", 0.65 - lost), ("expert", 0.95), ("constant_velocity", 0.3),
+                              ("ego_rollout", 0.6)):
+            rows.append({"policy": policy, "family": "lead_brake", "seed": 0, "index": i,
+                         "metrics": {"driving_score": score, "pdms": score, "collisions": 0.0,
+                                     "route_completion": 1.0}})
+    result = gate_record(rows, ClosedLoopBudget(episodes=16), True, {**DROVE, "episodes": 16})
+    assert result["driving_score_drop"] <= 0.08 and result["inconclusive"] == [], result
+    assert result["int8_bar"]["passed"] is False and not result["passed"], result
+    assert any("INT8 does not clear the bar fp32 clears" in reason and "ego_rollout in driving_score" in reason
+               for reason in result["reasons"]), result["reasons"]
+    assert _closed_loop_passed(result) is False
+    forged = {**result, "passed": True, "reasons": [], "int8_bar": {"passed": True, "comparisons": []}}
+    assert _closed_loop_passed(forged) is False, "verify decides the bar from the episode scores, not the record"
+    fine = gate_record(_int8_rows([0.0] * 8, [0.0] * 8), ClosedLoopBudget(episodes=8), True, DROVE)
+    assert fine["passed"] and fine["int8_bar"]["passed"] and _closed_loop_passed(fine)
