@@ -29,7 +29,7 @@ import json
 import numpy as np
 
 from stack.data.format import ARRAY_MEMBERS, DTYPES, SCHEMA_VERSION, npy_bytes
-from stack.video import decode_h264, encode_h264
+from stack.video import VideoMismatch, decode_h264, encode_h264
 
 PER_CLIP = ("intrinsics", "cam_to_ego")
 """Members stored once per clip rather than per frame."""
@@ -82,32 +82,101 @@ def frame_arrays(clip: dict, t: int) -> dict:
     return arrays
 
 
-def decode_clip(sample: dict, cameras: list, shard: str, pool=None) -> tuple[dict, np.ndarray]:
+MAX_CLIP_FRAMES = 10_000
+"""The most frames a clip's meta.json may name where no manifest says how many (data.world.frames_per_scene's
+bound)."""
+FIX = "re-create the shard with `stack data make`"
+
+
+def clip_meta(sample: dict, shard: str, frames: int | None = None) -> dict:
+    """The clip's meta.json, checked: a JSON object of this schema whose `frames` is the clip's frame count
+    (`frames`, the manifest's frames_per_clip, where known); a BadSample naming shard and clip otherwise."""
+    from stack.data.samples import BadSample
+
+    where = f"shard {shard}, clip {sample.get('__key__')}: meta.json"
+    try:
+        meta = json.loads(sample["meta.json"])
+        found = f"a JSON {type(meta).__name__}"
+    except (ValueError, TypeError) as exc:  # not UTF-8 is a ValueError too
+        meta, found = None, str(exc)[:120]
+    if not isinstance(meta, dict):
+        raise BadSample(f"{where} is not a JSON object ({found}); expected {{\"schema\": {SCHEMA_VERSION}, \"frames\": "
+                        f"T, ...}}; {FIX}")
+    if meta.get("schema") != SCHEMA_VERSION:
+        raise BadSample(f"{where}: schema version {meta.get('schema')!r:.40}, this stack reads version "
+                        f"{SCHEMA_VERSION}; re-create the shards with `stack data make`")
+    wanted = f"{frames} (the manifest's frames_per_clip)" if frames is not None else \
+        f"the clip's frame count, 1 to {MAX_CLIP_FRAMES:,}"
+    if "frames" not in meta:
+        raise BadSample(f"{where} has no 'frames', expected {wanted}; {FIX}")
+    count = meta["frames"]
+    if (not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= MAX_CLIP_FRAMES
+            or (frames is not None and count != frames)):
+        raise BadSample(f"{where} 'frames' is {count!r:.40}, expected {wanted}; {FIX}")
+    return meta
+
+
+def check_clip_arrays(arrays: dict, frames: int, shard: str, key) -> None:
+    """BadSample unless every per-frame label array holds `frames` frames (boxes and box ids (T, A, k), boxes2d
+    (J, 7) with frame indices below `frames`): `frame_arrays` can then cut each frame's arrays, and
+    `stack.data.loader.check_arrays` checks their shapes and values."""
+    from stack.data.samples import BadSample
+
+    for name, array in arrays.items():
+        where = f"shard {shard}, clip {key}: {name}.npy"
+        if name == "boxes2d":
+            if array.ndim != 2 or array.shape[1] != 7:
+                raise BadSample(f"{where}: expected (J, 7) rows of frame index and a 2D box, found shape "
+                                f"{tuple(array.shape)}; {FIX}")
+            index = array[:, 0]
+            if not (np.isfinite(index).all() and (index == np.round(index)).all()
+                    and ((0 <= index) & (index < frames)).all()):
+                raise BadSample(f"{where}: frame indices must be 0 to {frames - 1} (meta.json's frames), found "
+                                f"{sorted(set(index.tolist()))[:8]}; {FIX}")
+        elif name not in PER_CLIP:
+            if not array.ndim or len(array) != frames:
+                raise BadSample(f"{where} holds {len(array) if array.ndim else 'no'} frames, expected {frames} "
+                                f"(meta.json's frames); {FIX}")
+            if name in ("boxes", "box_ids") and array.ndim != 3:
+                raise BadSample(f"{where}: expected (T, A, {10 if name == 'boxes' else 3}), found shape "
+                                f"{tuple(array.shape)}; {FIX}")
+
+
+def decode_clip(sample: dict, cameras: list, shard: str, pool=None, image_size: list | None = None,
+                frames: int | None = None) -> tuple[dict, np.ndarray]:
     """(label arrays, uint8 videos (N, T, H, W, 3)) of a clip sample; bad members raise BadSample. With `pool` (a
-    `concurrent.futures` executor) the cameras' videos decode in its threads: libavcodec runs without the GIL."""
+    `concurrent.futures` executor) the cameras' videos decode in its threads: libavcodec runs without the GIL.
+
+    `image_size` ([height, width]) and `frames` are the manifest's (without them every camera must have the first
+    one's size, and meta.json says the count). The labels and meta.json are checked first, and every video against
+    them from what its container declares before a frame is decoded (`stack.video.decode_h264`)."""
     from stack.data.samples import LOADER_MEMBERS, BadSample, decode_arrays
 
     key = sample.get("__key__")
     required = [f"{c}.mp4" for c in cameras] + [f"{n}.npy" for n in LOADER_MEMBERS] + ["meta.json"]
     missing = [name for name in required if name not in sample]
     if missing:
-        raise BadSample(f"shard {shard}, clip {key}: missing member(s) {', '.join(missing)}; re-create the shard")
-    meta = json.loads(sample["meta.json"])
-    if meta.get("schema") != SCHEMA_VERSION:
-        raise BadSample(f"shard {shard}, clip {key}: schema version {meta.get('schema')!r}, this stack reads version "
-                        f"{SCHEMA_VERSION}; re-create the shards with `stack data make`")
-    def video(camera: str) -> np.ndarray:
-        try:
-            frames = decode_h264(sample[f"{camera}.mp4"])
-        except Exception as exc:  # PyAV raises its own error family (av.error.*)
-            raise BadSample(f"shard {shard}, clip {key}: member {camera}.mp4 is not decodable H.264 ({exc})") from exc
-        if len(frames) != meta["frames"]:
-            raise BadSample(f"shard {shard}, clip {key}: {camera}.mp4 has {len(frames)} frames, the clip "
-                            f"{meta['frames']}; re-create the shard")
-        return frames
+        raise BadSample(f"shard {shard}, clip {key}: missing member(s) {', '.join(missing)}; {FIX}")
+    count = clip_meta(sample, shard, frames)["frames"]
+    arrays = decode_arrays(sample, shard, LOADER_MEMBERS)
+    check_clip_arrays(arrays, count, shard, key)
+    sources = {"size": "the manifest's image_size" if image_size else f"the size of {cameras[0]}.mp4",
+               "frames": "meta.json's frames", "codec": "the clip format"}
 
-    videos = list((pool.map if pool is not None else map)(video, cameras))
-    return decode_arrays(sample, shard, LOADER_MEMBERS), np.stack(videos)
+    def video(camera: str, size) -> np.ndarray:
+        try:
+            return decode_h264(sample[f"{camera}.mp4"], count, size)
+        except VideoMismatch as exc:
+            raise BadSample(f"shard {shard}, clip {key}: {camera}.mp4 {exc} ({sources[exc.about]}); {FIX}") from None
+        except Exception as exc:  # PyAV raises its own error family (av.error.*)
+            raise BadSample(f"shard {shard}, clip {key}: member {camera}.mp4 is not decodable H.264 ({exc}); "
+                            f"{FIX}") from exc
+
+    size = image_size
+    first = [] if size else [video(cameras[0], None)]
+    size = size or first[0].shape[1:3]
+    videos = first + list((pool.map if pool is not None else map)(lambda c: video(c, size), cameras[len(first):]))
+    return arrays, np.stack(videos)
 
 
 def clip_frames(reader, sums, manifest: dict, shard: str, index: int, pool=None) -> tuple[dict, list, np.ndarray]:
@@ -120,7 +189,8 @@ def clip_frames(reader, sums, manifest: dict, shard: str, index: int, pool=None)
     sample = reader.read(shard, index)
     if sums is not None:
         sums.check_sample(sample, shard)
-    clip, videos = decode_clip(sample, manifest["cameras"], shard, pool)
+    clip, videos = decode_clip(sample, manifest["cameras"], shard, pool, manifest["image_size"],
+                               manifest.get("frames_per_clip"))
     frames = [frame_arrays(clip, t) for t in range(videos.shape[1])]
     for t, arrays in enumerate(frames):
         check_arrays(arrays, manifest, shard, f"{sample.get('__key__')} frame {t}")

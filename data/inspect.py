@@ -8,7 +8,6 @@ camera frusta, and the ego's past (grey) and future (red) trajectory.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -44,9 +43,9 @@ def _load(shard: str, index: int) -> tuple[str, list, np.ndarray, dict]:
         raise StackError(f"shard {shard} does not exist; expected a .tar written by `stack data make`")
     first = next(iter(read_piece(Piece(shard, 0, 1))), {})
     if any(name.endswith(".mp4") for name in first):
-        from stack.data.clips import decode_clip, frame_arrays
+        from stack.data.clips import clip_meta, decode_clip, frame_arrays
 
-        frames = json.loads(first["meta.json"])["frames"]
+        frames = clip_meta(first, shard)["frames"]
         sample = list(read_piece(Piece(shard, index // frames, index // frames + 1)))[0]
         cameras = [name[:-4] for name in sample if name.endswith(".mp4")]
         clip, videos = decode_clip(sample, cameras, shard)

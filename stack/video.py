@@ -32,9 +32,44 @@ def encode_h264(frames: np.ndarray, rate_hz: float) -> bytes:
     return buffer.getvalue()
 
 
-def decode_h264(data: bytes) -> np.ndarray:
-    """uint8 RGB frames (T, H, W, 3) of MP4 bytes, decoded on the CPU with PyAV."""
+class VideoMismatch(ValueError):
+    """A video that is not the one expected (`about`: "codec", "size" or "frames"): found from what its container
+    declares before decoding, or from a decoded frame before it is converted."""
+
+    def __init__(self, about: str, message: str):
+        super().__init__(message)
+        self.about = about
+
+
+def decode_h264(data: bytes, frames: int | None = None, size: tuple[int, int] | None = None) -> np.ndarray:
+    """uint8 RGB frames (T, H, W, 3) of MP4 bytes, decoded on the CPU with PyAV.
+
+    With `frames` (the count expected) and `size` ((height, width)), a VideoMismatch is raised before anything is
+    decoded when the container declares another codec than H.264, another size or frame count, and while decoding
+    at the first frame of another size or past `frames`: a small file declaring 8192x8192 frames, or thousands of
+    them, is not decoded to find out (a decompression bomb). PyAV's own errors (av.error.*) pass through."""
     import av
 
     with av.open(io.BytesIO(data)) as container:
-        return np.stack([frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)])
+        if not container.streams.video:
+            raise VideoMismatch("codec", "holds no video stream, expected H.264")
+        stream = container.streams.video[0]
+        declared = (stream.codec_context.height, stream.codec_context.width)
+        if frames is not None or size is not None:
+            if stream.codec_context.name != "h264":
+                raise VideoMismatch("codec", f"is {stream.codec_context.name} video, expected H.264")
+            if size is not None and declared != tuple(size):
+                raise VideoMismatch("size", f"is {declared[1]}x{declared[0]} pixels, expected {size[1]}x{size[0]}")
+            if frames is not None and stream.frames and stream.frames != frames:
+                raise VideoMismatch("frames", f"declares {stream.frames} frames, expected {frames}")
+        decoded = []
+        for frame in container.decode(stream):
+            if size is not None and (frame.height, frame.width) != tuple(size):
+                raise VideoMismatch("size", f"frame {len(decoded)} is {frame.width}x{frame.height} pixels, expected "
+                                    f"{size[1]}x{size[0]}")
+            if frames is not None and len(decoded) == frames:
+                raise VideoMismatch("frames", f"holds more than {frames} frames, expected {frames}")
+            decoded.append(frame.to_ndarray(format="rgb24"))
+        if frames is not None and len(decoded) != frames:
+            raise VideoMismatch("frames", f"holds {len(decoded)} frames, expected {frames}")
+        return np.stack(decoded) if decoded else np.zeros((0, *declared, 3), np.uint8)

@@ -114,3 +114,97 @@ def test_inspect_draws_a_frame_of_a_clip_shard(clips, tmp_path):
     assert Path(out).stat().st_size > 50_000
     with pytest.raises(StackError, match="has no sample 99"):
         inspect_shard(shard, 99, str(tmp_path / "none.png"))
+
+
+# ----------------------------------------------------------------------------- hostile clips: named, never decoded blind
+
+def _raw_h264(frames: np.ndarray) -> bytes:
+    """An H.264 elementary stream (no container): it declares no frame count, so only decoding can count it."""
+    import io
+
+    import av
+
+    buffer = io.BytesIO()
+    with av.open(buffer, mode="w", format="h264") as container:
+        stream = container.add_stream("libx264", rate=2)
+        stream.width, stream.height, stream.pix_fmt = frames.shape[2], frames.shape[1], "yuv420p"
+        for frame in frames:
+            for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    return buffer.getvalue()
+
+
+def _shorter(data: bytes) -> bytes:
+    import io
+
+    from stack.data.format import npy_bytes
+
+    return npy_bytes(np.load(io.BytesIO(data))[:-1])
+
+
+def _meta(change):
+    import json
+
+    return lambda data: json.dumps(change(json.loads(data))).encode()
+
+
+@pytest.mark.parametrize("member, change, needle", [
+    ("depth.npy", _shorter, r"depth.npy holds 2 frames, expected 3 \(meta.json's frames\)"),
+    ("future.npy", _shorter, r"future.npy holds 2 frames, expected 3"),
+    ("meta.json", lambda _: b"{\"frames\": 3,", r"meta.json is not a JSON object"),
+    ("meta.json", _meta(lambda m: {k: v for k, v in m.items() if k != "frames"}), r"meta.json has no 'frames'"),
+    ("meta.json", _meta(lambda m: {**m, "frames": "3"}), r"meta.json 'frames' is '3', expected 3"),
+    ("meta.json", _meta(lambda m: {**m, "frames": 30}), r"meta.json 'frames' is 30, expected 3 \(the manifest's "
+                                                        r"frames_per_clip\)"),
+    ("front.mp4", lambda _: encode_h264(np.zeros((3, 32, 64, 3), np.uint8), 2.0),
+     r"front.mp4 is 64x32 pixels, expected 128x64 \(the manifest's image_size\)"),
+    ("front.mp4", lambda _: encode_h264(np.zeros((40, 64, 128, 3), np.uint8), 2.0),
+     r"front.mp4 declares 40 frames, expected 3"),
+    ("front.mp4", lambda _: _raw_h264(np.zeros((12, 64, 128, 3), np.uint8)), r"front.mp4 holds more than 3 frames"),
+    ("front.mp4", lambda _: encode_h264(np.zeros((2, 64, 128, 3), np.uint8), 2.0), r"front.mp4 .* 2 frames, "
+                                                                                   r"expected 3"),
+], ids=["labels-short", "future-short", "meta-not-json", "meta-no-frames", "meta-frames-text", "meta-frames-30",
+        "camera-other-size", "declares-40-frames", "undeclared-12-frames", "video-short"])
+def test_a_hostile_clip_is_named_with_what_was_expected(clips, tmp_path, small_pipeline, member, change, needle):
+    """Each is a BadSample naming shard, clip and member, with what was expected and found, and the fix (re-render
+    with `stack data make`); the videos are checked against the manifest before their frames are converted."""
+    from tests.data.test_bad_input import _copy, _first_train_shard, _rewrite
+
+    pipeline, manifest, root = _copy(clips, tmp_path, "data.layout=clips", small_pipeline=small_pipeline)
+    shard = _first_train_shard(root, manifest)
+    first = sorted({name.split(".")[0] for name in tarfile.open(shard).getnames()})[0]
+    _rewrite(shard, lambda name, data: change(data) if name == f"{first}.{member}" else data)
+    with pytest.raises(StackError, match=rf"shard .*clips-000000.tar, clip {first}: {needle}.*stack data make"):
+        list(build_loader(pipeline, "train", 0, 1, shuffle=False, augment=False))
+
+
+def test_every_camera_at_another_size_than_the_manifest_is_refused_by_both_loaders(clips, tmp_path, small_pipeline):
+    from tests.data.test_bad_input import _copy, _first_train_shard, _rewrite
+
+    small = encode_h264(np.zeros((3, 48, 96, 3), np.uint8), 2.0)
+    for backend in ("torch", "dali"):
+        pipeline, manifest, root = _copy(clips, tmp_path / backend, "data.layout=clips", f"data.backend={backend}",
+                                         small_pipeline=small_pipeline)
+        _rewrite(_first_train_shard(root, manifest), lambda name, data: small if name.endswith(".mp4") else data)
+        with pytest.raises(StackError, match=r"clip s\d+: front.mp4 is 96x48 pixels, expected 128x64"):
+            list(build_loader(pipeline, "train", 0, 1, shuffle=False, augment=False))
+
+
+def test_inspect_names_a_clip_whose_meta_is_not_json(clips, tmp_path, small_pipeline):
+    from tests.data.test_bad_input import _copy, _first_train_shard, _rewrite
+    from tests.data.test_hostile_data import run_cli
+
+    pipeline, manifest, root = _copy(clips, tmp_path, "data.layout=clips", small_pipeline=small_pipeline)
+    shard = _first_train_shard(root, manifest)
+    _rewrite(shard, lambda name, data: b"\xff not json" if name.endswith("meta.json") else data)
+    code, _, err = run_cli("data", "inspect", str(shard), "--out", str(tmp_path / "x.png"))
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "meta.json is not a JSON object" in err, err
+    # cameras of two sizes (inspect has no manifest to hold them to): the second camera is named
+    pipeline, manifest, root = _copy(clips, tmp_path / "sizes", "data.layout=clips", small_pipeline=small_pipeline)
+    shard = _first_train_shard(root, manifest)
+    small = encode_h264(np.zeros((3, 32, 64, 3), np.uint8), 2.0)
+    _rewrite(shard, lambda name, data: small if name.endswith("front_left.mp4") else data)
+    code, _, err = run_cli("data", "inspect", str(shard), "--out", str(tmp_path / "y.png"))
+    assert code == 2 and "front_left.mp4 is 64x32 pixels, expected 128x64" in err, err
