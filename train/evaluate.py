@@ -2,10 +2,10 @@
 
 The checkpoint carries its pipeline, so the network is rebuilt exactly (through
 `stack.models`, as deploy does); the validation data comes from the pipeline on the
-command line (by default the checkpoint's own). Metrics are `stack.metrics.TaskMetrics`
-over `stack.models.decoders.decode_all`. Each head must clear the bar `stack.metrics.bars` derives
-from the tiny recipe (keep 80% of its gain over the head's trivial baseline); `stack deploy` applies the
-same bars to the network it ships.
+command line (by default the checkpoint's own). Only running a PyTorch network over a loader lives here, for
+`stack eval`: the scoring (`stack.metrics.suite.TaskMetrics` over `stack.models.decoders.decode_all`) and the
+bars (`stack.metrics.bars`: keep 80% of the tiny recipe's gain over each head's trivial baseline) are the ones
+`stack deploy`'s gates apply to a runtime (`stack.deploy.gates.head_scores`).
 
 Results go to `<checkpoint folder>/eval/metrics.json` and a bar chart `heads.png`, and into the
 MLflow run that trained the checkpoint when it was tracked (`stack.lineage`). A dataset other

@@ -1,5 +1,9 @@
 """Scoring a runtime's outputs per head with the project's metrics (`stack.metrics`).
 
+Only the deploy adapter lives here (an exported runtime called per sample, decoded by `decode_all`); the scoring
+and the bars are `stack eval`'s own (`stack.metrics.suite`, `stack.metrics.bars`), and `stack deploy`'s accuracy
+and quality gates call it (`stack.deploy.entrypoints`).
+
 The accuracy gate calls one evaluator twice, on the fp32 and on the INT8 model, over
 the same validation samples: raw outputs are decoded exactly as training's evaluation
 does (`stack.models.decoders.decode_all`) and scored with the same suite
@@ -48,10 +52,14 @@ def head_budgets(target, pipeline) -> list[HeadBudget]:
                        inconclusive_passes=lenient, judged=target.closed_loop.episodes <= 0)]
 
 
+def planning_seconds(pipeline) -> float:
+    """3 s, or the planner's last horizon when it plans less than 3 s ahead."""
+    return min(3.0, pipeline.model.planning_steps * 0.5)
+
+
 def planning_key(pipeline) -> str:
-    """L2 at 3 s, or at the planner's last horizon when it plans less than 3 s ahead."""
-    seconds = min(3.0, pipeline.model.planning_steps * 0.5)
-    return f"planning_l2_{seconds:g}s_m"
+    """L2 at `planning_seconds`."""
+    return f"planning_l2_{planning_seconds(pipeline):g}s_m"
 
 
 def make_evaluator(pipeline, batches: list, scenes: list | None = None):
@@ -60,15 +68,10 @@ def make_evaluator(pipeline, batches: list, scenes: list | None = None):
     feeds = [batch_feeds(batch) for batch in batches]  # once: the gate scores every attempt on the same frames
 
     def evaluate(run) -> Scores:
-        from stack.metrics.suite import TaskMetrics
-
         frames = frame_metrics(pipeline, batches, feeds, run)
 
         def on(indices) -> dict:
-            total = TaskMetrics(pipeline)
-            for index in indices:
-                total.merge(frames[int(index)])
-            return _summarise(total.compute(), pipeline)
+            return _summarise(merged_metrics(pipeline, frames, indices), pipeline)
 
         return Scores(on(range(len(frames))), len(frames), on, scenes)
 
@@ -79,12 +82,8 @@ def make_quality_evaluator(pipeline, batches: list):
     """run -> every metric `stack eval` computes (`TaskMetrics.compute()`, baselines included) of a runtime over
     `batches`: what the quality gate holds to `stack eval`'s bars."""
     def evaluate(run) -> dict:
-        from stack.metrics.suite import TaskMetrics
-
-        total = TaskMetrics(pipeline)
-        for frame in frame_metrics(pipeline, batches, [batch_feeds(batch) for batch in batches], run):
-            total.merge(frame)
-        return total.compute()
+        frames = frame_metrics(pipeline, batches, [batch_feeds(batch) for batch in batches], run)
+        return merged_metrics(pipeline, frames, range(len(frames)))
 
     return evaluate
 
@@ -103,6 +102,15 @@ def frame_metrics(pipeline, batches: list, feeds: list, run) -> list:
     return frames
 
 
+def merged_metrics(pipeline, frames: list, indices) -> dict:
+    """`stack eval`'s metrics (`TaskMetrics.compute()`, baselines included) of the frames at `indices`."""
+    from stack.metrics.suite import TaskMetrics
+
+    total = TaskMetrics(pipeline)
+    for index in indices:
+        total.merge(frames[int(index)])
+    return total.compute()
+
 def _stack(per_sample: list[dict]) -> dict:
     return {name: torch.from_numpy(np.concatenate([out[name] for out in per_sample])) for name in per_sample[0]}
 
@@ -112,7 +120,7 @@ def _summarise(values: dict, pipeline) -> dict:
     `stack.metrics.detection.summary`)."""
     from stack.metrics.detection import SUMMARY_KEYS
 
-    seconds = min(3.0, pipeline.model.planning_steps * 0.5)
+    seconds = planning_seconds(pipeline)
     return {**{f"detection/{key}": values[f"detection/{key}"] for key in SUMMARY_KEYS},
             "detection_map": values["detection/mAP"], "segmentation_miou": values["segmentation/mIoU"],
             "depth_abs_rel": values["depth/AbsRel"],

@@ -1,5 +1,8 @@
 """The bar each head of a trained network must clear against its trivial baseline (`stack eval`, `stack deploy`).
 
+`verdicts` is the one judgement: `stack eval` (`stack.train.evaluate`, `stack.commands.eval`) and the deploy
+quality gate (`stack.deploy.gates.quality`) both apply it to `stack.metrics.suite`'s figures.
+
 A bar is derived, not chosen: a network must keep at least `GAIN_SHARE` (80%) of the improvement the tiny
 recipe makes over the head's trivial baseline, measured on the same validation frames:
 

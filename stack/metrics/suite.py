@@ -5,6 +5,9 @@ metrics configured from the pipeline; `update(predictions, batch)` takes the
 decoded predictions as plain tensors (see `stack.models.decoders.decode_all`, which
 produces exactly this mapping) and `compute()` returns one flat dict keyed
 `<task>/<metric>`, ready for a logger or a report.
+
+The metrics math of evaluation lives here alone: `stack eval` (`stack.train.evaluate`, a PyTorch network over a
+loader) and `stack deploy`'s gates (`stack.deploy.gates.head_scores`, a runtime per sample) both feed it.
 """
 
 from __future__ import annotations
