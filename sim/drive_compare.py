@@ -10,6 +10,11 @@ resampled), as the closed-loop bar does against the blind policies.
 Policies are paired by name (the same checkpoint driven twice keeps its name); when the two drives share no
 network policy's name and each has exactly one, those two are paired. Baselines that both drove are compared too:
 on the same episodes they must not move, which checks that the worlds were the same.
+
+Why not the other two comparisons' statistics: here the two sides are paired (the same episode driven twice), so
+the per-episode difference is the unit and its mean with a bootstrap interval is the test, the one the closed-loop
+bar uses. `stack bench compare` has unpaired, skewed timing samples (a rank test on medians) and `stack runs
+compare` one value per metric per run (no test at all), so neither can pair.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import math
 from pathlib import Path
 
 from stack.errors import StackError
-from stack.metrics.driving import paired_gain
+from stack.metrics.driving import episode_key, paired_gain
 from stack.sim.policies import BASELINE_KINDS
 from stack.user_json import read_json
 
@@ -78,8 +83,8 @@ def compare_drives(before: dict, after: dict, metrics=COMPARED) -> list[dict]:
     check_same_worlds(before, after)
     out = []
     for old, new in pairs(before, after):
-        mine = {_key(row): row for row in before["rows"] if row["policy"] == old}
-        theirs = {_key(row): row for row in after["rows"] if row["policy"] == new}
+        mine = {episode_key(row): row for row in before["rows"] if row["policy"] == old}
+        theirs = {episode_key(row): row for row in after["rows"] if row["policy"] == new}
         shared = [key for key in mine if key in theirs]
         if not shared:
             raise StackError(f"--compare: {old!r} and {new!r} drove no episode in common (episode keys family, seed, "
@@ -94,11 +99,6 @@ def compare_drives(before: dict, after: dict, metrics=COMPARED) -> list[dict]:
             out.append({**gain, "policy": old if old == new else f"{old} -> {new}", "metric": metric,
                         "before": _mean(mine, both, metric), "after": _mean(theirs, both, metric)})
     return out
-
-
-def _key(row: dict) -> tuple:
-    """An episode's identity across drives, as `paired_gain` pairs them."""
-    return row["family"], row["seed"], row.get("index", 0)
 
 
 def _finite(value) -> bool:

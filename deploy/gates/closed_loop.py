@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from stack.deploy.gates.closed_loop_budget import derivation_line
-from stack.metrics.driving import comparison_text
+from stack.metrics.driving import comparison_text, episode_key
 
 
 
@@ -61,13 +61,12 @@ def _means(rows: list[dict], name: str) -> dict:
 
 def _paired(rows: list[dict]) -> list[dict]:
     """Episodes where INT8 scored lower than fp32, worst first (what the report lists)."""
-    key = lambda r: (r["family"], r["seed"], r["index"])  # noqa: E731
-    fp32 = {key(r): r["metrics"] for r in rows if r["policy"] == "fp32"}
+    fp32 = {episode_key(r): r["metrics"] for r in rows if r["policy"] == "fp32"}
     worse = []
     for row in rows:
         if row["policy"] != "int8":
             continue
-        other = fp32[key(row)]
+        other = fp32[episode_key(row)]
         drop = other["driving_score"] - row["metrics"]["driving_score"]
         if drop > 1e-9 or row["metrics"]["collisions"] > other["collisions"]:
             worse.append({"family": row["family"], "seed": row["seed"], "index": row["index"],

@@ -12,6 +12,11 @@ is drawn into `DIR/trends/<bench>/` (`stack.benchrecord.trends`).
 
 Exit 0: no figure got slower (or worse); 1: at least one did, so CI can fail on it; 2: bad input (a
 missing or corrupt record, an empty history, records of different benches).
+
+Why not the other two comparisons' statistics: a figure's samples in two runs are unpaired (no sample of one
+run belongs with one of the other) and skewed by other load, so the test is a rank test on the ratio of medians
+(`stack.benchrecord.significance`), not `stack drive --compare`'s paired bootstrap of a mean gain over episodes.
+`stack runs compare` has one value per metric per run and so no test at all.
 """
 
 from __future__ import annotations

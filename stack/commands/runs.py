@@ -140,7 +140,11 @@ def listing(client, uri: str) -> str:
 
 
 def compare(a, b, client) -> str:
-    """What differs between runs `a` and `b`: pipeline keys, data and code, and every metric."""
+    """What differs between runs `a` and `b`: pipeline keys, data and code, and every metric.
+
+    Each metric's change is printed without a verdict: a tracked run holds one last value per metric, no samples,
+    so there is nothing to test. `stack bench compare` (unpaired timing samples: a rank test on medians) and
+    `stack drive --compare` (the same episodes driven twice: a paired bootstrap) judge because they have samples."""
     out = [printable(f"{side}: {r.info.run_id} ({r.info.run_name}, {_date(r.info.start_time)}, {r.info.status})")
            for side, r in (("A", a), ("B", b))] + [""]
     keys = sorted(set(a.data.params) | set(b.data.params))

@@ -584,17 +584,19 @@ def bootstrap_mean(values, level: float = BAR_LEVEL, resamples: int = BAR_RESAMP
             "level": level}
 
 
+def episode_key(row: dict) -> tuple:
+    """An episode's identity across policies and drives (family, seed, index): what a paired comparison pairs."""
+    return row["family"], row["seed"], row.get("index", 0)
+
+
 def paired_gain(rows: list[dict], policy: str, baseline: str, metric: str, level: float = BAR_LEVEL,
                 resamples: int = BAR_RESAMPLES, seed: int = 0) -> dict:
     """Mean gain of `policy` over `baseline` in `metric` on the episodes both drove, with a paired bootstrap
     interval resampling whole episodes (Efron & Tibshirani 1993, ch. 13; the episodes, not the steps, are the
     independent units): {"gain", "low", "high", "episodes", "level"}. `beats` is True when the whole interval
     lies above zero."""
-    def key(row):
-        return row["family"], row["seed"], row.get("index", 0)
-
-    mine = {key(r): float(r["metrics"][metric]) for r in rows if r["policy"] == policy}
-    theirs = {key(r): float(r["metrics"][metric]) for r in rows if r["policy"] == baseline}
+    mine = {episode_key(r): float(r["metrics"][metric]) for r in rows if r["policy"] == policy}
+    theirs = {episode_key(r): float(r["metrics"][metric]) for r in rows if r["policy"] == baseline}
     shared = sorted(set(mine) & set(theirs))
     if not shared:
         raise StackError(f"paired_gain: {policy!r} and {baseline!r} drove no episode in common; drive them on the "
