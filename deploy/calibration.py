@@ -127,14 +127,14 @@ class Calibration:
             raise StackError(f"{source}: expected keys image_width, image_height and a non-empty list `cameras` "
                              f"of {{name, intrinsics (3x3), cam_to_ego (4x4)}}; missing or empty: "
                              f"{', '.join(missing) or 'cameras'}")
+        width, height = _pixels(data, "image_width", source), _pixels(data, "image_height", source)
         try:
             names = [str(c["name"]) for c in cameras]
             ks = np.array([c["intrinsics"] for c in cameras], dtype=np.float64)
             poses = np.array([c["cam_to_ego"] for c in cameras], dtype=np.float64)
-            width, height = int(data["image_width"]), int(data["image_height"])
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:
             raise StackError(f"{source}: every camera needs name, intrinsics (3x3 numbers) and cam_to_ego (4x4 "
-                             f"numbers), and image_width/image_height are integers ({type(exc).__name__}: {exc})") from None
+                             f"numbers) ({type(exc).__name__}: {exc})") from None
         try:
             calibration = cls(width, height, tuple(names), ks, poses, name=str(data.get("name", "")))
         except StackError as exc:
@@ -185,10 +185,18 @@ class Calibration:
         return header + yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=None, width=200)
 
     def save(self, path: str | Path) -> Path:
-        """Write YAML (or JSON for a `.json` path)."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_dict(), indent=1) if path.suffix == ".json" else self.to_yaml())
+        """Write YAML (or JSON for a `.json` path), whole or not at all; a path that cannot be a file (a folder,
+        under a file, unwritable) is a StackError."""
+        from stack.durable import write_atomic
+
+        path = check_destination(path)
+        text = json.dumps(self.to_dict(), indent=1) if path.suffix == ".json" else self.to_yaml()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(path, text.encode())
+        except OSError as exc:
+            raise StackError(f"calibration file {path} cannot be written ({exc.strerror or exc}); give --out a path "
+                             f"in a folder you can write") from None
         return path
 
     @property
@@ -250,6 +258,31 @@ class Calibration:
             if parts:
                 found.append(f"camera {name}: " + ", ".join(parts))
         return found
+
+
+def check_destination(path: str | Path) -> Path:
+    """`path` as a Path, unless it cannot be a calibration file: a folder, or under a file (a StackError)."""
+    path = Path(path)
+    if path.is_dir():
+        raise StackError(f"calibration file {path} is a folder; give --out a file path (e.g. {path / 'vehicle.yaml'})")
+    blocking = next((parent for parent in path.parents if parent.exists() and not parent.is_dir()), None)
+    if blocking is not None:
+        raise StackError(f"calibration file {path} lies under {blocking}, which is a file; give --out a path in a "
+                         f"folder (or move that file away)")
+    return path
+
+
+def _pixels(data: dict, key: str, source: str) -> int:
+    """data[key] as a pixel count: a whole number from 1 to MAX_IMAGE_SIDE (128.0 is 128; 128.5, inf, a text are not)."""
+    from stack.pipeline.data_config import MAX_IMAGE_SIDE
+
+    value = data[key]
+    whole = (isinstance(value, int) and not isinstance(value, bool)) or (isinstance(value, float) and value.is_integer())
+    if not whole or not 1 <= value <= MAX_IMAGE_SIDE:
+        raise StackError(f"{source}: {key} is {value!r:.40}, expected a whole number of pixels from 1 to "
+                         f"{MAX_IMAGE_SIDE} (the image size the intrinsics are for, as `stack data calibration` writes "
+                         f"it)")
+    return int(value)
 
 
 def _camera_problems(k: np.ndarray, pose: np.ndarray, width: int, height: int) -> list[str]:

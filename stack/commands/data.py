@@ -79,8 +79,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def write_calibration(path: str, sample: int | None, out: str | None) -> int:
-    from stack.deploy.calibration import dataset_calibration
+    from stack.deploy.calibration import check_destination, dataset_calibration
 
+    if out is not None:
+        check_destination(out)  # before the dataset is read
     calibration = dataset_calibration(path, sample)
     if out is None:
         print(calibration.to_yaml(), end="")

@@ -8,6 +8,7 @@ import dataclasses
 import importlib.util
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -159,6 +160,57 @@ def test_an_alias_bomb_calibration_is_refused_before_it_expands(tmp_path):
                                          r"stack data calibration"):
         Calibration.load(path)
     assert time.monotonic() - start < 2.0
+
+
+@pytest.mark.parametrize("value, found", [(".inf", "inf"), ("-.inf", "-inf"), (".nan", "nan"), ("1.0e+400", "inf"),
+                                          ("128.5", "128.5"), ("true", "True"), ("wide", "'wide'"),
+                                          ("100000", "100000"), ("[128]", "[128]")])
+def test_an_image_size_that_is_not_a_pixel_count_is_refused(tmp_path, value, found):
+    """`image_width: .inf` escaped as an OverflowError from int(); 128.5 was read as 128 without a word."""
+    text = Calibration.from_rig(micro_pipeline().data.rig).to_yaml()
+    text = "\n".join(line for line in text.splitlines() if not line.startswith("hash:"))
+    path = tmp_path / "vehicle.yaml"
+    path.write_text(text.replace("image_width: 128", f"image_width: {value}"))
+    with pytest.raises(StackError, match=rf"calibration file .*vehicle.yaml: image_width is {re.escape(found)}, "
+                                         rf"expected a whole number of pixels from 1 to 8192"):
+        Calibration.load(path)
+
+
+def test_deploy_refuses_an_infinite_image_width_in_one_line(micro, tmp_path, capsys):
+    from stack.checkpoint.model_file import save_model_checkpoint
+
+    pipeline, state_dict = micro
+    checkpoint = save_model_checkpoint(tmp_path / "model.pt", pipeline, state_dict)
+    path = tmp_path / "vehicle.json"
+    data = Calibration.from_rig(pipeline.data.rig).to_dict()
+    data.pop("hash")
+    path.write_text(json.dumps({**data, "image_width": float("inf")}))  # JSON's Infinity
+    code = main(["deploy", "--target", "cpu", str(checkpoint), "--calibration", str(path),
+                 f"export.out_dir={tmp_path / 'bundles'}"])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "image_width is inf" in err, err
+    assert not (tmp_path / "bundles").exists()
+
+
+@pytest.mark.parametrize("where", ["a-folder", "under-a-file"])
+def test_saving_a_calibration_to_a_folder_or_under_a_file_is_refused(tmp_path, where, capsys):
+    nominal = Calibration.from_rig(micro_pipeline().data.rig)
+    if where == "a-folder":
+        path = tmp_path / "vehicle.yaml"
+        path.mkdir()
+        (path / "mine.txt").write_text("mine")
+        needle = "is a folder"
+    else:
+        (tmp_path / "notes").write_text("mine")
+        path, needle = tmp_path / "notes" / "vehicle.yaml", "lies under .*notes.*, which is a file"
+    with pytest.raises(StackError, match=rf"calibration file {re.escape(str(path))} {needle}.*--out"):
+        nominal.save(path)
+    # `stack data calibration --out` says so before it reads the dataset (here: none)
+    assert main(["data", "calibration", str(tmp_path / "no-dataset"), "--out", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and re.search(needle, err), err
+    assert (tmp_path / "vehicle.yaml" / "mine.txt").read_text() == "mine" if where == "a-folder" else \
+        (tmp_path / "notes").read_text() == "mine"
 
 
 def test_wrong_camera_count_or_size_does_not_fit_the_network():
