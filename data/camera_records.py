@@ -106,11 +106,28 @@ def check_rig(rig, root: str | Path, split: str, what: str) -> None:
         return  # no dataset yet: the loader says so where it always did, after the out_dir checks
     manifest = read_manifest(root)
     shards = [Path(path) for path, _ in split_shards(manifest, root, split)]
-    differences = rig_differences(rig, manifest, next(camera_records(shards[:1]), None))
+    record = next(camera_records(shards[:1]), None)
+    if record is not None:
+        check_record(record, manifest)
+    differences = rig_differences(rig, manifest, record)
     if differences:
         raise StackError(f"data.rig is not the cameras of the dataset at {root} that {what}:\n  "
                          + "\n  ".join(differences) + "\nSet data.rig to the cameras the data was recorded with "
                          "(the dataset's values are above), or render a dataset for this rig with `stack data make`")
+
+
+def check_record(record: CameraRecord, manifest: dict) -> None:
+    """A StackError naming shard, sample and member unless the stored cameras have the dtype and shape of the
+    schema for the manifest's cameras ((N, 3, 3) and (N, 4, 4) float32; a clip stores them once) and finite values."""
+    from stack.data.format import array_problem, label_problem
+
+    for name, array in (("intrinsics", record.intrinsics), ("cam_to_ego", record.cam_to_ego)):
+        problem = array_problem(name, array, len(manifest["cameras"]), manifest["image_size"]) \
+            or label_problem(name, array, manifest)
+        if problem:
+            raise StackError(f"shard {record.shard}, sample {record.key}: member {name}.npy: {problem} (the "
+                             f"{len(manifest['cameras'])} cameras of its manifest); re-create the dataset with "
+                             f"`stack data make` (or `stack data convert`)")
 
 
 def rig_differences(rig, manifest: dict, record: CameraRecord | None) -> list[str]:

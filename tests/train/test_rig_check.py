@@ -4,8 +4,10 @@ without a word on cameras it does not describe."""
 
 import contextlib
 import io
+import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from stack.cli import main
@@ -92,3 +94,34 @@ def test_drive_refuses_a_checkpoint_trained_on_other_cameras_than_its_rig(shards
             "'back', 'back_left', 'back_right'] at image size [32, 64] (height, width), but its rig (data.rig) is "
             "['front'] at [32, 64]") in err
     assert not (tmp_path / "d").exists()
+
+
+@pytest.mark.parametrize("member, array, found", [
+    ("intrinsics", np.zeros((6, 3), np.float32), "found float32 (6, 3)"),
+    ("intrinsics", np.tile(np.eye(3, dtype=np.float32), (5, 1, 1)), "found float32 (5, 3, 3)"),
+    ("cam_to_ego", np.zeros((6, 4, 3), np.float32), "found float32 (6, 4, 3)"),
+    ("intrinsics", np.full((6, 3, 3), np.nan, np.float32), "expected finite numbers, found nan"),
+], ids=["intrinsics-2d", "intrinsics-5-cameras", "cam-to-ego-4x3", "intrinsics-nan"])
+def test_stored_cameras_of_the_wrong_shape_are_named_by_train_and_eval(shards, tmp_path, member, array, found):
+    """The rig check reads the first sample's stored cameras: a member of another shape was an IndexError there."""
+    import shutil
+
+    from stack.checkpoint.model_file import save_model_checkpoint
+    from stack.data.format import npy_bytes
+    from stack.models import build_model
+    from tests.data.test_bad_input import _rewrite
+
+    root = tmp_path / "data"
+    shutil.copytree(shards, root)
+    manifest = json.loads((root / "manifest.json").read_text())
+    shard = root / manifest["splits"]["train"][0]["path"]
+    _rewrite(shard, lambda name, data: npy_bytes(array) if name.endswith(f".{member}.npy") else data)
+    code, err = cli("train", *SMALL, f"data.root={root}", f"train.out_dir={tmp_path / 'out'}")
+    last = err.strip().splitlines()[-1]  # after the line on train.precision this CPU picks
+    assert code == 2 and "Traceback" not in err and last.startswith("stack train: error:"), err
+    assert str(shard) in last and f"member {member}.npy" in last and found in last and "stack data make" in last, err
+    assert not (tmp_path / "out").exists()
+    pipeline = load_pipeline(overrides=[*SMALL, f"data.root={root}"])
+    path = save_model_checkpoint(tmp_path / "model.pt", pipeline, build_model(pipeline).state_dict())
+    code, err = cli("eval", str(path), "--split", "train")
+    assert code == 2 and "Traceback" not in err and f"member {member}.npy" in err and found in err, err
