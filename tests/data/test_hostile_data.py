@@ -27,8 +27,8 @@ def run_cli(*argv) -> tuple[int, str, str]:
 
 
 @pytest.mark.parametrize("manifest, needle", [
-    ([], "expected a JSON object"),
-    ("frames", "expected a JSON object"),
+    ([], "(a JSON object); found a JSON array"),
+    ("frames", "(a JSON object); found a JSON string"),
     ({"cameras": None}, "expected 'cameras' to be a JSON array, found null"),
     ({"splits": {"train": {"path": "x"}}}, "splits.train"),
     ({"splits": {"train": [{"path": "../../etc/passwd", "samples": 1}]}}, "leaves the dataset folder"),
@@ -40,7 +40,8 @@ def test_a_manifest_that_is_not_the_expected_object(dataset, tmp_path, small_pip
     stored = json.loads((root / "manifest.json").read_text())
     broken = {**stored, **manifest} if isinstance(manifest, dict) else manifest
     (root / "manifest.json").write_text(json.dumps(broken))
-    with pytest.raises(StackError, match=rf"manifest.json is not a dataset manifest: .*{_escape(needle)}"):
+    with pytest.raises(StackError, match=rf"manifest.json(: expected a dataset manifest| is not a dataset manifest:)"
+                                         rf".*{_escape(needle)}"):
         build_loader(pipeline, "train", 0, 1)
 
 
@@ -48,7 +49,7 @@ def test_inspect_reports_a_broken_manifest_with_exit_2(dataset, tmp_path, small_
     _, manifest, root = _copy(dataset, tmp_path, small_pipeline=small_pipeline)
     (root / "manifest.json").write_text("[1, 2]")
     code, _, err = run_cli("data", "inspect", str(_first_train_shard(root, manifest)), "--out", str(tmp_path / "x.png"))
-    assert code == 2 and "not a dataset manifest" in err and "Traceback" not in err, err
+    assert code == 2 and "expected a dataset manifest" in err and "found a JSON array" in err and "Traceback" not in err, err
 
 
 @pytest.mark.parametrize("member, array, needle", [

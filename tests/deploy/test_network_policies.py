@@ -27,8 +27,8 @@ def test_an_onnx_runtime_bundle_is_measured_here(tmp_path):
 
 
 @pytest.mark.parametrize("gate, says", [
-    ("{not json", "not valid JSON"),
-    ([1, 2], "lists no file checksums"),
+    ("{not json", "found invalid JSON"),
+    ([1, 2], "found a JSON array"),
     ({**GATE, "fps": "fast"}, "no median latency"),
     ({**GATE, "fps": {"median_ms": "12"}}, "no median latency"),
 ])
