@@ -149,8 +149,8 @@ $(RECIPE_MODEL): $(RECIPE_DATA) $(TRAIN_SOURCES) | $(STAMP)
 	$(BIN)/stack train $(TINY) train.overwrite=true
 
 # The recipe trains from scratch and must clear its head bars (training works end to end). Its network does not
-# drive better than the blind policies (BENCHMARKS, closed loop), so it is not deployed here: the reference
-# network is (`reference-gate`).
+# drive better than the blind policies (docs/log/2026-11-29_closed-loop-progress.md), so it is not deployed here:
+# the reference network is (`reference-gate`).
 recipe: $(RECIPE_MODEL)
 	$(BIN)/stack eval $(RECIPE_MODEL) $(TINY)
 	-$(BIN)/stack runs $(TINY)  # the tracked runs (MLflow, runs/tiny/mlruns.db) with their eval verdicts

@@ -1,4 +1,4 @@
-"""Frames of `stack drive` clips side by side in one PNG, for pages that cannot play an MP4 (BENCHMARKS.md).
+"""Frames of `stack drive` clips side by side in one PNG, for pages that cannot play an MP4 (docs/log entries).
 
 Each clip (front camera | BEV with the route, the boxes and the active plan; `stack.sim.drive_clips`) becomes one
 column of its frames at the given times, scaled down; the columns stand side by side, in the order given.

@@ -1,12 +1,12 @@
 """What the previous key frame costs the DALI loader's graph alone, with and without assembling the Batch.
 
 `stack bench data` finds the DALI loader at 0.42x its one-frame rate once each sample carries its previous key frame
-(model.temporal_frames = 1), more than twice the JPEGs alone explain (BENCHMARKS.md, "The previous key frame in
-both loaders"). This separates the graph from the loader's Python: the training split's samples are read into
-memory first, each given the sample stored before it as its history, and the loader's own graph
-(`stack.data.dali_loader.build_pipeline`) is fed one batch at a time for 0 and 1 history frames, with and without
-turning its outputs into Batch tensors (`_images`, `_zero_copy`). Interleaved, best of `--repeats`, milliseconds
-of wall time per sample.
+(model.temporal_frames = 1), more than twice the JPEGs alone explain
+(docs/log/2026-11-28_loaders-previous-key-frame.md). This separates the graph from the loader's Python: the training
+split's samples are read into memory first, each given the sample stored before it as its history, and the loader's
+own graph (`stack.data.dali_loader.build_pipeline`) is fed one batch at a time for 0 and 1 history frames, with and
+without turning its outputs into Batch tensors (`_images`, `_zero_copy`). Interleaved, best of `--repeats`,
+milliseconds of wall time per sample.
 
     python benchmarks/dali_history_graph.py -c configs/pipeline.yaml -c configs/presets/tiny.yaml
 """

@@ -2,7 +2,7 @@
 
 On the tiny-drive DAgger network's tuning drives most of the detections that alone overrule the planner are false
 positives, and most of those are pedestrians and cyclists scoring under 0.25 (`benchmarks/guard_overrides.py`;
-BENCHMARKS.md, closed loop, "Class-specific guard scores"). Detectors are often read with a score threshold per
+docs/log/2026-11-29_class-guard-scores-and-training-length.md). Detectors are often read with a score threshold per
 class; this drives `stack drive` with the guard reading the network's detections of the classes named in
 GUARD_CLASS_SCORES (JSON, class -> lowest score counted) only at or above their own score, every other class at
 `guard.score` as before. Nothing else of the drive changes.

@@ -1,17 +1,17 @@
 """Why does the plan guard overrule the planner? Every override of a drive, held against the ground truth.
 
-Drives a checkpoint with the plan guard (`stack.models.plan_guard`) on a split's episodes and, at every replan
-where the guard drives another candidate than the planner's favourite, looks at each detection that rules the
-favourite out: a false positive if no road user lies within `MATCH_M` of it; otherwise a true one, which would
-still rule the favourite out at the road user's true velocity ("real") or would not ("velocity error"). Prints
-the counts, the false-positive share per detection score, and the velocity error of the matched ones
-(BENCHMARKS.md, closed loop, "The plan guard across replans"), and for each kind how strongly the network's own
-segmentation sees a road user where the culprit lies (`stack.models.plan_guard.segmentation_support`, at the
-centre cell and over growing shares of the box's image rectangle): what `guard.segmentation` was
-chosen from ("Two heads must agree"). Last, where the false positives lie against the road users' camera rays:
-how many sit on one (within RAY_DEGREES of its bearing from the cameras), nearer or farther than the road user,
-whether that road user was detected as well, and the bearing differences per degree (a peak at zero is a detector
-that places road users along their ray; a flat count is chance in a crowded scene).
+Drives a checkpoint with the plan guard (`stack.models.plan_guard`) on a split's episodes and, at every replan where
+the guard drives another candidate than the planner's favourite, looks at each detection that rules the favourite
+out: a false positive if no road user lies within `MATCH_M` of it; otherwise a true one, which would still rule the
+favourite out at the road user's true velocity ("real") or would not ("velocity error"). Prints the counts, the
+false-positive share per detection score, and the velocity error of the matched ones
+(docs/log/2026-11-27_guard-restart-confirmation.md), and for each kind how strongly the network's own segmentation
+sees a road user where the culprit lies (`stack.models.plan_guard.segmentation_support`, at the centre cell and over
+growing shares of the box's image rectangle): what `guard.segmentation` was chosen from
+(docs/log/2026-11-29_guard-segmentation-check.md). Last, where the false positives lie against the road users'
+camera rays: how many sit on one (within RAY_DEGREES of its bearing from the cameras), nearer or farther than the
+road user, whether that road user was detected as well, and the bearing differences per degree (a peak at zero is a
+detector that places road users along their ray; a flat count is chance in a crowded scene).
 
     python benchmarks/guard_overrides.py runs/k1-s0/train/model.pt -c configs/pipeline.yaml \\
         -c configs/presets/tiny.yaml -c configs/presets/tiny-drive.yaml model.temporal_frames=1 \\

@@ -4,7 +4,8 @@ For every training frame of a pipeline's data (no augmentation, in order) with t
 `MIN_EGO_SPEED`, the nearest car in the ego's lane ahead (|y| < `LANE_HALF_WIDTH`) is binned by its distance
 and by its own speed (stopped below `STOPPED_SPEED`), and the expert's label is read as the constant
 deceleration that fits its 3-s distance at the ego's speed. A one-frame network sees the car's distance but not
-its speed: where the label depends on the speed, it can only learn the average (BENCHMARKS.md, closed loop).
+its speed: where the label depends on the speed, it can only learn the average
+(docs/log/2026-11-26_stopped-vs-lead-car-labels.md).
 
     python benchmarks/label_ambiguity.py -c configs/pipeline.yaml -c configs/presets/tiny.yaml \\
         -c configs/presets/tiny-drive.yaml

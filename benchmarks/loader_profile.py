@@ -1,7 +1,7 @@
 """Where the torch loader's CPU time per sample goes, beside its floor (decoding the same JPEGs with PIL).
 
-`stack bench data` finds the torch loader at 2.25-2.72x its floor in wall time and ~4x in CPU time per sample
-(BENCHMARKS.md, "Data: generator and loaders"). This splits the CPU: the same loader read in this process
+`stack bench data` finds the torch loader at 2.56-2.98x its floor in wall time and 3.44-4.73x in CPU time per sample
+(docs/results/data.md, "Loaders against their floors"). This splits the CPU: the same loader read in this process
 (`data.num_workers=0`) under cProfile, its functions grouped by what they do (JPEG decoding, npy label decoding,
 the member checksums, tar reading, the rows' and the batch's assembly, the rest), and the same epochs read with the
 pipeline's worker processes, whose extra CPU per sample is what handing batches from workers to the trainer costs

@@ -1,7 +1,7 @@
 """Is motion in a temporal network's BEV at all? A probe on the frozen memory of a trained k = 1 network.
 
 `stack eval` shows how much of its velocity a temporal network reads from the previous key frame (a few percent
-on the tiny preset: BENCHMARKS.md, closed loop, "Where the network's velocity comes from"). That leaves two
+on the tiny preset: docs/log/2026-11-27_velocity-from-one-frame.md). That leaves two
 explanations: the fused BEV holds the motion and the heads do not learn to use it, or the BEV does not hold it.
 A probe tells them apart (Alain & Bengio 2016, "Understanding intermediate layers using linear classifier
 probes"): the network's weights stay frozen; around every moving road user's centre a patch of the BEV memory

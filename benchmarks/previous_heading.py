@@ -7,7 +7,7 @@ change of its labelled heading in the ego frame is the ego's own turn: that is t
 the standing road users seen in both frames). Printed per kind of sequence (recorded scenes, closed-loop
 episodes, DAgger's): the error of the chord rule `previous_pose` uses (twice the angle of the chord to the previous
 position, exact along an arc), of the central difference over the last second, and of the ego status's yaw rate
-held over the step (BENCHMARKS.md, closed loop, "Where the network's velocity comes from").
+held over the step (docs/log/2026-11-27_velocity-from-one-frame.md).
 
     python benchmarks/previous_heading.py -c configs/pipeline.yaml -c configs/presets/tiny.yaml \\
         -c configs/presets/tiny-drive.yaml --split val

@@ -1,4 +1,4 @@
-"""The world renderer as it was before issue 16 (ray caster + frame), kept verbatim as the reference.
+"""The world renderer before all cameras were cast at once (ray caster + frame), kept verbatim as the reference.
 
 `stack.sim.world.render` and `stack.sim.world.frame` are the fast renderer; this
 module is what they must agree with: tests/data/test_render_equality.py compares
@@ -8,7 +8,7 @@ depth, semantics and instance ids exactly and RGB within a stated tolerance, and
 The body below is the former render.py followed by the former frame.py; the edits are
 that frame's `render.` prefixes now name this module's own functions, and that the scene's
 primitives (`build_primitives`, `visible_rows`, their colours and materials) and the helpers
-issue 16 left unchanged (the hit record, box normals, sun, façades, 2D boxes and object labels)
+the speed-up left unchanged (the hit record, box normals, sun, façades, 2D boxes and object labels)
 are imported from `render` and `frame` rather than kept as a second copy: what remains here is
 the code the fast renderer replaced, and the comparison is of casting, shading and exposure.
 

@@ -1,7 +1,7 @@
 """How much of the renderer's speed is the CPU's vector instruction set? This CPU against itself limited to AVX2.
 
-The generator reaches 79 camera images/s on the AVX-512 EPYC and 37 on an AVX2-only EPYC (BENCHMARKS.md, "Data:
-generator and loaders"): two machines, two days, two microarchitectures. Here the same frames are rendered on one
+The generator reaches 79.4 camera images/s on the AVX-512 EPYC and 36.8 on an AVX2-only EPYC (docs/results/data.md,
+"Generator"): two machines, two days, two microarchitectures. Here the same frames are rendered on one
 machine in child processes that alternate between this CPU's own kernels and the kernels an AVX2-only CPU gets
 (`stack.cpu_emulation.emulated_cpu_env("avx2")`: PyTorch's ATen dispatch, oneDNN, MKL and numpy's SIMD dispatch limited
 to AVX2), so the ratio is the instruction set's share of the gap and the rest is the other machine's cores.

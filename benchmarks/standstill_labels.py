@@ -4,7 +4,7 @@ Behaviour cloning learns "stopped means stay stopped" when most standing frames 
 (Codevilla et al., ICCV 2019, "Exploring the limitations of behavior cloning for autonomous driving"). For every
 training frame of a pipeline's data (no augmentation, in order) with the ego under `STANDING_SPEED`, this counts
 whether the expert's label moves on (its 3-s waypoint more than `MOVES_ON_M` ahead), overall and where nothing
-stands in the ego's lane within `CLEAR_AHEAD_M` (BENCHMARKS.md, closed loop, "A plan guard").
+stands in the ego's lane within `CLEAR_AHEAD_M` (docs/log/2026-11-27_standstill-labels.md).
 
     python benchmarks/standstill_labels.py -c configs/pipeline.yaml -c configs/presets/tiny.yaml \\
         -c configs/presets/tiny-drive.yaml

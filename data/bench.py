@@ -45,7 +45,7 @@ from stack.benchrecord import figures_of
 from stack.pipeline import Pipeline
 
 GOAL_IMAGES_PER_S = 60.0
-"""Issue 16: camera images per second on 2 cores, end to end."""
+"""The generator's goal: camera images per second on 2 cores, end to end (docs/results/data.md, "Generator")."""
 BENCH_FRAMES = 96
 """Frames rendered for the run: enough that each loader epoch is many batches long, whatever
 the preset's scene length (a preset of 6-frame scenes renders 16 scenes, one of 24 renders 4)."""
@@ -374,7 +374,7 @@ def record_figures(figures, generator_rate: float, rates: dict) -> None:
 
 
 def run(pipeline: Pipeline, args) -> int:
-    """Print the side-by-side table (markdown) for BENCHMARKS.md."""
+    """Print the side-by-side table (markdown), for a dated docs/log entry, then docs/results/data.md."""
     import os
 
     from stack import bench_only

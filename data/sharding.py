@@ -11,8 +11,8 @@ approximate:
    from any scene, not from a contiguous run of one scene's frames. On the tiny
    preset's train split (38 scenes of 6 frames, 2 workers) 2.3 % of adjacent samples
    share a scene, what any permutation gives (5 / 227 = 2.2 %); the previous plan,
-   contiguous runs of shards through a 16-sample buffer per worker, gave 10.6 %.
-   Evaluation keeps the stored order.
+   contiguous runs of shards through a 16-sample buffer per worker, gave 10.6 %
+   (docs/log/2026-11-24_loaders-narrow-labels-global-shuffle.md). Evaluation keeps the stored order.
 2. Training drops the tail so every rank gets `total // world_size // batch_size`
    full batches: rank r takes the r-th equal slice of the permutation, so ranks are
    disjoint and together cover all but the dropped tail. Evaluation gives every rank

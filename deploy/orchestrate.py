@@ -390,7 +390,7 @@ def _choose_shipped(target, int8_path: Path, fp32_path: Path, result: dict, time
 
     `best` on ONNX Runtime ships the faster (median, timed side by side) of INT8 and fp32 among those that pass
     the accuracy gate: INT8 is not free on every CPU (without VNNI its convolutions widen to 16 bits and ran
-    0.80x fp32 on an AVX2 EPYC, BENCHMARKS.md)."""
+    slower than fp32 on an AVX2 EPYC: docs/results/deploy.md, "INT8 on the tiny recipe")."""
     if int8_path == fp32_path:
         return {"file": fp32_path.name, "precision": "fp32", "why": f"target precision {target.precision}: no INT8"}
     int8_ms, fp32_ms = times[int8_path.name].median_ms, times[fp32_path.name].median_ms
@@ -466,5 +466,6 @@ def _predict(folder, engine_onnx, target, cfg, result, log):
                  f"predicted per-layer latency on {target.description}", (points, peaks, target.memory_bandwidth_gbs))
 
 
-PREDICTION_ERROR_NOTE = ("per-class efficiencies fitted to published Jetson AGX Orin TensorRT timings (MLPerf ResNet-50, "
-                         "Ultralytics YOLO11 n-x, CUDA-BEVFusion camera backbone; BENCHMARKS.md, `stack bench latency`)")
+PREDICTION_ERROR_NOTE = ("per-class efficiencies fitted to published Jetson AGX Orin TensorRT timings (MLPerf ResNet-50 "
+                         "and BERT-Large, Ultralytics YOLO11 n-x, CUDA-BEVFusion camera backbone, BEVDet's BEV pool; "
+                         "docs/results/deploy.md, \"The latency model\")")

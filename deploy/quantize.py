@@ -14,8 +14,9 @@ The QDQ flavour is a property of the target, not a global switch:
   an INT8 boundary the engine does not want.
 - `onnxruntime-cpu`: unsigned INT8 activations (asymmetric, nonzero zero points) with
   signed per-channel weights, the U8S8 form ONNX Runtime's CPU kernels run fastest
-  (1.9x over fp32 on an Intel CPU with VNNI, 0.8x on an AVX2 EPYC without it: BENCHMARKS.md
-  `stack bench infer`; symmetric S8S8 gave no CPU speed-up). Weights use 7
+  (1.07x-1.39x fp32 on an EPYC with VNNI, slower than fp32 on an AVX2 EPYC without it:
+  docs/results/deploy.md, "INT8 on the tiny recipe"; symmetric S8S8 gave no CPU speed-up,
+  docs/log/2026-11-23_fp32-vs-int8-onnxruntime.md). Weights use 7
   bits (`reduce_range`): on x86 CPUs without VNNI the U8S8 kernels add pairs of u8·s8
   products in 16 bits, which full-range weights overflow. On such a CPU (AVX2 EPYC) 8-bit
   weights cost the tiny network's depth head 0.014 AbsRel, over its 0.01 budget, whatever

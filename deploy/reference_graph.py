@@ -1,12 +1,12 @@
 """A frozen reference network for a measured FPS bar: the recipe network's graph as it was when the bar was set.
 
-A measured bar has to hold on whatever CPU runs it, idle or busy. The gate therefore times a reference
-workload beside the candidate and scales the candidate's latency by (the reference's time on the machine the bar
-was set on) / (its time now). That works only if the reference speeds up and slows down like the network
-across instruction sets: a dense fp32 matmul does not (it ran 4.4-4.8x slower on an AVX2-only EPYC than on the
-AVX-512 EPYC the old bar was set on, the network about 2x, so a network made twice as slow passed). The network
-itself as it was when the bar was set does, by construction, and a change that slows today's network does not
-slow the frozen copy.
+A measured bar has to hold on whatever CPU runs it, idle or busy. The gate therefore times a reference workload
+beside the candidate and scales the candidate's latency by (the reference's time on the machine the bar was set on)
+/ (its time now). That works only if the reference speeds up and slows down like the network across instruction
+sets: a dense fp32 matmul does not (it ran 4.4-4.8x slower on an AVX2-only EPYC than on the AVX-512 EPYC the old bar
+was set on, the network about 2x, so a network made twice as slow passed:
+docs/log/2026-11-26_reference-workload-fps-bar.md). The network itself as it was when the bar was set does, by
+construction, and a change that slows today's network does not slow the frozen copy.
 
 The frozen file keeps the graph, its integer tensors (shapes, gather indices of the BEV pooling) exactly, and for
 each float tensor only its shape, mean and standard deviation: a dense fp32 graph costs the same whatever its

@@ -97,7 +97,7 @@ class ImageEncoder(nn.Module):
     The normalised images enter the backbone channels-last (NHWC strides, same shape): a convolution whose input is
     channels-last runs oneDNN's and cuDNN's NHWC kernels and keeps its output NHWC, so the whole backbone and neck
     skip the layout reorders NCHW costs (PyTorch's channels-last guide; cuDNN's tensor-core convolutions are NHWC).
-    `stack bench train-step` measures it against NCHW side by side (BENCHMARKS, training step). The weights keep
+    `stack bench train-step` measures it against NCHW side by side (docs/results/training.md). The weights keep
     their layout, so checkpoints, DDP/FSDP2 sharding and ONNX export (which has no memory format) are unchanged.
     """
 

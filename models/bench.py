@@ -132,7 +132,8 @@ def record_figures(figures, samples: dict, train_samples: list, flops: dict, pea
 
 
 def run(pipeline: Pipeline, args) -> int:
-    """Measure the pipeline's network on one frame and print a markdown section for BENCHMARKS.md."""
+    """Measure the pipeline's network on one frame and print a markdown section (for a dated docs/log entry, then
+    the docs/results page: docs/results/model.md, "Size and compute per preset")."""
     import warnings
 
     from stack.models import build_model

@@ -2,12 +2,12 @@
 
 Why not one regressed trajectory: on our recipe the regression head learned the ego-status
 shortcut (its 3-s waypoint reproduced 22-24% of the expert's departures from the rollout on its
-own training frames), and an L2 regression onto one trajectory averages "stop for the car" and
-"drive on" into a car that hits the car slowly. Our expert (`stack.sim.world.interactive`) always
-follows its route's centre line and chooses only its speed, so its plan factors exactly into
-*where* (a path) and *how fast* (a speed profile along it): the path-velocity decomposition of
-motion planning (Kant & Zucker, IJRR 1986), used by Apollo's EM planner and by most production
-stacks. Each factor gets the form that learns it:
+own training frames: docs/log/2026-11-25_learning-to-recover.md), and an L2 regression onto one
+trajectory averages "stop for the car" and "drive on" into a car that hits the car slowly. Our expert
+(`stack.sim.world.interactive`) always follows its route's centre line and chooses only its speed, so its
+plan factors exactly into *where* (a path) and *how fast* (a speed profile along it): the path-velocity
+decomposition of motion planning (Kant & Zucker, IJRR 1986), used by Apollo's EM planner and by most
+production stacks. Each factor gets the form that learns it:
 
 - **Path**: the ego query (ego status + command + learned mode, as `PlanningHead`) attends the BEV
   tokens and regresses heading increments at fixed arc lengths (`model.path_spacing_m`,
@@ -22,8 +22,8 @@ stacks. Each factor gets the form that learns it:
   be, as cost-volume planners score trajectories (NMP, Zeng et al., CVPR 2019): whether braking
   is needed is a question about the cells ahead, not about the mean of all tokens.
 - **Motion of others** (`model.planning_velocity`): one frame cannot tell a stopped car from a lead
-  car (BENCHMARKS, "One frame cannot tell a stopped car from a lead car": at 15-35 m the expert
-  brakes 2-2.5x as often for the stopped one). A temporal network's detection head regresses each
+  car (at 15-35 m the expert brakes 2-2.5x as often for the stopped one:
+  docs/log/2026-11-26_stopped-vs-lead-car-labels.md). A temporal network's detection head regresses each
   road user's velocity; the scorer then also reads, at every sampled point, that velocity resolved
   along and across the path there, gated by the occupancy: "something ahead on my path that moves
   at 1 m/s" is one feature, not a pattern the scorer must find in 32 BEV channels. The velocity is

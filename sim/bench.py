@@ -69,8 +69,8 @@ def record_figures(figures, results: dict, cameras: set) -> None:
 
 def run(pipeline, network, weights: str, figures=None, bundles=()) -> int:
     """Time the camera policy `network` (a PolicySpec; `weights` says which), and the deployed `bundles` (PolicySpecs),
-    beside the blind rollout, and print the table for BENCHMARKS.md; the figures go into `figures` (a
-    `stack.benchrecord.FigureLog`) when given."""
+    beside the blind rollout, and print the table (for a dated docs/log entry, then docs/results/closed-loop.md,
+    "Speed of the closed loop"); the figures go into `figures` (a `stack.benchrecord.FigureLog`) when given."""
     from stack.benchrecord.machine import cpu_model
     from stack.sim.policies import PolicySpec
     from stack.sim.scenarios import episode_specs

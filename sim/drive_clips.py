@@ -1,6 +1,6 @@
 """Driving clips: what the policy saw next to what it did, as one MP4 per episode.
 
-People look at the worst episodes before any table (issue 15), so a clip shows,
+People look at the worst episodes before any table, so a clip shows,
 side by side, the front camera the policy was given and a top-down (BEV) panel
 centred on the ego with its heading up: the painted ground classes of the
 town's `GroundRaster`, the route, every road user's box coloured by class, the

@@ -1,6 +1,6 @@
 """The closed-loop report: `drive.md` for people, `drive.json` for machines, `drive.png` for the eye.
 
-Issue 15 asks for every policy side by side, per scenario family and overall,
+It puts every policy side by side, per scenario family and overall,
 each number the mean ± std over seeds (`stack.metrics.driving.aggregate`), so
 that the trained or deployed network can be read against the privileged
 expert above it and the camera-blind baselines below it. The metrics are

@@ -21,8 +21,9 @@ beside the next steps, whatever it takes from them (on a 2-core machine it compe
 So the bench also runs the real loop (`stack train`'s Trainer and callbacks, synthetic batches from
 `stack.synthetic_batch.random_batch`) three ways, interleaved over rounds: no checkpoint, asynchronous
 checkpoints, synchronous ones, every `LOOP_EVERY` steps; the cost of a checkpoint is the loop's extra
-wall time over the run without, divided by the checkpoints written. Goal (issue 17): the asynchronous
-checkpoint costs the loop ≤ 0.1× what the synchronous one does (judged on the loop, not the writer).
+wall time over the run without, divided by the checkpoints written. Goal: the asynchronous
+checkpoint costs the loop ≤ 0.1× what the synchronous one does (judged on the loop, not the writer;
+docs/results/training.md, "Checkpoints: what the training loop pays").
 """
 
 from __future__ import annotations

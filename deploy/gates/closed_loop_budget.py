@@ -2,9 +2,9 @@
 
 **Budgets.** INT8 may cost no more driving than retraining the same recipe typically moves it: the root mean
 square of the difference between two training seeds of one configuration, driven on the same held-out
-episodes (`SEED_PAIRS`, from BENCHMARKS.md's closed-loop section). A quantized network inside that budget is,
-as far as the closed loop can tell, the network the recipe makes; one outside it is a different network. The
-same rule gives the at-fault collision budget from the same pairs. It is the rule of the head bars
+episodes (`SEED_PAIRS`, listed in docs/log/2026-11-28_closed-loop-budgets.md). A quantized network inside that
+budget is, as far as the closed loop can tell, the network the recipe makes; one outside it is a different
+network. The same rule gives the at-fault collision budget from the same pairs. It is the rule of the head bars
 (`stack.metrics.bars`: derived from repeated recipe runs), applied to the drop instead of the level.
 
 **Episodes.** A power calculation: enough episodes that a drop of the budget's size is told from none with
@@ -45,7 +45,7 @@ class SeedPair:
     driving_score: tuple[float, float]
     collisions_per_episode: tuple[float, float] | None
     """At-fault collisions per episode (a crash ends the drive: the share of drives ended by one); None where
-    BENCHMARKS does not give them."""
+    the log entries of the pair do not give them."""
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,8 @@ SEED_PAIRS = (
     SeedPair("tiny-drive k=1, 2052 steps, guard 0.2 + restart 0.5 s", (0.704, 0.708), (9 / 56, 17 / 56)),
     SeedPair("tiny-drive k=1, 4104 steps, guard 0.15 + restart 0.5 s", (0.752, 0.716), (9 / 56, 9 / 56)),
 )
-"""BENCHMARKS.md, "Closed loop": held-out driving score (and drives ended by a collision) of seeds 0 and 1."""
+"""Held-out driving score (and drives ended by a collision) of seeds 0 and 1
+(docs/log/2026-11-28_closed-loop-budgets.md)."""
 
 NETWORK_PAIRS = (
     PairedInterval("4104 against 2052 steps (seed 0, guard 0.15)", 56, 0.024, 0.121),
@@ -79,7 +80,8 @@ NETWORK_PAIRS = (
     PairedInterval("4104 against 2052 steps (seed 1)", 56, -0.045, 0.060),
     PairedInterval("yaw rate in the ego status against the chord rule", 56, -0.057, 0.052),
 )
-"""BENCHMARKS.md, "Closed loop": paired driving-score differences between two trained networks, 56 episodes."""
+"""Paired driving-score differences between two trained networks, 56 episodes
+(docs/log/2026-11-28_closed-loop-budgets.md)."""
 
 
 def root_mean_square_difference(pairs) -> float:

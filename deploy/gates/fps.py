@@ -9,24 +9,22 @@ miss its period. With the derived values both bars are the network's share, and 
 for a prediction (p99 = median x `P99_OVER_MEDIAN`). The report prints the budget, the latency and the
 headroom (budget / median latency; the median's share of the frame period).
 
-- measured (ONNX Runtime here, TensorRT on a device): median and p99 over
-  `export.timing_runs` runs after warm-up. When the target records the reference
-  workload's time on the machine its bar was set for (`reference_workload_ms`), the
-  latencies are scaled by (that / the reference timed in this run) before comparing, so a
-  loaded or slower CI machine is not mistaken for a slower model. The scale is reported.
-  The reference is the network the bar was set with, frozen (`stack.deploy.reference_graph`): it
-  speeds up and slows down with the CPU's instruction set and load as the candidate does, which a dense
-  matmul did not (4.4-4.8x slower on an AVX2-only EPYC than on the AVX-512 EPYC that set the bar, the
-  network ~2x). One reference run follows every model run (`time_side_by_side`), no session spinning
-  (`TIMING_SPINS`), and the reference per round is the mean of the runs paired with it, so it pays for
-  the same preemptions as the network.
+- measured (ONNX Runtime here, TensorRT on a device): median and p99 over `export.timing_runs` runs after warm-up.
+  When the target records the reference workload's time on the machine its bar was set for
+  (`reference_workload_ms`), the latencies are scaled by (that / the reference timed in this run) before
+  comparing, so a loaded or slower CI machine is not mistaken for a slower model. The scale is reported. The
+  reference is the network the bar was set with, frozen (`stack.deploy.reference_graph`): it speeds up and slows
+  down with the CPU's instruction set and load as the candidate does, which a dense matmul did not
+  (docs/log/2026-11-26_reference-workload-fps-bar.md). One reference run follows every model run
+  (`time_side_by_side`), no session spinning (`TIMING_SPINS`), and the reference per round is the mean of the runs
+  paired with it, so it pays for the same preemptions as the network.
   The median bar is decided on the repeats, not on one median: each timing round's median,
   normalised by the reference runs paired with that round's runs. Their mean's 90% interval within
   the bar: pass; beyond it: fail; the bar inside it: **inconclusive**. An inconclusive verdict buys
   more rounds (TIMING_ROUNDS at a time, up to MAX_TIMING_ROUNDS): on a shared runner one preempted
-  round can widen five rounds' interval over the bar (a CI run: median 15.5 ms, interval 17.1-26.1 ms
-  against a 26.0 ms bar), and twenty rounds narrow it by about 2.3x. Still inconclusive after them, it
-  fails the gate unless the target sets `timing_inconclusive_passes`.
+  round can widen five rounds' interval over the bar (docs/log/2026-11-25_inconclusive-timing-rounds.md),
+  and twenty rounds narrow it by about 2.5x. Still inconclusive after them, it fails the gate unless the
+  target sets `timing_inconclusive_passes`.
 - predicted (TensorRT targets without TensorRT): the latency model's total times the target's
   margin (`latency.margins.target_margin`: from the errors on the target's own published
   references, or the conservative margin when it has none, reported "unvalidated") is the median;
@@ -162,11 +160,9 @@ fail after five rounds is never revisited."""
 TIMING_SPINS = False
 """Whether the sessions timed side by side keep ONNX Runtime's spinning intra-op workers. They do not: sessions
 that take turns on the same cores (the models and the reference) each keep a pool that spins after a run, and
-the spinning workers take the cores of the session that runs next. Measured on an AVX2-only EPYC (2 cores; the
-tiny network fp32, 29.7 ms alone), alternating run by run with a second session of the same graph: 62-66 ms a
-run with spinning, 33 ms without; the graph run twice per frame measured 1.6-1.7x the network with spinning
-and 1.9-2.1x without, so spinning also hides half of a 2x slowdown. Without spinning a run costs ~10% more
-alone (32.6-34.2 ms), as it does on a car computer whose cores run the other stages too."""
+the spinning workers take the cores of the session that runs next: the paired timings doubled and a 2x slower
+graph showed only 1.6-1.7x. Without spinning a run costs ~10% more alone, as it does on a car computer whose
+cores run the other stages too (docs/log/2026-11-26_reference-workload-fps-bar.md)."""
 
 
 def time_side_by_side(sessions: dict, feeds: dict, runs: int, warmup: int, reference=None,

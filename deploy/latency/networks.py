@@ -10,8 +10,9 @@ dropped: the latency model reads only shapes). The cache lives in `$STACK_CACHE_
   from `ultralytics/cfg/models/11/yolo11.yaml` and `ultralytics/nn/modules` (Conv, C3k2, C3k,
   Bottleneck, SPPF, C2PSA/PSABlock/Attention, Detect with DFL decoding). Their parameter counts
   equal Ultralytics' own builds (`YOLO11_PARAMETERS`, checked by the tests) and, exported the same way,
-  Ultralytics' own graph has the same FLOPs and a predicted latency within 2% (BENCHMARKS.md): the graph
-  is the one the published Jetson tables timed (Ultralytics exports the box decoding into the engine).
+  Ultralytics' own graph has the same FLOPs and a predicted latency within 2%
+  (docs/log/2026-11-25_latency-model-fit.md): the graph is the one the published Jetson tables timed
+  (Ultralytics exports the box decoding into the engine).
 - `bevfusion_camera`: CUDA-BEVFusion's "Camera Backbone" engine: ResNet-50 + GeneralizedLSSFPN +
   lidar-depth encoder + depth net at 6x256x704 (BEVFusion's ResNet-50 config).
 - `pointpillars`: CUDA-PointPillars' TensorRT engine (OpenPCDet's KITTI `pointpillar.yaml`): the pillar

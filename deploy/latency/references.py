@@ -124,7 +124,7 @@ word embeddings) are a few per cent of any reference's time and keep their prior
 depthwise-separable networks cannot pin `dwconv` either (MLPerf Inference v2.0 SSD-MobileNet, NetsPresso's
 MobileNetV3): their depthwise layers are memory-bound in the roofline, so halving `dwconv` moves them by at most 2%;
 it sets the time of grouped convs with several channels per group (RegNet, ResNeXt: our regnetx_002 backbone), and no
-AGX Orin timing of one was found (BENCHMARKS.md, "Grouped convs not pinned"). The per-kernel launch is collinear
+AGX Orin timing of one was found (docs/log/2026-11-28_grouped-convs-not-pinned.md). The per-kernel launch is collinear
 with the Ultralytics harness's per-image overhead (only ResNet-50 separates them), so it keeps its prior too."""
 BOUNDS: dict = {"gather": (0.1, 10.0)}
 """Fit bounds by field; efficiencies default to (0.02, 1). Gather is a multiple of DRAM bandwidth: L2 is faster."""

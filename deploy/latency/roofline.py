@@ -30,7 +30,7 @@ Efficiencies are per operator class (`KINDS`) and precision, fitted to 14 publis
 Orin TensorRT timings from five network families (`stack.deploy.latency.references.REFERENCES`,
 refit by `stack bench latency`); each reference's leave-one-out and leave-one-family-out error is the
 stated error, and each target's gate margin comes from the errors on its own references
-(`stack.deploy.latency.margins`); BENCHMARKS.md records them.
+(`stack.deploy.latency.margins`): docs/results/deploy.md, "The latency model".
 Roofline model: Williams, Waterman, Patterson, CACM 2009
 (https://doi.org/10.1145/1498765.1498785).
 """

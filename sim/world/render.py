@@ -11,7 +11,7 @@ variation, and Gaussian sensor noise. Primitives outside a camera's frustum are
 culled before the cast. Torch runs it on the GPU when one is given, else on the
 CPU.
 
-All cameras of a frame are cast at once (issue 16): each culled primitive is tested
+All cameras of a frame are cast at once: each culled primitive is tested
 only against the pixels of its projected bounding rectangle (boxes: their projected
 corners), as (pixel, primitive) pairs in one expression per kind, reduced to the
 nearest hit per pixel; shadow rays are cast only from points inside a caster's disc

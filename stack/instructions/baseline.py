@@ -1,15 +1,16 @@
 """Baselines of instruction counts kept in the repository, one per ISA level, and the verdict against them.
 
-The rule (README, "Instruction-count regression check"):
+The rule (docs/benchmarks.md, "Instruction-count regression check"; the figures below are measured in
+docs/results/benchmarks.md, "The instruction-count check"):
 
 - a stage's total instructions more than `THRESHOLD` (3%) above the baseline fail, and so do its simulated
-  cache misses more than `MISS_THRESHOLD` (20%) above (where an allocation lands moves them: up to 11% between
-  two working folders, BENCHMARKS; a layout that stops fitting the cache multiplies them); the message names
+  cache misses more than `MISS_THRESHOLD` (20%) above (where an allocation lands moves them: up to +10.9%
+  between two working folders; a layout that stops fitting the cache multiplies them); the message names
   the function whose own instructions grew most. So does any function of the project's
   own kernels (stack._C) that held at least `JUDGED_SHARE` (1%) of its stage and now executes 3% more (a
   kernel that slows down inside a stage dominated by other code still fails). Library functions (torch, numpy,
-  CPython, libc) are judged through their stage's total: the allocator's share moves by up to 2.5% with the
-  heap's state (another working folder, another environment), the totals by 0.3% at most (BENCHMARKS);
+  CPython, libc) are judged through their stage's total: the allocator's share moves with the heap's state
+  (another working folder, another environment), the totals by +0.26% at most;
 - stage totals are library code as much as ours, and numpy's OpenBLAS and torch's MKL / oneDNN pick their
   kernels by the CPU's vendor and model (under valgrind too: it masks AVX-512, not the CPU's identity), so the
   totals are judged only on the kind of CPU the baseline was recorded on (same model name and ISA flags,
@@ -24,7 +25,7 @@ The rule (README, "Instruction-count regression check"):
   recorded with the baseline; a difference is named in the report and in every failure, but the counts are
   still judged: a toolchain upgrade that costs 5% is worth a look, and re-recording is one command.
 
-Counts repeat exactly on one machine (BENCHMARKS: ten runs on a loaded machine, zero spread), so 3% leaves
+Counts repeat exactly on one machine (ten runs on a loaded machine, zero spread), so 3% leaves
 room for nothing but real change; it is the smallest effect worth a failed build, as CodSpeed's default
 regression threshold is (docs.codspeed.io, "Performance checks").
 """

@@ -13,7 +13,8 @@ at the renderer's stages. Inputs are seeded, the process has one thread (callgri
 and an OpenMP pool's spin-waits would make counts depend on scheduling), so counts repeat exactly.
 
 `--scale N` makes the bev_pool context N times wider (N x the channels): the same code doing more work,
-which is how the check is shown to fail on a slower kernel without shipping a slow path (tests, BENCHMARKS).
+which is how the check is shown to fail on a slower kernel without shipping a slow path
+(tests/stack/instructions/test_instructions.py; docs/results/benchmarks.md, "The instruction-count check").
 """
 
 from __future__ import annotations

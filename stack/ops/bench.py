@@ -16,7 +16,7 @@ The floor is the bytes the op cannot avoid moving -- read depth, context and the
 geometry tables once, write the grid once -- over the memory bandwidth measured in
 the same run by a large tensor copy; forward + backward adds reading the incoming
 gradient, depth, context and three rank tables again and writing both gradients. The
-goals (issue 16): forward within 3x and forward + backward within 4x of their floors.
+goals: forward within 3x and forward + backward within 4x of their floors (docs/results/ops.md).
 From a source checkout, the previous CPU kernels (`benchmarks/bev_pool_v1.py`, bench-only: not in
 `stack._C`, compiled on first use) are timed beside the current ones.
 """
@@ -166,7 +166,7 @@ def copy_bandwidth(megabytes: int = 512) -> float:
 GEOMETRY = "geometry (bev_geometry, per batch)"
 """The row timing `bev_geometry` itself, beside the variants."""
 FORWARD_GOAL, FORWARD_BACKWARD_GOAL = 3.0, 4.0
-"""Most time over the floor the op may take (issue 16): forward, and forward + backward."""
+"""Most time over the floor the op may take: forward, and forward + backward."""
 
 
 def floor_bytes(case: Case) -> int:

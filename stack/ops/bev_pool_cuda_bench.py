@@ -12,13 +12,13 @@ two ways:
 - warm: back to back, the inputs partly in L2 (for the tiny preset all of them).
 
 The bandwidth is measured in the same run by a device-to-device copy of 1 GiB (read +
-write counted), and the datasheet figure is printed beside it. The goal is the CPU's
-(issue 28): forward + backward within 4x of its floor on the default preset.
+write counted), and the datasheet figure is printed beside it. The goal is the CPU's:
+forward + backward within 4x of its floor on the default preset.
 
 The events time what a caller waits for, the host included: measured on an H100 the op's
 forward + backward through autograd is bound by its launches and layout copies (the tiny
 preset costs as much as the default one), so the kernels themselves are judged with Nsight
-Compute (BENCHMARKS, "On an NVIDIA H100").
+Compute (docs/results/ops.md, "CUDA on an NVIDIA H100").
 """
 
 from __future__ import annotations

@@ -131,7 +131,7 @@ class WorldConfig:
     mount_jitter_deg: float = 0.0
     """Likewise each camera's pitch, degrees. With mount_jitter_m, the variation a camera-aware depth head
     (model.depth.camera_aware) must read from the calibration: without it only the resize augmentation's focal
-    length varies in training (BENCHMARKS, camera-aware depth)."""
+    length varies in training (docs/log/2026-11-28_camera-aware-depth.md)."""
     expert_sees: str = "everyone"
     """Whom the expert that drives and labels those episodes (and labels DAgger's states) reacts to: `everyone`
     (privileged: every road user, hidden or not) or `cameras` (only road users that have had a visible pixel in

@@ -171,7 +171,8 @@ def test_persistent_workers_follow_the_epoch_and_survive_an_abandoned_one(datase
 @pytest.mark.gpu
 def test_batches_for_a_gpu_come_in_page_locked_memory(dataset):
     """The trainer on a GPU asks for pinned batches: their copy to the device is then asynchronous, where a pageable
-    one blocked the host for 7 ms a step on the default preset (BENCHMARKS, temporal fusion on one GPU)."""
+    one blocked the host for 7.3 ms a step on the default preset
+    (docs/log/2026-11-28_default-preset-temporal-h200.md)."""
     pipeline, _ = dataset
     pinned = next(iter(build_loader(pipeline, "train", rank=0, world_size=1, pin_memory=True)))
     plain = next(iter(build_loader(pipeline, "train", rank=0, world_size=1)))

@@ -126,7 +126,7 @@ def test_told_its_focal_length_the_depth_head_resolves_what_the_image_alone_cann
     plain head learns the average lens and is wrong by the lens's ratio on any other vehicle (x1.08 here), while the
     camera-aware head, given each image's camera, degrades less than half as much. (In the rendered world the plain
     network reads the scale from other cues, the padded border and the horizon, so there the two degrade alike:
-    BENCHMARKS.md, camera-aware depth.)"""
+    docs/results/model.md, "Depth: camera-aware against plain".)"""
     from stack.models.image_heads import DepthContextHead, expected_depth
     from stack.ops.bev_pool import depth_bin_centres
 
