@@ -179,7 +179,7 @@ reference-gate: $(RECIPE_DATA)
 # drove its fp32 and INT8 models on them beside the same policies, and this drive takes ~14 min on 2 cores, which
 # would put `make test` near CI's 90-minute limit on the slowest CPU. Measured 2026-12-02 (AVX-512 EPYC): the
 # checkpoint clears the bar (DS vs ego rollout +0.059 [+0.007, +0.111]); the INT8 bundle at its predicted 2.07 ms
-# does not (+0.047 [-0.004, +0.101]), so this target exits 1 today.
+# does not (+0.047 [-0.004, +0.101]), so this target exits 1 today (docs/log/2026-12-02_int8-bar-and-reference-drive.md).
 reference-drive: reference-gate
 	$(BIN)/stack drive $(REFERENCE) runs/reference/export/orin $(REFERENCE_KEYS) --episodes $(REFERENCE_EPISODES) \
 		--policy network,expert,constant_velocity,ego_rollout drive.out_dir=runs/reference/drive drive.clips=1
