@@ -247,9 +247,11 @@ def _check_verdicts(folder: Path, gate: dict) -> None:
 
 def _check_post_processing(folder: Path, gate: dict) -> None:
     """The post-processing gate.json records (`post_processing`) is valid, is what the bundle's own pipeline.yaml
-    says, and is what its closed-loop gate drove with: an edited setting, even resealed, fails here."""
+    says, and is what its closed-loop gate drove with: an edited setting, even resealed, fails here. Settings of a
+    rule removed since, recorded off, are read as today's (`stack.pipeline.migrate_guard_settings`)."""
     from stack.config import pipeline_from_yaml
     from stack.models.post_processing import guard_from_settings, post_processing_record
+    from stack.pipeline import migrate_guard_settings
 
     recorded = gate.get("post_processing")
     if recorded is None:
@@ -257,6 +259,7 @@ def _check_post_processing(folder: Path, gate: dict) -> None:
     problems = []
     try:
         guard_from_settings(recorded.get("guard") if isinstance(recorded, dict) else None)
+        recorded = {**recorded, "guard": migrate_guard_settings(recorded["guard"])}
     except StackError as exc:
         problems.append(str(exc))
     pipeline_file = folder / "pipeline.yaml"
@@ -269,6 +272,10 @@ def _check_post_processing(folder: Path, gate: dict) -> None:
             problems += [f"post_processing.{key} says {recorded.get(key)!r} but pipeline.yaml says {value!r}"
                          for key, value in written.items() if recorded.get(key) != value]
     drove = (gate.get("closed_loop") or {}).get("guard") if isinstance(gate.get("closed_loop"), dict) else None
+    try:
+        drove = migrate_guard_settings(drove, "the closed-loop gate's guard settings")
+    except StackError as exc:
+        problems.append(str(exc))
     if not problems and drove is not None and drove != recorded.get("guard"):
         problems.append(f"post_processing.guard says {recorded.get('guard')!r} but the closed-loop gate drove with "
                         f"{drove!r}")

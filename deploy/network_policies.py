@@ -62,13 +62,14 @@ def bundle_guard(folder: str | Path) -> dict:
     """The plan guard settings a bundle ships (gate.json's `post_processing`, which `stack deploy --verify` checks
     against the bundle's pipeline.yaml and its closed-loop gate), or a StackError for a bundle that records none."""
     from stack.deploy.bundle import read_gate
+    from stack.pipeline import migrate_guard_settings
 
     recorded = read_gate(folder).get("post_processing")
     if not isinstance(recorded, dict) or not isinstance(recorded.get("guard"), dict):
         raise StackError(f"bundle {folder} records no plan post-processing (gate.json has no post_processing): it was "
                          f"built by an older stack or from a network without a planner, so nobody knows what it "
                          f"should drive with. Deploy it again.")
-    return recorded["guard"]
+    return migrate_guard_settings(recorded["guard"], f"the plan guard settings bundle {folder} ships")
 
 
 class GuardedNetworkPolicy(NetworkPolicy):

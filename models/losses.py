@@ -19,10 +19,9 @@ import torch
 import torch.nn.functional as F
 
 from stack.batch import IGNORE_INDEX, Batch
-from stack.kinematics import WAYPOINT_STEP_S, arc_lengths, resample_by_arc, speed_profile_arcs
+from stack.kinematics import arc_lengths, resample_by_arc, speed_profile_arcs
 from stack.metrics.collision import FOOTPRINT_DISCS_M, FOOTPRINT_RADIUS_M, penetration
 from stack.models.bev_heads import REGRESSION_FIELDS
-from stack.models.plan_guard import braking_to_a_stop
 from stack.models.targets import downsample_labels, encode_depth, encode_detections, encode_drivable
 from stack.ops.bev_pool import grid_cells
 from stack.pipeline import Pipeline
@@ -147,8 +146,7 @@ def path_speed_loss(outputs, batch: Batch, model) -> dict[str, torch.Tensor]:
     expert_path, driven = resample_by_arc(batch.future_trajectory.float(), batch.future_valid, arcs, _forward(batch))
     path_l1 = ((path - expert_path).abs().sum(-1) * driven).sum() / driven.sum().clamp(min=1)
     anchors, expert = _progress(batch, model.planning_accelerations)
-    stop = _stop_after_horizon(batch, model.planning_accelerations, model.planning_stop_deceleration)
-    target, hits = _speed_labels(batch, anchors, expert, stop)
+    target, hits = _speed_labels(batch, anchors, expert)
     speed = -(target * outputs["plan_speed_logits"].float().log_softmax(dim=1)).sum(1).mean()
     refine = refinement_loss(outputs["plan_arc_refinement"].float(), target.argmax(dim=1), anchors, expert,
                              batch.future_valid)
@@ -174,19 +172,15 @@ def refinement_loss(refinement: torch.Tensor, best: torch.Tensor, anchors: torch
     return error.sum() / valid.sum().clamp(min=1)
 
 
-def speed_candidate_targets(batch: Batch, accelerations, stop_deceleration: float = 0.0
-                            ) -> tuple[torch.Tensor, torch.Tensor]:
+def speed_candidate_targets(batch: Batch, accelerations) -> tuple[torch.Tensor, torch.Tensor]:
     """Per speed candidate: (B, K) soft imitation target and (B, K) bool collision label.
 
     Imitation: softmax(-d / SPEED_TEMPERATURE_M), d the mean gap (m) between the candidate's progress and the
     expert's over the valid waypoints (Hydra-MDP's target). Collision: the car's footprint (FOOTPRINT_DISCS_M),
     driven by the candidate along the *expert's* path (continued straight past where the expert stopped),
     reaches into a ground-truth box moved at its velocity at some valid waypoint: the label is the world's,
-    whatever path the network drew. With `stop_deceleration` > 0 (m/s^2), the candidate is then braked to a
-    stop at that rate after its horizon, and running into something while it still moves is a collision too
-    (`_stop_after_horizon`)."""
-    return _speed_labels(batch, *_progress(batch, accelerations),
-                         _stop_after_horizon(batch, accelerations, stop_deceleration))
+    whatever path the network drew."""
+    return _speed_labels(batch, *_progress(batch, accelerations))
 
 
 def _progress(batch: Batch, accelerations) -> tuple[torch.Tensor, torch.Tensor]:
@@ -200,39 +194,12 @@ def _as_tensor(accelerations, like: torch.Tensor) -> torch.Tensor:
     return torch.as_tensor(list(accelerations), dtype=torch.float32, device=like.device)
 
 
-def _stop_after_horizon(batch: Batch, accelerations, deceleration: float
-                        ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(B, K, E) distance travelled and (B, K, E) bool "still moving" at E more waypoints after the horizon, while
-    each candidate brakes from its final speed to a stop at `deceleration` m/s^2; None when it is 0.
-
-    Why: a 3-s horizon calls a candidate safe that cannot stop in time after it. At 9 m/s with a stopped car 25 m
-    ahead of the bumper, -0.75 m/s^2 ends the horizon 1.4 m short of it, still at 6.75 m/s; the candidates gentler
-    than -3.5 m/s^2 are labelled safe until the gap is 17-20 m (BENCHMARKS, "Why the stopped vehicle is hit"),
-    when braking gently is already too late. Asking that a candidate leave room to stop
-    at a comfortable rate is the safe-distance rule of responsibility-sensitive safety (Shalev-Shwartz et al.,
-    arXiv:1708.06374) and what the expert's IDM does; boxes keep moving at their velocities meanwhile."""
-    if not deceleration:
-        return None
-    future, valid = batch.future_trajectory.float(), batch.future_valid
-    accelerations = _as_tensor(accelerations, future)
-    steps = valid.shape[1]
-    speed = batch.ego_status[:, 0].float().clamp(min=0.0)
-    end = speed_profile_arcs(speed, accelerations, steps)[..., -1:]  # (B, K, 1)
-    final = (speed[:, None] + accelerations[None] * steps * WAYPOINT_STEP_S).clamp(min=0.0)[..., None]
-    arcs, moving = braking_to_a_stop(end, final, deceleration)
-    return arcs, moving & valid[:, -1, None, None]
-
-
-def _speed_labels(batch: Batch, anchors: torch.Tensor, expert: torch.Tensor,
-                  stop: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """`speed_candidate_targets` from the anchors' and the expert's progress (and `_stop_after_horizon`)."""
+def _speed_labels(batch: Batch, anchors: torch.Tensor, expert: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`speed_candidate_targets` from the anchors' and the expert's progress."""
     future, valid = batch.future_trajectory.float(), batch.future_valid
     mask = valid.float()[:, None]
     gap = ((anchors - expert[:, None]).abs() * mask).sum(-1) / mask.sum(-1).clamp(min=1)
     checked, counted = anchors, mask.expand_as(anchors)
-    if stop is not None:
-        checked = torch.cat([anchors, stop[0]], dim=-1)
-        counted = torch.cat([counted, stop[1].float()], dim=-1)
     hits = torch.zeros_like(gap, dtype=torch.bool)
     for offset in FOOTPRINT_DISCS_M:  # the car's whole footprint, disc by disc along the expert's path
         along_expert, _ = resample_by_arc(future, valid, (checked + offset).flatten(1), _forward(batch))

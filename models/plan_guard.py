@@ -1,69 +1,24 @@
 """The plan guard: the planner's best candidate that does not run into what the network itself detects.
 
-Why: the path-speed planner (`stack.models.path_speed_head`) scores each speed candidate with a *learned*
-collision logit, trained on few examples of each hazard (12 stopped-vehicle episodes in the tiny-drive data),
-while the detection head that sees the same road users is trained on every box of every frame. On the tiny-drive
-network the learned logit stays low for a stopped car until braking is too late (BENCHMARKS, closed loop), and
-most driven episodes end in a collision the detector had seen. Driving stacks keep an explicit check between
-the learned planner and the car for this reason: InterFuser (Shao et al., CoRL 2022) passes its learned
-waypoints through a safety controller that reads the network's own object map; PDM-Closed (Dauner et al., CoRL
-2023) scores proposals against forecast boxes. Here the guard reads the network's decoded detections
-(`decode_detections`, velocity included: a temporal network regresses it), moves them at their velocities, and
-drops every candidate whose footprint reaches into one within the horizon, or while braking to a stop at
-`guard.deceleration` after it (the label rule of `stack.models.losses._stop_after_horizon`). The
-highest-scoring candidate left drives; if none is left, the one that travels least (the hardest braking).
+Why: the path-speed planner (`stack.models.path_speed_head`) scores each candidate with a learned collision logit,
+trained on few examples of each hazard, while the detection head that sees the same road users is trained on every
+box of every frame; alone, the tiny-drive network misses stopped cars its detector sees. As InterFuser's safety
+controller (Shao et al., CoRL 2022) and PDM-Closed (Dauner et al., CoRL 2023) check a learned plan against the
+scene, the guard reads the network's decoded detections (`decode_detections`), moves them at their detected
+velocities and drops every candidate whose footprint reaches one within the horizon or while braking to a stop at
+`guard.deceleration` after it; the best-scoring candidate left drives, else the one that travels least. It cannot
+see what the detector misses, and ignores boxes that start behind the rear axle (braking does not avoid them).
 
-What it does not do: see what the detector misses (a false negative drives on), or replace the planner's own
-choice where nothing is detected on the path. Boxes that start behind the rear axle are ignored: what
-runs into the ego from behind is not avoided by braking.
-
-**Segmentation support** (`guard.segmentation` > 0, `segmentation_support`): a detection counts only
-where the network's own segmentation head also sees a road user, in the central half of the box's image rectangle,
-in some camera that sees the box. The two heads are trained on the same frames with separate outputs, so a false
-positive of one need not be one of the other (cross-task consistency: Zamir et al., CVPR 2020). On the tiny-drive
-DAgger network's tuning drives, the detections that alone overruled the planner with a road-user probability under
-0.2 there were 66 of 236 false positives (no road user within 2.5 m) and 2 of 87 true ones, mostly pedestrians
-and cyclists either way; the false positives left are mostly real road users placed metres off along the camera
-ray, which no image tells apart. Driven (112 tuning episodes), it trades: route completion +0.018, at-fault
-collisions +0.018 an episode, PDMS -0.036, driving score +0.011 within noise (BENCHMARKS.md, "Two heads must
-agree"); so it is off in the presets, kept for a network whose segmentation sees small road users better.
-
-**Depth support** (`guard.depth` > 0, `depth_support`): a detection counts only where the network's own
-depth head puts a surface between the box's near face and its centre, at the cell its centre projects to. Two
-fifths of the tiny-drive network's false positives are road users placed short along their own camera rays, where
-the depth head may still see the road user behind; driven at 0.1 on 112 tuning episodes it trades as the
-segmentation check does (route completion +0.021, collisions +0.027 an episode, PDMS -0.027; BENCHMARKS.md, "Where
-the guard's false positives lie"), so it is off in the presets too.
-
-`PlanGuard` carries the guard from one replanning instant of a drive to the next, for two optional rules:
-
-- **Confirmation** (`guard.confirm_below` > 0): a detection scoring below this is braked for only
-  once the previous replan saw one where its detected velocity and the ego's odometry put it now; one scoring
-  at least this counts at once. ByteTrack (Zhang et al., ECCV 2022) uses low-score detections the same way, to
-  continue tracks and never to start one; M-of-N confirmation is the radar trackers' form of it (Blackman,
-  "Multiple-Target Tracking with Radar Applications", 1986). On the tiny-drive network, 58 of the 84 boxes the
-  guard braked for at scores 0.2-0.25 in 56 tuning episodes had no road user within 2.5 m; 2 of 28 at 0.4 or
-  more (BENCHMARKS.md).
-- **Restart** (`guard.restart_s` > 0): a behaviour-cloned planner that has stopped tends to stay
-  stopped (the inertia problem, Codevilla et al., ICCV 2019), and its data says so (`benchmarks/
-  standstill_labels.py`). After the ego has stood this long, if the guard's own choice would still not move,
-  the best-scoring candidate that moves and runs into no detection, confirmed or not, drives: TransFuser's
-  "creeping" (Chitta et al., TPAMI 2022), which moves a car stuck for long if its safety check finds the way
-  clear.
-
-**Room to stop** (`guard.reaction_s` > 0, `braking_after_reaction`): every candidate must also leave the
-car able to stop GUARD_STANDOFF_M short of each detection, after following the candidate for the reaction time (one
-replanning period plus the latency) and then braking at GUARD_EMERGENCY_DECELERATION: RSS's safe distance (a
-response time, then the minimum braking; Shalev-Shwartz, Shammah, Shashua 2017). It is checked both where the
-detection's velocity takes it and where it stands now, because the tiny-drive network's velocity of a car standing
-in the lane ahead errs towards "driving away" (+0.4 to +3 m/s on the tuning drives' stopped_vehicle episodes), which
-the rule above trusts.
-
-**Deferred braking** (`guard.defer_below` > 0, with room to stop on): the rule above brakes for a
-detection as soon as it is seen, as if it were sure (the horizon's candidate and a comfortable stop after it must
-both stay clear, so one false positive 40 m ahead already slows the car). A detection scoring below this setting is
-held to the room-to-stop rule only: it is braked for as late as the car can still stop for it, and since every
-replan looks again, a false positive that does not persist never slows the car.
+Its other rules (`stack.pipeline.GuardConfig`, each 0 = off): `guard.reaction_s` keeps room to stop (RSS:
+Shalev-Shwartz, Shammah, Shashua 2017; `braking_after_reaction`), also short of where a detection stands now, since
+the detected velocity of a car standing ahead errs towards "driving away"; `guard.restart_s` moves on after standing
+if the way is clear (TransFuser's creeping, against the inertia problem of Codevilla et al., ICCV 2019);
+`guard.segmentation` and `guard.depth` count a detection only where the network's segmentation head sees a road
+user there, or its depth head a surface (`segmentation_support`, `depth_support`): off in the presets, as they trade
+collisions for progress. The guard's false positives score low: of the detections it overruled the planner for, 58
+of 84 at 0.20-0.25 had no road user within 2.5 m, 2 of 27 at 0.40 or more. Evidence: docs/results/closed-loop.md
+("The plan guard's settings"), docs/log/2026-11-27_plan-guard.md, 2026-11-27_guard-restart-confirmation.md,
+2026-11-29_room-to-stop.md, 2026-11-29_guard-segmentation-check.md, 2026-11-29_guard-false-positives-on-rays.md.
 """
 
 from __future__ import annotations
@@ -81,9 +36,6 @@ STOP_STEPS = 8
 """Waypoints (0.5 s apart) of the stop checked after the horizon: 4 s, a stop from 14 m/s at 3.5 m/s^2."""
 STOPPED_MPS = 0.5
 """Below this speed the checked stop counts as standing: what runs into a standing ego is not avoided by it."""
-CONFIRM_GATE_M = 2.5
-"""A detection confirms one of the previous replan's that was predicted to lie within this distance: about three
-times the tiny-drive network's mean translation error (mATE 0.71 m)."""
 REACTION_STEP_S = 0.1
 """Seconds between the instants `braking_after_reaction` checks: the simulation step, so that the last metres
 before a stop are not stepped over."""
@@ -100,8 +52,7 @@ def candidate_arcs(trajectories: torch.Tensor) -> torch.Tensor:
 
 def braking_to_a_stop(end: torch.Tensor, final: torch.Tensor, deceleration: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(..., E) distance travelled and (..., E) bool "still moving" at STOP_STEPS waypoints after a horizon that
-    ends at distance `end` (..., 1) with speed `final` (..., 1), braking at `deceleration` m/s^2 to a stop. The
-    label rule (`stack.models.losses._stop_after_horizon`) and the guard (`stop_after`) both use it."""
+    ends at distance `end` (..., 1) with speed `final` (..., 1), braking at `deceleration` m/s^2 to a stop."""
     after = WAYPOINT_STEP_S * torch.arange(1, STOP_STEPS + 1, dtype=end.dtype, device=end.device)
     braking = torch.minimum(after, final / deceleration)
     return end + final * braking - 0.5 * deceleration * braking ** 2, final - deceleration * after > STOPPED_MPS
@@ -179,7 +130,7 @@ def conflicting_candidates(trajectories: torch.Tensor, boxes: torch.Tensor, dece
     """(K,) bool: `colliding_candidates` for `boxes`; and for the boxes (M', 9) `stop_short_of`, a candidate that,
     followed for `reaction_s` and then braked at GUARD_EMERGENCY_DECELERATION (`braking_after_reaction`), would not
     stop GUARD_STANDOFF_M short of where one goes at its detected velocity or of where it stands now (the detected
-    velocity of a standing car ahead errs towards "driving away": BENCHMARKS.md, "Room to stop")."""
+    velocity of a standing car ahead errs towards "driving away": docs/log/2026-11-29_room-to-stop.md)."""
     hits = colliding_candidates(trajectories, boxes, deceleration)
     if stop_short_of is not None and len(stop_short_of):
         arcs = candidate_arcs(trajectories.float())
@@ -225,59 +176,42 @@ class Odometry:
 
 
 class PlanGuard:
-    """The plan guard over one drive, replan after replan (`guarded_choice` plus the confirmation and restart
-    rules of this module's docstring). `choose` starts a new drive by itself when time does not advance."""
+    """The plan guard over one drive, replan after replan (`guarded_choice` plus room to stop and the restart rule of
+    this module's docstring). `choose` starts a new drive by itself when time does not advance."""
 
-    def __init__(self, score: float, deceleration: float, confirm_below: float = 0.0, restart_s: float = 0.0,
-                 defer_below: float = 0.0, reaction_s: float = 0.0):
+    def __init__(self, score: float, deceleration: float, restart_s: float = 0.0, reaction_s: float = 0.0):
         self.score, self.deceleration = score, deceleration
-        self.confirm_below, self.restart_s = confirm_below, restart_s
-        self.defer_below, self.reaction_s = defer_below, reaction_s
+        self.restart_s, self.reaction_s = restart_s, reaction_s
         self.reset()
 
     @classmethod
     def from_config(cls, guard) -> PlanGuard:
         """The guard a pipeline's `guard` section (`stack.pipeline.GuardConfig`) asks for."""
-        return cls(guard.score, guard.deceleration, guard.confirm_below, guard.restart_s, guard.defer_below,
-                   guard.reaction_s)
+        return cls(guard.score, guard.deceleration, guard.restart_s, guard.reaction_s)
 
     def reset(self) -> None:
-        self._previous: tuple[torch.Tensor, Odometry] | None = None
+        self._last_time_s: float | None = None
         self._standing_since: float | None = None
 
     def choose(self, trajectories: torch.Tensor, scores: torch.Tensor, boxes: torch.Tensor, box_scores: torch.Tensor,
                odometry: Odometry) -> int:
         """Index of the candidate (K, T, 2) / (K,) to drive, given this replan's detections (M, 9) with their scores
         (M,) and where the ego is."""
-        if self._previous is not None and odometry.time_s <= self._previous[1].time_s:
+        if self._last_time_s is not None and odometry.time_s <= self._last_time_s:
             self.reset()
-        keep = box_scores >= self.score
-        boxes, box_scores = boxes[keep], box_scores[keep]
-        counted = (box_scores >= self.confirm_below) | self._confirmed(boxes, odometry)
-        self._previous = (boxes, odometry)
-        choice = best_clear(trajectories, scores, self.conflicts(trajectories, boxes[counted], box_scores[counted]))
-        return self._restart(choice, trajectories, scores, boxes, box_scores, odometry)
+        self._last_time_s = odometry.time_s
+        boxes = boxes[box_scores >= self.score]
+        choice = best_clear(trajectories, scores, self.conflicts(trajectories, boxes))
+        return self._restart(choice, trajectories, scores, boxes, odometry)
 
-    def conflicts(self, trajectories: torch.Tensor, boxes: torch.Tensor, box_scores: torch.Tensor) -> torch.Tensor:
-        """(K,) bool: the candidates that run into a detection (M, 9) scoring at least `defer_below` (every one, with
-        `defer_below` 0) or, with `reaction_s` > 0, could not stop short of any one after that reaction time."""
-        firm = box_scores >= self.defer_below
-        floor = boxes if self.reaction_s else None
-        return conflicting_candidates(trajectories, boxes[firm], self.deceleration, floor, self.reaction_s)
-
-    def _confirmed(self, boxes: torch.Tensor, now: Odometry) -> torch.Tensor:
-        """(M,) bool: the previous replan saw a box where it predicted this one to be now (every box, on a drive's
-        first replan: there is nothing to confirm with)."""
-        if self._previous is None:
-            return torch.ones(len(boxes), dtype=torch.bool)
-        before, then = self._previous
-        if len(before) == 0 or len(boxes) == 0:
-            return torch.zeros(len(boxes), dtype=torch.bool)
-        distance = torch.cdist(boxes[:, :2].float(), _predicted_into(before.float(), then, now))
-        return distance.amin(dim=1) <= CONFIRM_GATE_M
+    def conflicts(self, trajectories: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
+        """(K,) bool: the candidates that run into a detection (M, 9) or, with `reaction_s` > 0, could not stop short
+        of one after that reaction time."""
+        return conflicting_candidates(trajectories, boxes, self.deceleration, boxes if self.reaction_s else None,
+                                      self.reaction_s)
 
     def _restart(self, choice: int, trajectories: torch.Tensor, scores: torch.Tensor, boxes: torch.Tensor,
-                 box_scores: torch.Tensor, odometry: Odometry) -> int:
+                 odometry: Odometry) -> int:
         """`choice`, or after `restart_s` standing the best-scoring candidate that moves on and hits nothing."""
         if odometry.speed >= STOPPED_MPS:
             self._standing_since = None
@@ -288,23 +222,10 @@ class PlanGuard:
         if (not self.restart_s or odometry.time_s - self._standing_since < self.restart_s
                 or travel[choice] >= RESTART_TRAVEL_M):
             return choice
-        usable = (travel >= RESTART_TRAVEL_M) & ~self.conflicts(trajectories, boxes, box_scores)
+        usable = (travel >= RESTART_TRAVEL_M) & ~self.conflicts(trajectories, boxes)
         if not bool(usable.any()):
             return choice
         return int(torch.where(usable, scores.float(), torch.full_like(scores.float(), -torch.inf)).argmax())
-
-
-def _predicted_into(boxes: torch.Tensor, then: Odometry, now: Odometry) -> torch.Tensor:
-    """(M, 2) centres of boxes (M, 9) detected in the ego frame at `then`, moved at their velocities to `now` and
-    expressed in the ego frame at `now`."""
-    def rotation(yaw: float) -> torch.Tensor:
-        c, s = math.cos(yaw), math.sin(yaw)
-        return torch.tensor([[c, -s], [s, c]])
-
-    dt = now.time_s - then.time_s
-    fixed = boxes[:, :2] @ rotation(then.yaw).T + torch.tensor([then.x, then.y])
-    fixed = fixed + dt * boxes[:, 7:9] @ rotation(then.yaw).T
-    return (fixed - torch.tensor([now.x, now.y])) @ rotation(now.yaw)
 
 
 SUPPORT_IN_FRONT_M = 0.5

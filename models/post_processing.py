@@ -34,9 +34,11 @@ def post_processing_record(pipeline) -> dict:
 
 def guard_from_settings(settings: dict) -> GuardConfig:
     """The `GuardConfig` of recorded settings (`GuardConfig.settings`, e.g. a bundle's gate.json), validated; a
-    StackError naming what is wrong otherwise."""
-    from stack.pipeline import GUARD_KEYS
+    StackError naming what is wrong otherwise. Settings recorded before a rule was removed read as today's when they
+    had it off (`stack.pipeline.migrate_guard_settings`), and are refused when they had it on."""
+    from stack.pipeline import GUARD_KEYS, migrate_guard_settings
 
+    settings = migrate_guard_settings(settings)
     if not isinstance(settings, dict) or any(key not in settings for key in GUARD_KEYS) or not all(
             isinstance(settings[key], (int, float)) and not isinstance(settings[key], bool) for key in GUARD_KEYS):
         raise StackError(f"plan guard settings: expected a number for each of {', '.join(GUARD_KEYS)}, found "
@@ -71,7 +73,7 @@ class PlanPostProcessing:
     def choose(self, outputs: dict, odometry=None) -> np.ndarray:
         """(T, 2) waypoints: the best-scoring candidate, or with the guard on the best one that runs into none of the
         network's own detections scoring at least `guard.score`. Without `odometry` (`stack.models.plan_guard
-        .Odometry`) the rules that look across replans (confirmation, restart) are skipped: one frame alone."""
+        .Odometry`) the rule that looks across replans (restart) is skipped: one frame alone."""
         import torch
 
         from stack.models.decoders import decode_detections
@@ -88,7 +90,7 @@ class PlanPostProcessing:
         candidates, candidate_scores = torch.from_numpy(trajectories[0]), torch.from_numpy(scores[0])
         if odometry is None:
             near = detected.scores >= self.settings.score
-            hits = self.guard.conflicts(candidates, detected.boxes[near], detected.scores[near])
+            hits = self.guard.conflicts(candidates, detected.boxes[near])
             best = best_clear(candidates, candidate_scores, hits)
         else:
             best = self.guard.choose(candidates, candidate_scores, detected.boxes, detected.scores, odometry)

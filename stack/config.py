@@ -29,7 +29,7 @@ from omegaconf.errors import InterpolationResolutionError, OmegaConfBaseExceptio
 
 from stack import safe_values
 from stack.errors import ConfigError, missing_file_message
-from stack.pipeline import RENAMED_KEYS, SCHEMA_VERSION, Pipeline, Target, migrate
+from stack.pipeline import Pipeline, Target, key_history, migrate
 
 from stack.pipeline.target_config import CONFIG_DIR, TARGETS_DIR
 
@@ -208,7 +208,7 @@ def pipeline_to_yaml(pipeline: Pipeline) -> str:
 def pipeline_from_yaml(text: str, source: str) -> Pipeline:
     """Rebuild a pipeline from the YAML an artifact carries; `source` names it in errors."""
     config = OmegaConf.structured(Pipeline)
-    data = migrate(_parse_yaml(text, source, stored=True))  # an artifact of an older schema: today's keys
+    data = migrate(_parse_yaml(text, source, stored=True), source)  # an artifact of an older schema: today's keys
     check_interpolations(data, source, stored=True)
     config = _merge_mapping(config, data, source)
     return _to_pipeline(config, source)
@@ -646,9 +646,10 @@ def _all_keys() -> tuple[str, ...]:
 
 def _nearest_hint(key: str) -> str:
     """' Nearest valid keys: …' for a mistyped dotted key, matching list indices and names loosely; where a key
-    moved (`stack.pipeline.RENAMED_KEYS`), where it went."""
-    if key in RENAMED_KEYS:
-        return f" It moved to {RENAMED_KEYS[key]!r} in pipeline schema {SCHEMA_VERSION}: write that key instead."
+    moved or went (`stack.pipeline.key_history`), where and why."""
+    history = key_history(key)
+    if history:
+        return f" {history}"
     parts = key.split(".")
     generic = ".".join("N" if p.isdigit() else p for p in parts)
     if len(parts) > 2 and parts[0] == "targets":

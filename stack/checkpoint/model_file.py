@@ -37,7 +37,7 @@ from typing import Any
 
 
 from stack.errors import StackError, missing_file_message
-from stack.pipeline import SCHEMA_VERSION, Pipeline
+from stack.pipeline import READABLE_SCHEMAS, SCHEMA_VERSION, Pipeline
 
 FORMAT = "stack-model"
 """Value of the `format` key of a plain checkpoint."""
@@ -47,8 +47,6 @@ MODEL_SECTIONS = ("model", "data.rig")
 """Pipeline sections that define the network's weights and inputs: they must agree
 between a checkpoint and the pipeline it is deployed with. The plan's post-processing (`guard`) is not among them:
 a checkpoint drives with any guard; a bundle records the one it was gated with."""
-READABLE_SCHEMAS = (1, SCHEMA_VERSION)
-"""Pipeline schemas a stored pipeline may carry: older ones are moved to today's keys (`stack.pipeline.migrate`)."""
 
 
 class CheckpointError(StackError):

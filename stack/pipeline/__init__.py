@@ -40,7 +40,8 @@ from stack.pipeline.target_config import (
     ClosedLoopBudget, Target)
 from stack.pipeline.drive_config import DRIVE_BASELINES, DRIVE_SCENARIOS, DaggerConfig, DriveConfig
 from stack.pipeline.guard_config import GUARD_EMERGENCY_DECELERATION, GUARD_KEYS, GUARD_STANDOFF_M, GuardConfig
-from stack.pipeline.migrations import RENAMED_KEYS, SCHEMA_VERSION, migrate
+from stack.pipeline.migrations import (
+    READABLE_SCHEMAS, REMOVED_KEYS, RENAMED_KEYS, SCHEMA_VERSION, key_history, migrate, migrate_guard_settings)
 
 
 def temporal_problems(pipeline: "Pipeline") -> Problems:
@@ -102,7 +103,8 @@ __all__ = [
     "GUARD_EMERGENCY_DECELERATION", "GUARD_KEYS", "GUARD_STANDOFF_M", "GuardConfig", "LAUNCHERS",
     "LossWeights", "MAX_BATCH_SIZE", "MAX_BEV_CELLS", "MAX_CAMERAS", "MAX_EPISODES", "MAX_EPISODE_SECONDS",
     "MAX_IMAGE_SIDE", "MAX_LATENCY_MS", "MAX_STEPS", "MODEL_BOUNDS", "ModelConfig", "PRECISIONS", "Pipeline",
-    "Problems", "QDQ_FLAVOURS", "RENAMED_KEYS", "RUNTIMES", "RigConfig", "SCHEMA_VERSION", "SEGMENTATION_CLASSES", "SHARD_LAYOUTS",
+    "Problems", "QDQ_FLAVOURS", "READABLE_SCHEMAS", "REMOVED_KEYS", "RENAMED_KEYS", "RUNTIMES", "RigConfig",
+    "SCHEMA_VERSION", "SEGMENTATION_CLASSES", "SHARD_LAYOUTS",
     "STRATEGIES", "TARGET_PRECISIONS", "TRACKING_FILES", "TRACKING_OFF", "TRACKING_SCHEMES", "TRAIN_BOUNDS",
-    "Target", "TrainConfig", "WorldConfig", "migrate", "temporal_problems",
+    "Target", "TrainConfig", "WorldConfig", "key_history", "migrate", "migrate_guard_settings", "temporal_problems",
 ]

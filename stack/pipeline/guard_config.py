@@ -33,9 +33,6 @@ class GuardConfig:
     controller on our outputs); closed loop only."""
     deceleration: float = 3.5
     """m/s^2: the guard also drops a candidate that could not stop at this rate after its horizon."""
-    confirm_below: float = 0.0
-    """0: the guard brakes for a detection at once. Otherwise one scoring below this only once the previous replan
-    saw it too, where its velocity and the ego's odometry put it; 1: every one."""
     restart_s: float = 0.0
     """0: off. Otherwise, once the ego has stood this many seconds and the guarded choice would still not move it,
     the best-scoring candidate that moves on and runs into no detection drives (the inertia problem)."""
@@ -44,9 +41,6 @@ class GuardConfig:
     a detection (where it goes, or where it stands now) if it followed the candidate this many seconds and then
     braked at GUARD_EMERGENCY_DECELERATION: RSS's response time (`stack.models.plan_guard.braking_after_reaction`).
     One replanning period (0.5 s at 2 Hz) plus the latency from camera to controller, e.g. 0.6."""
-    defer_below: float = 0.0
-    """0: the guard brakes for every detection it counts as soon as it sees it. Otherwise one scoring below this is
-    held to the `reaction_s` rule only: braked for as late as the car can still stop for it."""
     segmentation: float = 0.0
     """0: off. Otherwise the guard ignores a detection where the network's own segmentation sees no road user: one
     whose road-user probability stays below this in the central half of its image rectangle in every camera that
@@ -70,18 +64,9 @@ class GuardConfig:
         if not 0 < self.deceleration <= 12:
             found.append(("deceleration", f"got {self.deceleration}; give a braking rate in m/s^2 within (0, 12], "
                                           f"e.g. 3.5"))
-        for name in ("confirm_below", "defer_below"):
-            value = getattr(self, name)
-            if value and not self.score < value <= 1:
-                found.append((name, f"got {value}; give 0 (off) or a score above guard.score ({self.score}) and "
-                                    f"up to 1"))
         if not 0 <= self.reaction_s <= 3:
             found.append(("reaction_s", f"got {self.reaction_s}; give 0 (off) or seconds within (0, 3]: a replanning "
                                         f"period plus the latency, e.g. 0.6"))
-        if self.defer_below and not self.reaction_s and not any(name == "defer_below" for name, _ in found):
-            found.append(("defer_below", f"got {self.defer_below} with reaction_s 0; a deferred detection is held to "
-                                         f"the reaction-time rule: set guard.reaction_s (e.g. 0.6) or "
-                                         f"guard.defer_below: 0"))
         if not 0 <= self.restart_s <= 10:
             found.append(("restart_s", f"got {self.restart_s}; give 0 (off) or seconds of standing within (0, 10], "
                                        f"e.g. 1"))
@@ -92,6 +77,5 @@ class GuardConfig:
         return found
 
 
-GUARD_KEYS = ("score", "deceleration", "confirm_below", "restart_s", "reaction_s", "defer_below", "segmentation",
-              "depth")
+GUARD_KEYS = ("score", "deceleration", "restart_s", "reaction_s", "segmentation", "depth")
 """The guard's settings, in the order reports list them."""

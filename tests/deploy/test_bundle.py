@@ -331,3 +331,19 @@ def test_a_full_disk_during_a_redeploy_is_one_line_and_keeps_the_previous_bundle
     assert f"The bundle at '{bundle}' is as it was" in str(raised.value)
     assert bundle_files(bundle) == before and not list(tmp_path.glob(".cpu.staging-*"))
     verify_bundle(bundle)
+
+
+def test_post_processing_recorded_before_a_guard_rule_was_removed_verifies_while_the_rule_was_off(tmp_path):
+    """A bundle deployed at pipeline schema 2 records the guard settings schema 3 removed (gate.json's
+    post_processing and closed_loop.guard, its pipeline.yaml): off, they verify as today's settings; a bundle gated
+    with one on is refused, saying why the rule went (it would drive without it)."""
+    from stack.deploy.bundle import _check_post_processing
+
+    reference = REPO / "models" / "reference" / "tiny-drive"
+    recorded = json.loads((reference / "card.json").read_text())["post_processing"]
+    assert recorded["guard"]["confirm_below"] == 0.0 and recorded["guard"]["defer_below"] == 0.0
+    (tmp_path / "pipeline.yaml").write_text((reference / "pipeline.yaml").read_text())  # schema 2, the keys at 0
+    _check_post_processing(tmp_path, {"post_processing": recorded, "closed_loop": {"guard": recorded["guard"]}})
+    on = {**recorded, "guard": {**recorded["guard"], "confirm_below": 0.4}}
+    with pytest.raises(BundleMismatch, match="guard.confirm_below: 0.4. It was removed in pipeline schema 3"):
+        _check_post_processing(tmp_path, {"post_processing": on, "closed_loop": {"guard": on["guard"]}})

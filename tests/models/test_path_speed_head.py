@@ -217,28 +217,3 @@ def test_velocity_for_the_planner_needs_a_network_that_sees_motion():
     with pytest.raises(StackError, match="planning_velocity"):
         load_pipeline(["configs/pipeline.yaml", "configs/presets/tiny.yaml"],
                       ["model.temporal_frames=1", "model.planning_velocity=true"])  # the regression planner
-
-
-def test_a_candidate_that_cannot_stop_before_a_stopped_car_is_labelled_a_collision_before_it_gets_there(tiny):
-    """model.planning_stop_deceleration: past the 3-s horizon each candidate brakes to a stop at that rate. A car
-    parked 40 m ahead (rear bumper 37.75 m on) at 10 m/s: holding speed ends the horizon 4 m short of it, but at
-    10 m/s it needs 14 m more to stop at 3.5 m/s^2; -1 m/s^2 ends at 7 m/s and stops 1.6 m short. The same car
-    driving on at 10 m/s is never reached."""
-    batch = random_batch(tiny[0], batch_size=2, seed=1)
-    batch.ego_status[:] = torch.tensor([10.0, 0.0, 0.0])
-    batch.bev_rotation[:] = 0.0
-    batch.future_valid[:] = True
-    batch.future_trajectory[:] = torch.stack([5.0 * torch.arange(1, 7), torch.zeros(6)], dim=-1)
-    batch.boxes[:] = 0
-    batch.box_labels[:] = -1
-    batch.boxes[:, 0] = torch.tensor([40.0, 0.0, 0.8, 4.5, 1.9, 1.6, 0.0, 0.0, 0.0])
-    batch.box_labels[:, 0] = 0
-    assert speed_candidate_targets(batch, ACCELERATIONS)[1][0].tolist() == [False, False, False, False, True]
-    after = speed_candidate_targets(batch, ACCELERATIONS, stop_deceleration=3.5)[1]
-    assert after[0].tolist() == [False, False, False, True, True]
-    batch.boxes[:, 0, 7] = 10.0  # a lead car at the ego's speed
-    assert not speed_candidate_targets(batch, ACCELERATIONS, stop_deceleration=3.5)[1].any()
-    batch.future_valid[:, -1] = False  # an expert future cut short says nothing beyond it
-    batch.boxes[:, 0, 7] = 0.0
-    assert speed_candidate_targets(batch, ACCELERATIONS, stop_deceleration=3.5)[1][0].tolist() == \
-        speed_candidate_targets(batch, ACCELERATIONS)[1][0].tolist()

@@ -93,22 +93,88 @@ def test_all_problems_are_reported_at_once():
     assert "allowed: torch, dali" in text
 
 
+TODAY = f"schema_version: {schema.SCHEMA_VERSION}"
+
+
 def test_an_artifact_of_schema_1_is_read_with_its_guard_moved_and_a_config_file_is_told_where_it_went(tmp_path):
     """Schema 2 moved the plan guard's settings from model.plan_guard_* to the guard section: a checkpoint written
     before still loads with its settings; a user's file naming an old key is told the new one."""
-    text = pipeline_to_yaml(load_pipeline([DEFAULT])).replace("schema_version: 2", "schema_version: 1")
-    text = text.replace("\nmodel:\n", "\nmodel:\n  plan_guard_score: 0.15\n  plan_guard_reaction_s: 0.6\n", 1)
+    text = pipeline_to_yaml(load_pipeline([DEFAULT])).replace(TODAY, "schema_version: 1")
+    text = text.replace("\nmodel:\n", "\nmodel:\n  plan_guard_score: 0.15\n  plan_guard_reaction_s: 0.6\n"
+                                      "  plan_guard_confirm_below: 0.0\n", 1)
     text = text.replace("\nguard:\n  score: 0.0\n", "\nguard:\n", 1)
     read = pipeline_from_yaml(text, "checkpoint x.ckpt")
-    assert (read.guard.score, read.guard.reaction_s, read.schema_version) == (0.15, 0.6, 2)
+    assert (read.guard.score, read.guard.reaction_s, read.schema_version) == (0.15, 0.6, schema.SCHEMA_VERSION)
+    with pytest.raises(ConfigError, match="plan_guard_confirm_below: 0.3. It was removed in pipeline schema 3"):
+        pipeline_from_yaml(text.replace("plan_guard_confirm_below: 0.0", "plan_guard_confirm_below: 0.3"), "x.ckpt")
     old = tmp_path / "old.yaml"
     old.write_text("model:\n  plan_guard_score: 0.2\n")
     with pytest.raises(ConfigError, match="model.plan_guard_score.*moved to 'guard.score'"):
         load_pipeline([DEFAULT, old])
 
 
+REFERENCE_PIPELINE = CONFIG_DIR.parent / "models" / "reference" / "tiny-drive" / "pipeline.yaml"
+"""A schema-2 artifact's pipeline (the pinned reference network's): it has the keys schema 3 removed, at 0."""
+REMOVED = {"guard.confirm_below": ("confirm_below: 0.0", "confirm_below: 0.3", "guard-restart-confirmation"),
+           "guard.defer_below": ("defer_below: 0.0", "defer_below: 0.3", "room-to-stop"),
+           "model.planning_stop_deceleration": ("planning_stop_deceleration: 0.0", "planning_stop_deceleration: 3.5",
+                                                "2026-11-27_plan-guard")}
+"""Each key schema 3 removed: its line at 0, set, and the docs/log entry its message names."""
+
+
+def test_a_schema_2_artifact_with_the_removed_keys_off_reads_as_if_it_had_none():
+    text = REFERENCE_PIPELINE.read_text()
+    assert "schema_version: 2" in text and all(off in text for off, _, _ in REMOVED.values())
+    read = pipeline_from_yaml(text, "the reference network")
+    without = text.replace("schema_version: 2", TODAY)
+    for off, _, _ in REMOVED.values():
+        without = without.replace(f"  {off}\n", "")
+    assert read == pipeline_from_yaml(without, "the same, written today") and read.schema_version == 3
+    assert pipeline_hash(read) == pipeline_hash(pipeline_from_yaml(without, "the same"))
+
+
+@pytest.mark.parametrize("key", sorted(REMOVED))
+def test_a_removed_key_is_refused_with_why_it_went_when_stored_set_and_when_a_user_names_it(key, tmp_path, capsys):
+    """Set in a stored schema-2 pipeline, named in a config file or an override (at any value): one message with
+    what the key did, that it measured worse, the log entry that measured it and what to do; exit 2."""
+    from stack.cli import main
+
+    off, on, log = REMOVED[key]
+    why = rf"{key}.*It was removed in pipeline schema 3: it .*measured worse \(.*docs/log/\S*{log}.*Drop the key"
+    with pytest.raises(ConfigError, match=why):
+        pipeline_from_yaml(REFERENCE_PIPELINE.read_text().replace(off, on), "checkpoint x.safetensors")
+    section, name = key.split(".")
+    mine = tmp_path / "mine.yaml"
+    mine.write_text(f"{section}:\n  {name}: 0.0\n")
+    with pytest.raises(ConfigError, match=f"unknown config key {key!r}. " + why.split(".*", 1)[1]):
+        load_pipeline([DEFAULT, mine])
+    with pytest.raises(ConfigError, match=why):
+        load_pipeline([DEFAULT], [f"{key}=0.3"])
+    assert main(["config", "-c", str(DEFAULT), f"{key}=0.3"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "measured worse" in err and "Traceback" not in err
+
+
+def test_recorded_guard_settings_with_a_removed_rule_off_read_as_todays_and_on_are_refused():
+    """A bundle's gate.json records the guard settings it ships (`GuardConfig.settings`): one written before
+    schema 3 (the reference network's card) still reads; one that drove with a removed rule does not."""
+    import json
+
+    from stack.errors import StackError
+    from stack.models.post_processing import guard_from_settings
+
+    card = json.loads((REFERENCE_PIPELINE.parent / "card.json").read_text())
+    recorded = card["post_processing"]["guard"]
+    assert recorded["confirm_below"] == 0.0 and recorded["defer_below"] == 0.0
+    stored = pipeline_from_yaml(REFERENCE_PIPELINE.read_text(), "the reference network")
+    assert guard_from_settings(recorded) == stored.guard
+    assert schema.migrate_guard_settings(recorded) == stored.guard.settings()
+    with pytest.raises(StackError, match="guard.confirm_below: 0.4. It was removed in pipeline schema 3"):
+        guard_from_settings({**recorded, "confirm_below": 0.4})
+
+
 def test_artifact_yaml_from_another_schema_is_refused():
-    text = pipeline_to_yaml(load_pipeline([DEFAULT])).replace("schema_version: 2", "schema_version: 99")
+    text = pipeline_to_yaml(load_pipeline([DEFAULT])).replace(TODAY, "schema_version: 99")
     with pytest.raises(ConfigError, match="schema_version"):
         pipeline_from_yaml(text, "checkpoint x.ckpt")
 

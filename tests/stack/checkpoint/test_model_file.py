@@ -59,11 +59,31 @@ def test_checkpoint_without_pipeline(tmp_path):
 
 
 def test_checkpoint_of_another_schema_version(tmp_path, tiny):
+    from stack.pipeline import SCHEMA_VERSION
+
     path = tmp_path / "old.ckpt"
-    text = pipeline_to_yaml(tiny).replace("schema_version: 2", "schema_version: 0")
+    text = pipeline_to_yaml(tiny).replace(f"schema_version: {SCHEMA_VERSION}", "schema_version: 0")
     torch.save({"state_dict": {}, "pipeline_yaml": text}, path)
-    with pytest.raises(CheckpointError, match="schema 0; this stack reads schemas 1, 2"):
+    with pytest.raises(CheckpointError, match="schema 0; this stack reads schemas 1, 2, 3"):
         load_model_checkpoint(path)
+
+
+def test_a_schema_2_checkpoint_loads_with_a_removed_key_off_and_is_refused_with_it_set(tmp_path, tiny):
+    """Schema 3 removed model.planning_stop_deceleration: a schema-2 checkpoint that trained without it (0) loads as
+    the same network; one that trained with it is refused, saying why the key went and what to do."""
+    from stack.errors import ConfigError
+    from stack.pipeline import SCHEMA_VERSION
+
+    text = pipeline_to_yaml(tiny).replace(f"schema_version: {SCHEMA_VERSION}", "schema_version: 2")
+    for value, name in ((0.0, "off.pt"), (3.5, "on.pt")):
+        stored = text.replace("\nmodel:\n", f"\nmodel:\n  planning_stop_deceleration: {value}\n", 1)
+        torch.save({"format": "stack-model", "schema_version": 2, "pipeline_yaml": stored, "state_dict": {}},
+                   tmp_path / name)
+    pipeline, _, _ = load_model_checkpoint(tmp_path / "off.pt")
+    assert pipeline == tiny
+    with pytest.raises(ConfigError, match="planning_stop_deceleration: 3.5. It was removed in pipeline schema 3.*"
+                                          "2026-11-27_plan-guard.md.*Drop the key"):
+        load_model_checkpoint(tmp_path / "on.pt")
 
 
 def test_checkpoint_from_another_pipeline(tmp_path, tiny):
