@@ -30,7 +30,10 @@ from stack.benchrecord.load import LOADED_OTHER_CPU
 from stack.benchrecord.records import Record, in_commit_order, load_history, read_record
 from stack.benchrecord.significance import ALPHA, MIN_EFFECT, Verdict, compare_figures
 from stack.errors import StackError
+from stack.safe_values import escaped
 
+MAX_LINE = 100_000
+"""Longest line printed (a table row holds a figure's name; the notes hold the arguments)."""
 USAGE = ("give two records (stack bench compare BASELINE.json CANDIDATE.json), or one record or none with "
          "--history [DIR] (stack bench compare CANDIDATE.json --history runs/bench-history)")
 DIFFERENT_MACHINE = "not comparable: different machine"
@@ -177,7 +180,7 @@ def history_report(series: list[Record], trends: Path) -> list[str]:
     same_machine = [record for record in series if record.hardware == candidate.hardware]
     mine = [record for record in same_machine if not record.loaded()]
     loaded = len(same_machine) - len(mine)
-    lines, plots = [], 0
+    lines, plots, unwritten = [], 0, ""
     for name, figure in candidate.figures.items():
         holding = [record for record in mine if name in record.figures]
         points = [(record.commit, record.figures[name].samples) for record in holding]
@@ -185,16 +188,20 @@ def history_report(series: list[Record], trends: Path) -> list[str]:
         lines += [f"- {name}: {why_not}"] if why_not else []
         lines += [f"- {name}: {change_word(figure.unit, figure.lower_is_better, step.ratio)} {step.ratio:.3f}x at commit "
                   f"{holding[step.index].label} ({holding[step.index].recorded_at}, p = {step.p:.2g})" for step in steps]
-        if holding:
-            plot_trend(name, holding, steps, trend_path(trends, name))
-            plots += 1
+        if holding and not unwritten:
+            try:
+                plot_trend(name, holding, steps, trend_path(trends, name))
+                plots += 1
+            except OSError as exc:  # a read-only history, a file named trends: the verdicts stand without plots
+                unwritten = (f"; could not write the rest ({exc.strerror or exc}: {exc.filename}): make the folder "
+                             f"writable, or move away what is in the way")
     others = len(series) - len(same_machine)
     return ([f"steps over {len(mine)} records on this machine (circular binary segmentation: a rank test of each run "
              f"of commits against the rest, over the records' medians, the run being the unit; Bonferroni-corrected, "
              f"alpha = {ALPHA:g}; "
              f"{others} records from other machines left out; {loaded} loaded records set aside, during which "
              f"other work took {LOADED_OTHER_CPU:.0%} of the CPU time or more):"]
-            + (lines or ["- none"]) + [f"trend plots: {plots} PNGs in {trends}"])
+            + (lines or ["- none"]) + [f"trend plots: {plots} PNGs in {trends}{unwritten}"])
 
 
 # ---------------------------------------------------------------------------------------- command
@@ -217,19 +224,26 @@ def run_compare(paths: list[str], history: str | None) -> int:
     baseline = pick_baseline(series)
     extra = [order, *history_report(series, folder / "trends" / candidate.bench)]
     if baseline is None:
-        print("\n".join([f"stack bench compare: {candidate.bench}: no earlier record with the same arguments in "
-                         f"{folder}: nothing to compare against yet ({candidate.source})", *extra]))
+        say([f"stack bench compare: {candidate.bench}: no earlier record with the same arguments in {folder}: "
+             f"nothing to compare against yet ({candidate.source})", *extra])
         return 0
     return _report(baseline, candidate, extra)
 
 
+def say(lines: list[str]) -> None:
+    """Print the report, each line escaped: figure names, units, commits, the machine's and the pipeline's names come
+    from the records, i.e. from whoever wrote them, and an escape sequence printed raw rewrites the terminal."""
+    print("\n".join(escaped(line, MAX_LINE) for line in lines))
+
+
 def _check_same_bench(baseline: Record, candidate: Record) -> None:
     if baseline.bench != candidate.bench:
-        raise StackError(f"the records are of different benches: {baseline.source} is `stack bench {baseline.bench}`, "
-                         f"{candidate.source} is `stack bench {candidate.bench}`; compare two records of one bench")
+        raise StackError(f"the records are of different benches: {escaped(baseline.source)} is `stack bench "
+                         f"{baseline.bench}`, {escaped(candidate.source)} is `stack bench {candidate.bench}`; compare "
+                         f"two records of one bench")
 
 
 def _report(baseline: Record, candidate: Record, extra: list[str]) -> int:
     rows = compare_records(baseline, candidate)
-    print("\n".join(header(baseline, candidate) + [""] + table(rows) + [""] + extra + [summary(rows)]))
+    say(header(baseline, candidate) + [""] + table(rows) + [""] + extra + [summary(rows)])
     return 1 if regressions(rows) else 0

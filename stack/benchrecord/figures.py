@@ -1,10 +1,10 @@
 """The figures one `stack bench` run reports, each with the samples it was computed from.
 
-A bench prints its tables for BENCHMARKS.md as before; beside each number it prints, it adds the
-figure to the run's `FigureLog`: a name, every individual measurement behind it (the per-run times
-of a best-of-N or a median), the unit, which way is better, and the floor the bench judges it
-against where it has one (bytes over bandwidth, FLOPs over peak). `stack bench NAME --record` writes
-the log into a JSON record (`stack.benchrecord.records`).
+A bench prints its tables (for a dated docs/log entry, then the docs/results table it updates); beside each
+number it prints, it adds the figure to the run's `FigureLog`: a name, every individual measurement behind it
+(the per-run times of a best-of-N or a median), the unit, which way is better, and the floor the bench judges
+it against where it has one (bytes over bandwidth, FLOPs over peak). `stack bench NAME --record` writes the log
+into a JSON record (`stack.benchrecord.records`).
 
 Keeping the samples and not only the summary is what lets `stack bench compare` tell a change from
 noise with a rank test, as asv (`asv/statistics.py`, Mann-Whitney U on the raw samples) and

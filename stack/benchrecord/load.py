@@ -1,7 +1,8 @@
 """What else ran on the machine while a bench measured: the evidence for setting a record aside.
 
-On a shared 2-core machine another job moves every sample of a run together (BENCHMARKS, "A history over
-commits"), so a record keeps how busy the machine was with work that was not the bench's own:
+On a shared 2-core machine another job moves every sample of a run together
+(docs/log/2026-11-28_history-over-commits.md), so a record keeps how busy the machine was with work that was
+not the bench's own:
 
     other_cpu = (CPU time the whole machine spent busy - CPU time of this process and its children)
                 / (wall time x CPUs)

@@ -12,9 +12,12 @@ A record holds what a later comparison needs to trust or refuse it:
      "figures": [{"name", "unit", "lower_is_better", "floor", "samples": [...], "min", "median", "max"}]}
 
 min/median/max are written for people and other tools; a reader recomputes them from the samples.
-Records are JSON, never pickles: a record is data from whoever wrote the file. The history folder
-defaults to `runs/bench-history/` beside the other runs (git ignores `runs/`); a record is written
-whole or not at all (`stack.durable.write_atomic`), so a killed bench leaves no half record behind.
+Records are JSON, never pickles: a record is data from whoever wrote the file, so it is read through the
+bounded reader (`stack.user_json`), every field's type is checked, `bench` must be a name (it names the
+history's trend folder) and a figure holds at most `MAX_SAMPLES` samples. The history folder defaults to
+`runs/bench-history/` beside the other runs (git ignores `runs/`); a record is written whole or not at all
+(`stack.durable.write_atomic`), so a killed bench leaves no half record behind, and `--record PATH` never
+replaces a file that is not a record.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from pathlib import Path
 from stack.benchrecord.figures import Figure, FigureLog
 from stack.benchrecord.load import LOADED_OTHER_CPU
 from stack.errors import StackError, missing_file_message
+from stack.failpoints import fail_point
+from stack.safe_values import escaped, identifier
 
 FORMAT = "stack-bench-record"
 VERSION = 1
@@ -37,7 +42,14 @@ DEFAULT_HISTORY = Path("runs") / "bench-history"
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES")
 """Environment variables that change what a bench measures; a record keeps those that were set."""
 RECORD_AGAIN = "Give a record that `stack bench NAME --record` wrote, or record it again."
-
+MAX_SAMPLES = 10_000
+"""Most samples a figure may hold on read. The stack writes at most a few hundred: the ops bench keeps every run of
+half a second of timing (~330 for a 1.5 ms op on two cores), the CUDA benches 50 events, the others 1 to 6 rounds;
+a microsecond-scale op on a fast CPU could reach a few thousand. Each sample costs the bootstrap
+`significance.BOOTSTRAP_RESAMPLES` draws."""
+MAX_FIGURES = 1_000
+"""Most figures a record may hold on read (each is a test and a trend PNG); the ops bench writes the most, about a
+hundred (11 variants x 3 thread settings x its cases)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,29 +124,65 @@ def build_record(bench: str, args, pipeline, figures: FigureLog, exit_code: int,
 
 
 def check_destination(destination: Path) -> None:
-    """Refuse a `--record PATH` that cannot be written, before the bench spends minutes measuring."""
+    """Refuse a `--record PATH` that cannot be written, or whose writing would replace a file of the user's, before
+    the bench spends minutes measuring. An existing folder collects records whatever its name."""
+    destination = Path(destination)
     if "=" in destination.name:
-        raise StackError(f"--record took {str(destination)!r} as the path to record to; it looks like a key=value "
-                         f"override. Put overrides before --record, or give the path: --record runs/bench-history")
-    folder = destination.parent if destination.suffix == ".json" else destination
-    if destination.suffix != ".json" and destination.is_file():
-        raise StackError(f"--record {str(destination)!r} is a file that is not a .json record; give a folder to "
-                         f"collect records in (default {DEFAULT_HISTORY}) or a path ending in .json")
+        raise StackError(f"--record took {escaped(str(destination))!r} as the path to record to; it looks like a "
+                         f"key=value override. Put overrides before --record, or give the path: --record "
+                         f"runs/bench-history")
+    file = destination.suffix == ".json" and not destination.is_dir()
+    if not file and destination.is_file():
+        raise StackError(f"--record {escaped(str(destination))!r} is a file that is not a .json record; give a folder "
+                         f"to collect records in (default {DEFAULT_HISTORY}) or a path ending in .json")
+    if file and (destination.exists() or destination.is_symlink()):
+        _refuse_to_overwrite(destination)
+    folder = destination.parent if file else destination
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise StackError(f"--record: cannot create the folder {str(folder)!r} ({exc.strerror}); give a writable "
-                         f"folder or .json path") from None
+        raise StackError(f"--record: cannot create the folder {escaped(str(folder))!r} ({exc.strerror}); give a "
+                         f"writable folder or .json path") from None
+
+
+def _refuse_to_overwrite(path: Path) -> None:
+    """A file at a `--record PATH` is recorded over only when it is a bench record (of any version)."""
+    from stack.user_json import read_json_or_none
+
+    data = read_json_or_none(path)
+    if isinstance(data, dict) and data.get("format") == FORMAT:
+        return
+    found = f"a JSON object without format {FORMAT!r}" if isinstance(data, dict) else "no JSON object the stack reads"
+    raise StackError(f"--record {escaped(str(path))!r}: expected a new path or a bench record to record over; found "
+                     f"a file that is not a bench record ({found}), which recording would overwrite. Give another "
+                     f".json path or a folder to collect records in (default {DEFAULT_HISTORY}); the file is left "
+                     f"as it is")
 
 
 def write_record(record: Record, destination: Path) -> Path:
-    """Write `record` to `destination`: that file when it ends in .json, else a new file in that folder named
-    `<recorded_at>-<bench>-<commit>.json`, so a folder's records list in time order."""
+    """Write `record` to `destination`: that file when it ends in .json (and is not a folder), else a new file in that
+    folder named `<recorded_at>-<bench>-<commit>.json`, so a folder's records list in time order."""
+    check_destination(destination)
+    destination = Path(destination)
+    path = destination if destination.suffix == ".json" and not destination.is_dir() else \
+        _new_name(destination, record)
+    return write_whole(path, (json.dumps(record.to_json(), indent=1) + "\n").encode(), "bench-record")
+
+
+def write_whole(path: Path, data: bytes, point: str) -> Path:
+    """`data` into `path` whole or not at all (`stack.durable.write_atomic`), with the fail points `<point>-write`
+    (half the temporary file written) and `<point>-replace` (all of it, before it replaces `path`) for kill tests."""
     from stack.durable import write_atomic
 
-    check_destination(destination)
-    path = destination if destination.suffix == ".json" else _new_name(destination, record)
-    return write_atomic(path, (json.dumps(record.to_json(), indent=1) + "\n").encode())
+    def writer(temporary: Path) -> None:
+        with open(temporary, "wb") as handle:
+            handle.write(data[:len(data) // 2])
+            handle.flush()
+            fail_point(f"{point}-write")
+            handle.write(data[len(data) // 2:])
+        fail_point(f"{point}-replace")
+
+    return write_atomic(path, writer=writer)
 
 
 def _new_name(folder: Path, record: Record) -> Path:
@@ -151,69 +199,153 @@ def _new_name(folder: Path, record: Record) -> Path:
 
 def read_record(path: Path) -> Record:
     """The record at `path`; a StackError saying what was expected and found when it is missing or not one."""
+    from stack.user_json import read_json
+
     path = Path(path)
     if not path.is_file():
-        raise StackError(missing_file_message("bench record", path, RECORD_AGAIN))
-    try:
-        data = json.loads(path.read_text())
-    except UnicodeDecodeError:
-        raise StackError(f"{path}: not a bench record: expected JSON text, found binary data. {RECORD_AGAIN}") from None
-    except json.JSONDecodeError as exc:
-        raise StackError(f"{path}: not a bench record: expected JSON, found invalid JSON at line {exc.lineno} "
-                         f"column {exc.colno} ({exc.msg}); the file may be cut short. {RECORD_AGAIN}") from None
-    return record_from_json(data, str(path))
+        raise StackError(missing_file_message("bench record", path, RECORD_AGAIN))  # repr: escaped
+    return record_from_json(read_json(path, "a bench record", RECORD_AGAIN), str(path))
 
 
 def record_from_json(data, source: str) -> Record:
-    """Validate the parsed JSON of a record, naming the first field that is wrong."""
+    """Validate the parsed JSON of a record, naming the first field that is wrong (`source`: the file it came from,
+    kept as given: the history finds a candidate among its records by it)."""
+    where = escaped(source, 1000)
     if not isinstance(data, dict) or data.get("format") != FORMAT:
-        found = f"format {data.get('format')!r}" if isinstance(data, dict) else f"a JSON {type(data).__name__}"
-        raise StackError(f"{source}: not a bench record: expected an object with format {FORMAT!r}, found {found}. "
+        found = f"format {escaped(repr(data.get('format')), 80)}" if isinstance(data, dict) else \
+            f"a JSON {type(data).__name__}"
+        raise StackError(f"{where}: not a bench record: expected an object with format {FORMAT!r}, found {found}. "
                          f"{RECORD_AGAIN}")
-    version = _field(data, "version", int, source)
+    version = _field(data, "version", WHOLE, where)
     if version > VERSION:
-        raise StackError(f"{source}: bench record version {version} was written by a newer stack; this one reads "
+        raise StackError(f"{where}: bench record version {version} was written by a newer stack; this one reads "
                          f"version {VERSION}. Compare it with the stack that wrote it.")
-    commit = _field(data, "commit", dict, source)
-    figures = [_figure(entry, f"{source}: figures[{i}]") for i, entry in enumerate(_field(data, "figures", list, source))]
-    return Record(bench=_field(data, "bench", str, source), arguments=_field(data, "arguments", dict, source),
-                  commit=_field(commit, "sha", str, f"{source}: commit"), dirty=commit.get("dirty"),
-                  machine=_field(data, "machine", dict, source), pipeline=_field(data, "pipeline", dict, source),
-                  recorded_at=_field(data, "recorded_at", str, source), exit_code=_field(data, "exit_code", int, source),
-                  figures={figure.name: figure for figure in figures}, source=source, load=_load(data, source))
+    bench = _field(data, "bench", TEXT, where)
+    if identifier(bench):
+        raise StackError(f"{where}: expected 'bench' to be a bench's name (letters, digits, '_', '.' and '-', not "
+                         f"starting with '.': it names the history's trend folder), found {_shown(bench)}. "
+                         f"{RECORD_AGAIN}")
+    commit = _field(data, "commit", OBJECT, where)
+    entries = _field(data, "figures", LIST, where)
+    if len(entries) > MAX_FIGURES:
+        raise StackError(f"{where}: expected at most {MAX_FIGURES:,} figures (the benches write about a hundred at "
+                         f"most), found {len(entries):,}. {RECORD_AGAIN}")
+    figures = {}
+    for index, entry in enumerate(entries):
+        figure = _figure(entry, f"{where}: figures[{index}]")
+        if figure.name in figures:
+            raise StackError(f"{where}: figures[{index}]: the name {_shown(figure.name)} is used by an earlier figure "
+                             f"too; a record names each figure once. {RECORD_AGAIN}")
+        figures[figure.name] = figure
+    return Record(bench=bench, arguments=_arguments(data, where), commit=_field(commit, "sha", TEXT, where, "commit"),
+                  dirty=_field(commit, "dirty", FLAG_OR_NULL, where, "commit", None), machine=_machine(data, where),
+                  pipeline=_pipeline(data, where), recorded_at=_field(data, "recorded_at", TEXT, where),
+                  exit_code=_field(data, "exit_code", WHOLE, where), figures=figures, source=source,
+                  load=_load(data, where))
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+OBJECT = ("an object", lambda value: isinstance(value, dict))
+LIST = ("a list", lambda value: isinstance(value, list))
+TEXT = ("a string", lambda value: isinstance(value, str))
+TEXT_OR_NULL = ("a string or null", lambda value: value is None or isinstance(value, str))
+TEXTS = ("a list of strings", lambda value: isinstance(value, list) and all(isinstance(x, str) for x in value))
+TEXT_VALUES = ("an object of strings", lambda value: isinstance(value, dict)
+               and all(isinstance(x, str) for x in value.values()))
+WHOLE = ("a whole number", lambda value: isinstance(value, int) and not isinstance(value, bool))
+NUMBER_OR_NULL = ("a number or null", lambda value: value is None or _is_number(value))
+FLAG = ("true or false", lambda value: isinstance(value, bool))
+FLAG_OR_NULL = ("true, false or null", lambda value: value is None or isinstance(value, bool))
+SCALAR = ("a string, number, boolean, null or list of strings",
+          lambda value: value is None or isinstance(value, (str, int, float)) or TEXTS[1](value))
+"""(what a field should be, as an error says it; the check)."""
+_REQUIRED = object()
+
+
+def _field(data: dict, key: str, kind: tuple, where: str, within: str = "", default=_REQUIRED):
+    """`data[key]`, which must be `kind` (`default` when absent, if one is given); `within` is the dotted path of
+    `data` in the record ("machine.hardware"), for the message."""
+    if key not in data and default is not _REQUIRED:
+        return default
+    value = data.get(key)
+    if not kind[1](value):
+        name = f"{within}.{key}" if within else key
+        raise StackError(f"{where}: expected {escaped(name, 80)!r} to be {kind[0]}, found {_shown(value)}. "
+                         f"{RECORD_AGAIN}")
+    return value
+
+
+def _shown(value, limit: int = 80) -> str:
+    """A value from a record as an error shows it: JSON, escaped, cut at `limit` characters."""
+    try:
+        text = json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return escaped(text, limit)
+
+
+def _machine(data: dict, source: str) -> dict:
+    """The fingerprint, typed as `stack.benchrecord.machine` writes it: compare reads every key of `hardware`."""
+    machine = _field(data, "machine", OBJECT, source)
+    hardware = _field(machine, "hardware", OBJECT, source, "machine", {})
+    for key, kind in (("cpu", TEXT_OR_NULL), ("isa", TEXTS), ("cores", WHOLE), ("gpu", TEXT_OR_NULL)):
+        _field(hardware, key, kind, source, "machine.hardware", None)
+    for key in hardware:
+        _field(hardware, key, SCALAR, source, "machine.hardware")
+    software = _field(machine, "software", OBJECT, source, "machine", {})
+    for key in software:
+        _field(software, key, TEXT_OR_NULL, source, "machine.software")
+    return machine
+
+
+def _arguments(data: dict, source: str) -> dict:
+    arguments = _field(data, "arguments", OBJECT, source)
+    for key, kind in (("config", TEXTS), ("overrides", TEXTS), ("environment", TEXT_VALUES)):
+        _field(arguments, key, kind, source, "arguments", None)
+    return arguments
+
+
+def _pipeline(data: dict, source: str) -> dict:
+    pipeline = _field(data, "pipeline", OBJECT, source)
+    for key in ("name", "hash"):
+        _field(pipeline, key, TEXT_OR_NULL, source, "pipeline", None)
+    return pipeline
 
 
 def _load(data: dict, source: str) -> dict:
     """The optional load entry: {} when absent (records written before it was kept)."""
     load = data.get("load", {})
-    numbers = (int, float)
     valid = isinstance(load, dict) and all(
-        (isinstance(value, list) and all(isinstance(x, numbers) and not isinstance(x, bool) for x in value))
-        if key in ("before", "after") else (isinstance(value, numbers) and not isinstance(value, bool))
-        for key, value in load.items())
+        (isinstance(value, list) and all(_is_number(x) for x in value)) if key in ("before", "after")
+        else _is_number(value) for key, value in load.items())
     if not valid:
         raise StackError(f"{source}: expected 'load' to hold 'before'/'after' lists of numbers and an 'other_cpu' "
-                         f"number, found {load!r}. {RECORD_AGAIN}")
+                         f"number, found {_shown(load)}. {RECORD_AGAIN}")
     return {key: [float(x) for x in value] if isinstance(value, list) else float(value) for key, value in load.items()}
 
 
 def _figure(entry, where: str) -> Figure:
     if not isinstance(entry, dict):
-        raise StackError(f"{where}: expected an object, found {type(entry).__name__}. {RECORD_AGAIN}")
-    samples = _field(entry, "samples", list, where)
-    floor = entry.get("floor")
+        raise StackError(f"{where}: expected an object, found {_shown(entry)}. {RECORD_AGAIN}")
+    samples = _field(entry, "samples", LIST, where)
+    if len(samples) > MAX_SAMPLES:
+        raise StackError(f"{where}: expected at most {MAX_SAMPLES:,} samples (the benches write at most a few "
+                         f"hundred), found {len(samples):,}. {RECORD_AGAIN}")
+    floor = _field(entry, "floor", NUMBER_OR_NULL, where, "", None)
+    name, unit = _field(entry, "name", TEXT, where), _field(entry, "unit", TEXT, where)
+    lower_is_better = _field(entry, "lower_is_better", FLAG, where, "", True)
+    bad = next((sample for sample in samples if not _is_number(sample)), None)
     try:
-        return Figure(_field(entry, "name", str, where), tuple(float(s) for s in samples), _field(entry, "unit", str, where),
-                      bool(entry.get("lower_is_better", True)), None if floor is None else float(floor))
-    except (TypeError, ValueError) as exc:
-        raise StackError(f"{where}: expected finite numbers for samples and floor: {exc}. {RECORD_AGAIN}") from None
-
-
-def _field(data: dict, key: str, kind: type, where: str):
-    value = data.get(key)
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise StackError(f"{where}: expected {key!r} to be a {kind.__name__}, found {value!r}. {RECORD_AGAIN}")
-    return value
+        if bad is not None:
+            raise ValueError(f"found {_shown(bad)}")
+        return Figure(name, tuple(float(s) for s in samples), unit, lower_is_better,
+                      None if floor is None else float(floor))
+    except ValueError as exc:
+        raise StackError(f"{where}: expected finite numbers for samples and floor: {escaped(str(exc), 160)}. "
+                         f"{RECORD_AGAIN}") from None
 
 
 def load_history(folder: Path) -> list[Record]:

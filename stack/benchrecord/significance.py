@@ -32,6 +32,8 @@ ALPHA = 0.01
 MIN_EFFECT = 0.03
 """A change of the median under this fraction is "same"."""
 BOOTSTRAP_RESAMPLES = 2000
+BOOTSTRAP_CHUNK = 1_000_000
+"""Values drawn at once by the bootstrap (8 MB): a figure holds up to `records.MAX_SAMPLES` samples."""
 TIME_UNITS = ("s", "ms", "us", "ns")
 
 
@@ -90,12 +92,21 @@ def ratio_interval(baseline, candidate, confidence: float = 1 - ALPHA) -> tuple[
 
     rng = np.random.default_rng(0)
     base, cand = np.asarray(baseline, dtype=float), np.asarray(candidate, dtype=float)
-    base_medians = np.median(rng.choice(base, (BOOTSTRAP_RESAMPLES, base.size)), axis=1)
-    cand_medians = np.median(rng.choice(cand, (BOOTSTRAP_RESAMPLES, cand.size)), axis=1)
+    base_medians, cand_medians = _resampled_medians(rng, base), _resampled_medians(rng, cand)
     with np.errstate(divide="ignore", invalid="ignore"):
         ratios = np.where(base_medians == 0, np.where(cand_medians == 0, 1.0, np.inf), cand_medians / base_medians)
     low, high = np.quantile(ratios, [(1 - confidence) / 2, (1 + confidence) / 2])
     return float(low), float(high)
+
+
+def _resampled_medians(rng, samples):
+    """The medians of `BOOTSTRAP_RESAMPLES` resamples of `samples`, drawn `BOOTSTRAP_CHUNK` values at a time, so that
+    a figure of many samples costs time, not resamples x samples of memory at once."""
+    import numpy as np
+
+    rows = max(1, BOOTSTRAP_CHUNK // samples.size)
+    sizes = [min(rows, BOOTSTRAP_RESAMPLES - start) for start in range(0, BOOTSTRAP_RESAMPLES, rows)]
+    return np.concatenate([np.median(rng.choice(samples, (size, samples.size)), axis=1) for size in sizes])
 
 
 def compare_figures(baseline: Figure, candidate: Figure) -> Verdict:

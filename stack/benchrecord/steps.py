@@ -8,7 +8,7 @@ the change-point problem", Applied Statistics 28(2)).
 
 - The unit is the run: each record counts once, by the median of its samples. The samples of one run share
   that run's conditions (other load on a shared machine moves all of them together), so testing them as
-  independent makes one disturbed run a "significant" step (measured: BENCHMARKS, "A history over commits").
+  independent makes one disturbed run a "significant" step (measured: docs/log/2026-11-28_history-over-commits.md).
   asv detects steps on per-commit values for the same reason.
 - The records of a figure, oldest first, are grouped by consecutive commit (several runs of one commit
   stay together; a step can only fall between commits).

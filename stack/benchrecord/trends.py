@@ -3,16 +3,18 @@
 Each record is one position on the x axis, labelled with its commit (`+` for uncommitted changes); its
 samples are dots, the medians a line, the floor (where the bench has one) a dashed line, and every step
 `stack.benchrecord.steps` found a vertical line before the commit it names. Only records from one machine
-are drawn: timings from different machines on one axis would show steps that are not in the code.
+are drawn: timings from different machines on one axis would show steps that are not in the code. A PNG is
+written whole or not at all (`records.write_whole`): a kill while it is drawn leaves the previous one.
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import re
 from pathlib import Path
 
-from stack.benchrecord.records import Record
+from stack.benchrecord.records import Record, write_whole
 from stack.benchrecord.steps import Step
 from stack.benchrecord.significance import change_word
 
@@ -26,8 +28,6 @@ def trend_path(folder: Path, name: str) -> Path:
 def plot_trend(name: str, records: list[Record], steps: list[Step], path: Path) -> Path:
     """Draw figure `name` over `records` (oldest first, each holding it) into the PNG at `path`."""
     from matplotlib.figure import Figure as Canvas
-
-    from stack.durable import write_atomic
 
     figures = [record.figures[name] for record in records]
     canvas = Canvas(figsize=(max(6.0, 0.5 * len(records) + 3), 4.0), layout="constrained")
@@ -49,5 +49,7 @@ def plot_trend(name: str, records: list[Record], steps: list[Step], path: Path) 
     axes.set_ylabel(f"{figures[-1].unit} ({better} is better)")
     axes.set_title(f"{records[-1].bench}: {name}", fontsize=9)
     axes.legend(fontsize=7)
+    png = io.BytesIO()
+    canvas.savefig(png, dpi=100, format="png")
     path.parent.mkdir(parents=True, exist_ok=True)
-    return write_atomic(path, writer=lambda temporary: canvas.savefig(temporary, dpi=100, format="png"))
+    return write_whole(path, png.getvalue(), "trend")

@@ -1,4 +1,4 @@
-"""`stack bench NAME`: side-by-side speed measurements, written for BENCHMARKS.md; `stack bench compare`.
+"""`stack bench NAME`: side-by-side speed measurements (for a dated docs/log entry, then docs/results); `stack bench compare`.
 
 `BENCHMARKS` below is the one list of benches: the CLI reads it and nothing else lists them. Each entry names
 a function `(pipeline, args) -> int` beside the code it times, in that stage's `bench` or `*_bench` module (as

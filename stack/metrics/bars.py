@@ -13,10 +13,11 @@ moves the bar with its baseline), except detection, whose trivial baseline (the 
 and whose bar is therefore a share of the recipe's mAP. Detection is judged twice: by mAP (are the boxes
 found) and by nuScenes' NDS (the same boxes with their placement, size, heading, velocity and attribute errors
 weighed in, `stack.metrics.detection.nd_score`), whose empty detector also scores 0. The recipe's figures are the runs of the tiny recipe
-recorded in BENCHMARKS.md ("Training: the tiny recipe against the trivial baselines"), on two CPUs and two
-precisions; `RecipeFigures.margin_in_spreads` checks that each bar sits at least `MIN_SPREADS` standard
-deviations of the run-to-run spread below the recipe (so a healthy recipe run does not fail by chance,
-about 1 in 1,000 under normal noise at 3.1) while a network that learned a fifth less than the recipe fails.
+recorded in docs/log/2026-11-25_quality-gate-derived-bars.md (today's: docs/results/model.md, "The tiny recipe
+against its bars"), on two CPUs and two precisions; `RecipeFigures.margin_in_spreads` checks that each bar
+sits at least `MIN_SPREADS` standard deviations of the run-to-run spread below the recipe (so a healthy recipe
+run does not fail by chance, about 1 in 1,000 under normal noise at 3.1) while a network that learned a fifth
+less than the recipe fails.
 
 The trivial baselines: the ego-status rollout for planning (the planner is a residual on it, so an
 untrained planner already scores it), the per-image mean depth, the majority class, the empty detector.
@@ -79,8 +80,9 @@ class RecipeFigures:
         return abs(self.mean - self.bar) / self.spread if self.spread > 0 else math.inf
 
 
-_RUNS = "BENCHMARKS.md tiny recipe runs E, F, the model before F (AVX2 and AVX-512 EPYC) and make test's (00d9b24)"
-_NDS_RUNS = ("BENCHMARKS.md 'The NDS bar': the recipe with the attribute head and camera-aware depth, make test's "
+_RUNS = ("docs/log/2026-11-25_quality-gate-derived-bars.md: tiny recipe runs E, F, the model before F (AVX2 and "
+         "AVX-512 EPYC) and make test's (00d9b24)")
+_NDS_RUNS = ("docs/log/2026-11-28_nds-bar.md: the recipe with the attribute head and camera-aware depth, make test's "
              "(d262db6, Xeon with AMX, bf16), on an AVX-512 EPYC (bf16) and on it as an AVX2-only CPU (fp32)")
 RECIPE = {
     "planning": RecipeFigures("L2@3s (m)", False, (0.676, 0.687, 0.672, 0.6724), 0.8537, _RUNS),

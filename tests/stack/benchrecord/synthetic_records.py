@@ -22,3 +22,16 @@ def make_record(commit: str, samples: dict, *, bench: str = "ops", machine: dict
     return Record(bench=bench, arguments=ARGUMENTS, commit=commit, dirty=False, machine=machine,
                   pipeline={"name": "tiny", "hash": "0123456789abcdef"},
                   recorded_at=f"2026-11-24T10:{minute:02d}:00Z", exit_code=0, figures=figures)
+
+
+RAN: list = []
+"""The benches `quick_bench` stood in for (tests point the registry's entry at it)."""
+
+
+def quick_bench(pipeline, args) -> int:
+    """A bench that measures nothing: one figure of two samples, in no time."""
+    from stack.benchrecord import figures_of
+
+    RAN.append(args.name)
+    figures_of(args).add("op", [1.0, 1.1], "s")
+    return 0

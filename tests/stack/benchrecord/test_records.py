@@ -52,7 +52,7 @@ AGAIN = "stack bench NAME --record"
 
 @pytest.mark.parametrize("text,needles", [
     ('{"format": "stack-bench-record", "version": 1, "bench": "ops"', ("invalid JSON at line 1", AGAIN)),
-    ("[1, 2]", ("found a JSON list", AGAIN)),
+    ("[1, 2]", ("found a JSON array", AGAIN)),
     ('{"format": "something-else"}', ("found format 'something-else'", AGAIN)),
     ('{"format": "stack-bench-record", "version": 99}', ("version 99 was written by a newer stack", "reads version 1")),
 ])
@@ -73,7 +73,7 @@ def test_a_record_with_a_wrong_field_names_the_field(tmp_path):
         read_record(path)
     del data["commit"]
     path.write_text(json.dumps(data))
-    with pytest.raises(StackError, match="expected 'commit' to be a dict, found None"):
+    with pytest.raises(StackError, match="expected 'commit' to be an object, found null"):
         read_record(path)
 
 

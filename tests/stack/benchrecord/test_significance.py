@@ -50,3 +50,24 @@ def test_too_few_samples_for_the_rank_test_are_inconclusive_not_same():
 def test_exact_figures_need_no_test(old, new, word):
     verdict = compare_figures(figure([old], "MiB"), figure([new], "MiB"))
     assert verdict.word == word and verdict.p is None
+
+
+
+def test_the_bootstrap_of_the_largest_figure_a_record_may_hold_draws_in_chunks(monkeypatch):
+    """A figure may hold up to `records.MAX_SAMPLES` samples: the bootstrap draws them a chunk at a time, not
+    resamples x samples at once (160 MB a side at the bound), and prints the interval it printed before."""
+    import tracemalloc
+
+    from stack.benchrecord import significance
+    from stack.benchrecord.records import MAX_SAMPLES
+
+    base, cand = noisy(1.0, n=MAX_SAMPLES, seed=1), noisy(1.1, n=MAX_SAMPLES, seed=2)
+    tracemalloc.start()
+    try:
+        interval = significance.ratio_interval(base, cand)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 * significance.BOOTSTRAP_CHUNK * 8, f"{peak / 2**20:.0f} MiB at once"
+    monkeypatch.setattr(significance, "BOOTSTRAP_CHUNK", 10**9)
+    assert significance.ratio_interval(base, cand) == interval, "the same draws, in one piece"
