@@ -12,13 +12,18 @@ deploy target's verdict. `compare` prints the pipeline keys whose values differ,
 datasets, the code and host, and every metric of either run with the change. The same store
 opens in MLflow's UI: `mlflow ui --backend-store-uri sqlite:///runs/tiny/mlruns.db`.
 Exit 0; 2 for a missing store, an unknown or ambiguous run, or other words than `compare A B`.
+
+The store is data from whoever wrote it, and SQLite keeps any type in any column: a metric whose value is not a
+number (text, bytes) is shown as "not a number", with a line naming the run, the metric and what the store holds;
+a start time that is not one as "not a date"; every name and value is printed escaped (`stack.safe_values`).
 """
 
 from __future__ import annotations
 
 import argparse
-import re
 import time
+
+from stack.safe_values import escaped
 
 EVAL_COLUMNS = (("L2@3s", "eval/planning/L2_at_3s"), ("mAP", "eval/detection/mAP"),
                 ("mIoU", "eval/segmentation/mIoU"), ("AbsRel", "eval/depth/AbsRel"))
@@ -27,6 +32,8 @@ COMPARED_TAGS = (("data", "stack.data_root"), ("data hash", "stack.data_hash"), 
                  ("git commit", "stack.git_commit"), ("uncommitted changes", "stack.git_dirty"),
                  ("host", "stack.host"), ("devices", "stack.devices"), ("precision", "stack.precision"),
                  ("steps", "stack.steps"), ("eval verdict", "stack.eval.verdict"), ("eval data hash", "stack.eval.data_hash"))
+NOT_A_NUMBER = "not a number"
+"""How a metric value the store holds as something else (text, bytes) is shown."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -124,19 +131,19 @@ def listing(client, uri: str) -> str:
     runs = all_runs(client)
     header = ["run", "name", "started (UTC)", "status", "pipeline", "data", "steps", "loss", "val loss",
               *(name for name, _ in EVAL_COLUMNS), "eval", "deploy"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines, notes = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)], []
     for r in runs:
-        tags, metrics = r.data.tags, r.data.metrics
+        tags = r.data.tags
         deploys = " ".join(f"{k.removeprefix('stack.deploy.')}:{v}" for k, v in sorted(tags.items())
                            if k.startswith("stack.deploy."))
+        metrics = [_number(_metric(r, key, notes)) for key in ("loss", "val/loss_total", *(k for _, k in EVAL_COLUMNS))]
         row = [r.info.run_id[:8], r.info.run_name or "", _date(r.info.start_time), r.info.status,
-               tags.get("stack.pipeline_hash", "")[:8], tags.get("stack.data_hash", "")[:8], tags.get("stack.steps", ""),
-               _number(metrics.get("loss")), _number(metrics.get("val/loss_total")),
-               *(_number(metrics.get(key)) for _, key in EVAL_COLUMNS), tags.get("stack.eval.verdict", ""), deploys]
+               _tag(tags, "stack.pipeline_hash")[:8], _tag(tags, "stack.data_hash")[:8], _tag(tags, "stack.steps"),
+               *metrics, _tag(tags, "stack.eval.verdict"), deploys]
         lines.append("| " + " | ".join(printable(cell) for cell in row) + " |")
     lines.append(f"{len(runs)} runs in {uri}; `stack runs compare A B` shows what differs; the same store in "
                  f"MLflow's UI: mlflow ui --backend-store-uri {uri}")
-    return "\n".join(lines)
+    return "\n".join(lines + [printable(note) for note in notes])
 
 
 def compare(a, b, client) -> str:
@@ -158,11 +165,11 @@ def compare(a, b, client) -> str:
     deploys = sorted({k for r in (a, b) for k in r.data.tags if k.startswith("stack.deploy.")})
     out += _table(["deploy", "A", "B"], [(k.removeprefix("stack.deploy."), a.data.tags.get(k, "-"),
                                           b.data.tags.get(k, "-")) for k in deploys]) if deploys else []
-    names = sorted(set(a.data.metrics) | set(b.data.metrics))
-    rows = [(k, _number(a.data.metrics.get(k)), _number(b.data.metrics.get(k)),
-             _change(a.data.metrics.get(k), b.data.metrics.get(k))) for k in names]
+    names, notes = sorted(set(a.data.metrics) | set(b.data.metrics)), []
+    values = [(k, _metric(a, k, notes), _metric(b, k, notes)) for k in names]
+    rows = [(k, _number(x), _number(y), _change(x, y)) for k, x, y in values]
     out += ["", f"metrics (last value; {len(names)}):"] + _table(["metric", "A", "B", "B vs A"], rows)
-    return "\n".join(out)
+    return "\n".join(out + [printable(note) for note in notes])
 
 
 def _table(header: list, rows: list) -> list:
@@ -172,24 +179,53 @@ def _table(header: list, rows: list) -> list:
         ["| " + " | ".join(printable(cell) for cell in row) + " |" for row in rows]
 
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-
-
 def printable(cell) -> str:
     """`cell` as text with control characters escaped (`\\x1b`): run names, tags and params come from the store,
     i.e. from whoever wrote it, and an escape sequence printed raw can clear the screen or retitle the terminal."""
-    return _CONTROL.sub(lambda found: f"\\x{ord(found.group()):02x}", str(cell))
+    return escaped(str(cell), 2000)
+
+
+def _metric(run, key: str, notes: list):
+    """The run's last value of metric `key`: a float, None when the run has none, or `NOT_A_NUMBER` when the store
+    holds something else there (a line saying what goes into `notes`)."""
+    value = run.data.metrics.get(key)
+    if value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)):
+        return value
+    kind = {str: "text", bytes: "bytes"}.get(type(value), type(value).__name__)
+    notes.append(f"run {run.info.run_id[:8]}, metric {key!r}: the store holds {kind} {_short(value)}, not a number "
+                 f"(shown as {NOT_A_NUMBER!r}); log the metric again, or fix the store")
+    return NOT_A_NUMBER
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _tag(tags: dict, key: str) -> str:
+    """A tag's value as text ("" when absent or stored without a value)."""
+    value = tags.get(key)
+    return "" if value is None else str(value)
 
 
 def _date(millis) -> str:
-    return time.strftime("%Y-%m-%d %H:%M", time.gmtime(millis / 1000)) if millis else ""
+    if not millis:
+        return ""
+    try:
+        return time.strftime("%Y-%m-%d %H:%M", time.gmtime(millis / 1000))
+    except (TypeError, ValueError, OverflowError, OSError):  # the store's start_time is text, or out of range
+        return "not a date"
 
 
 def _number(value) -> str:
-    return "" if value is None else f"{value:.4g}"
+    if value is None:
+        return ""
+    return value if value == NOT_A_NUMBER else f"{value:.4g}"
 
 
 def _change(a, b) -> str:
+    if NOT_A_NUMBER in (a, b):
+        return "not comparable"
     if a is None or b is None:
         return "only in " + ("B" if a is None else "A")
     if a == b:

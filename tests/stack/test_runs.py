@@ -170,3 +170,47 @@ def test_control_characters_in_names_and_tags_are_escaped_not_printed(tmp_path, 
     assert "clear\\x1b[2J\\x1b]0;owned\\x07" in out
     code, out, _ = runs(capsys, "compare", first, second, f"train.tracking_uri={tmp_path / 'mlruns.db'}")
     assert code == 0 and "\x1b" not in out and "\\x1b" in out
+
+
+def hostile_store(folder):
+    """A store made as training makes one, then edited in its SQLite file the way SQLite allows (a column's type is
+    not enforced): metric values that are text, bytes or not a date, params and tags with control characters, a tag
+    without a value. (first run, second run)."""
+    import sqlite3
+    from contextlib import closing
+
+    from mlflow.tracking import MlflowClient
+
+    path = folder / "mlruns.db"
+    client = MlflowClient(f"sqlite:///{path}")
+    experiment = client.create_experiment("tiny", (folder / "mlartifacts").as_uri())
+    first = log_run(client, experiment, "baseline", 0.002, "d" * 64, [3.0, 2.0, 1.5], 684, ("ci-cpu", "PASS"), 0.61)
+    second = log_run(client, experiment, "higher-lr", 0.004, "e" * 64, [3.0, 1.8, 1.2], 684)
+    with closing(sqlite3.connect(path)) as db:
+        for table in ("metrics", "latest_metrics"):
+            db.execute(f"UPDATE {table} SET value = 'fast\x1b[2J' WHERE key = 'loss' AND run_uuid = ?", (first,))
+            db.execute(f"UPDATE {table} SET value = x'00ff' WHERE key = 'val/loss_total' AND run_uuid = ?", (second,))
+        db.execute("UPDATE params SET value = '0.1\x1b]0;owned\x07' WHERE key = 'train.lr' AND run_uuid = ?", (first,))
+        db.execute("UPDATE tags SET value = '6\x1b[2J' WHERE key = 'stack.steps' AND run_uuid = ?", (first,))
+        db.execute("UPDATE tags SET value = NULL WHERE key = 'stack.pipeline_hash' AND run_uuid = ?", (second,))
+        db.execute("UPDATE runs SET start_time = 'yesterday' WHERE run_uuid = ?", (second,))
+        db.commit()
+    return path, first, second
+
+
+def test_values_of_the_wrong_type_in_the_store_are_shown_as_such_not_a_traceback(tmp_path, capsys):
+    path, first, second = hostile_store(tmp_path)
+    code, out, err = runs(capsys, f"train.tracking_uri={path}")
+    assert code == 0 and "Traceback" not in err, err
+    assert "\x1b" not in out and "\x07" not in out and "6\\x1b[2J" in out, out
+    rows = {line.split(" | ")[0].strip("| "): line for line in out.splitlines() if line.startswith("| ")}
+    assert "| not a number | 1.65 |" in rows[first[:8]] and "| 1.2 | not a number |" in rows[second[:8]], out
+    assert "not a date" in rows[second[:8]]
+    assert f"run {first[:8]}, metric 'loss': the store holds text 'fast\\x1b[2J', not a number" in out, out
+    assert f"run {second[:8]}, metric 'val/loss_total': the store holds bytes" in out, out
+    code, out, err = runs(capsys, "compare", first, second, f"train.tracking_uri={path}")
+    assert code == 0 and "Traceback" not in err, err
+    assert "\x1b" not in out and "\x07" not in out and "| train.lr | 0.1\\x1b]0;owned\\x07 | 0.004 |" in out, out
+    assert "| loss | not a number | 1.2 | not comparable |" in out, out
+    assert "| val/loss_total | 1.65 | not a number | not comparable |" in out, out
+    assert f"run {first[:8]}, metric 'loss': the store holds text" in out
