@@ -158,7 +158,8 @@ def read_gate(folder: str | Path) -> dict:
     if not path.is_file():
         raise StackError(f"{folder} is not a deploy bundle: it has no {GATE_FILE}. Run `stack deploy` to build one.")
     try:
-        gate = read_json(path, f"the {GATE_FILE} `stack deploy` writes", "The bundle cannot be trusted: deploy again.")
+        gate = read_json(path, f"the {GATE_FILE} `stack deploy` writes", "The bundle cannot be trusted: deploy again.",
+                         infinity=True)
     except StackError as refused:
         raise BundleMismatch(str(refused)) from None
     if not isinstance(gate.get("files"), dict):

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import math
 
+from stack.errors import StackError
+
 INT8, FP32 = "model.int8.onnx", "model.onnx"
 _TOLERANCE = 1e-9
 """Relative tolerance on a figure derived from others (JSON keeps floats exactly; this only absorbs rounding)."""
@@ -22,7 +24,7 @@ def verdict_problems(gate: dict) -> list[str]:
     """What in gate.json does not follow from its own figures ([] when every verdict does)."""
     try:
         return _problems(gate)
-    except (KeyError, TypeError, ValueError, AttributeError, ZeroDivisionError) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError, ZeroDivisionError, StackError) as exc:
         return [f"a gate's record is missing or misshapen ({type(exc).__name__}: {str(exc)[:120]})"]
 
 
@@ -106,7 +108,8 @@ def _closed_loop_passed(closed_loop: dict | None) -> bool | None:
               if means[name] <= budget[name] and found["high"] > budget[name] + 1e-12]
     if "inconclusive" in closed_loop and unsure != list(closed_loop["inconclusive"]):
         return False  # older bundles record no "inconclusive": their verdicts were on the means
-    keeps_the_bar = int8_bar(closed_loop["episode_scores"])["passed"] is not False  # from the scores, not the record
+    # from the scores, not the record; bundles gated before INT8 was held to the bar record no "int8_bar"
+    keeps_the_bar = "int8_bar" not in closed_loop or int8_bar(closed_loop["episode_scores"])["passed"] is not False
     return within and keeps_the_bar and (not unsure or bool(budget.get("inconclusive_passes", True)))
 
 

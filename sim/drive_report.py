@@ -216,13 +216,9 @@ def plan_guard_text(guard: dict) -> str:
         return "the planner's best-scoring candidate (no plan guard)"
     rules = [f"detections scoring >= {guard['score']:g}",
              f"stopping at {guard['deceleration']:g} m/s^2 after the horizon"]
-    if guard.get("confirm_below"):
-        rules.append(f"those under {guard['confirm_below']:g} only once seen by the previous replan too")
     if guard.get("reaction_s"):
         rules.append(f"always room to stop {guard['standoff_m']:g} m short of each after a {guard['reaction_s']:g}-s "
                      f"reaction at {guard['emergency_deceleration']:g} m/s^2")
-    if guard.get("defer_below"):
-        rules.append(f"those under {guard['defer_below']:g} held to that room only")
     if guard.get("segmentation"):
         rules.append(f"ignoring those where the network's segmentation sees no road user (probability under "
                      f"{guard['segmentation']:g})")

@@ -18,48 +18,55 @@ from pathlib import Path
 from stack.errors import StackError
 from stack.safe_values import escaped
 
-MAX_BYTES = 64 * 1024 * 1024
-"""Largest JSON file read (a 112-episode drive report is ~1 MB, a bench record a few kB)."""
+MAX_BYTES = 1024 ** 3
+"""Largest JSON file read: a drive report holds ~1.5 kB per episode and policy, so the schema's 100,000 episodes
+of five policies stay below it; a bench record is a few kB."""
 MAX_DEPTH = 64
 """Deepest nesting of objects and arrays (the stack's own files nest at most ~6 levels)."""
-MAX_NUMBER = 1e19
-"""Largest magnitude of a number (above a nanosecond clock, below where float arithmetic overflows)."""
+MAX_NUMBER = 2.0 ** 64
+"""Largest magnitude of a number: any 64-bit seed or hash, a nanosecond clock; far below where floats overflow."""
 MAX_DIGITS = 20
 """Longest integer literal (digits) parsed."""
 
 
-def read_json(path: str | Path, what: str, fix: str, expect: type = dict, max_bytes: int = MAX_BYTES):
+def read_json(path: str | Path, what: str, fix: str, expect: type = dict, max_bytes: int = MAX_BYTES,
+              infinity: bool = False):
     """The parsed JSON at `path`, which should be `what` (e.g. "a stack drive report"); `fix` says what to do
-    when it is not (e.g. "drive again to rewrite it")."""
+    when it is not (e.g. "drive again to rewrite it"). `infinity`: ±Infinity is read (gate.json records an
+    infinite drop where a metric is NaN for one model only)."""
     path = Path(path)
     if not path.is_file():
         found = "a folder" if path.is_dir() else "nothing"
         raise StackError(f"{escaped(str(path))}: expected {what} (a JSON file); found {found}. {fix}")
-    size = path.stat().st_size
-    if size > max_bytes:
-        raise StackError(f"{escaped(str(path))}: expected {what} of at most {max_bytes // (1024 * 1024)} MiB; found "
-                         f"{size / (1024 * 1024):.0f} MiB, which the stack never writes. {fix}")
     try:
+        size = path.stat().st_size
+        if size > max_bytes:
+            raise StackError(f"{escaped(str(path))}: expected {what} of at most {max_bytes // (1024 * 1024)} MiB; "
+                             f"found {size / (1024 * 1024):.0f} MiB, more than the stack writes. {fix}")
         text = path.read_bytes().decode("utf-8")
     except UnicodeDecodeError:
         raise StackError(f"{escaped(str(path))}: expected {what} (JSON text); found binary data. {fix}") from None
-    return parse_json(text, f"{escaped(str(path))}", what, fix, expect)
+    except OSError as exc:
+        raise StackError(f"{escaped(str(path))}: expected {what}; it cannot be read ({exc.strerror or exc}). "
+                         f"{fix}") from None
+    return parse_json(text, f"{escaped(str(path))}", what, fix, expect, infinity)
 
 
-def parse_json(text: str, source: str, what: str, fix: str, expect: type = dict):
+def parse_json(text: str, source: str, what: str, fix: str, expect: type = dict, infinity: bool = False):
     """`text` parsed under the limits above; `source` names where it came from in the error."""
     depth = nesting_depth(text)
     if depth > MAX_DEPTH:
         raise StackError(f"{source}: expected {what}; found JSON nested {depth} levels deep (at most {MAX_DEPTH} "
                          f"are read). {fix}")
     try:
-        value = json.loads(text, parse_constant=_refuse_constant, parse_int=_bounded_int, parse_float=_bounded_float)
+        value = json.loads(text, parse_constant=_infinity_read if infinity else _refuse_constant,
+                           parse_int=_bounded_int, parse_float=_bounded_float)
     except json.JSONDecodeError as exc:
         raise StackError(f"{source}: expected {what}; found invalid JSON at line {exc.lineno} column {exc.colno} "
                          f"({exc.msg}); the file may be cut short or edited. {fix}") from None
     except _NumberOutOfRange as exc:
         raise StackError(f"{source}: expected {what}; found the number {exc} (numbers are NaN or within "
-                         f"±{MAX_NUMBER:.0e}). {fix}") from None
+                         f"±2^64). {fix}") from None
     if not isinstance(value, expect):
         raise StackError(f"{source}: expected {what} (a JSON {_json_type(expect)}); found a JSON "
                          f"{_json_type(type(value))}. {fix}")
@@ -97,6 +104,10 @@ def _refuse_constant(name: str) -> float:
     if name == "NaN":
         return math.nan
     raise _NumberOutOfRange(name)
+
+
+def _infinity_read(name: str) -> float:
+    return float(name.replace("Infinity", "inf"))
 
 
 def _bounded_int(literal: str) -> int:

@@ -74,3 +74,12 @@ def test_printed_names_are_escaped():
     with pytest.raises(StackError) as caught:
         read_json(path_with_escape, "a test report", FIX)
     assert "\x1b" not in str(caught.value) and "\\x1b" in str(caught.value)
+
+
+def test_what_the_stack_writes_at_its_limits_reads_back(tmp_path):
+    """A 64-bit seed and, where the caller allows it (gate.json's infinite drop), Infinity."""
+    path = tmp_path / "gate.json"
+    path.write_text(json.dumps({"seed": 2 ** 64 - 1, "drop": math.inf}))
+    assert read_json(path, "a gate record", FIX, infinity=True) == {"seed": 2 ** 64 - 1, "drop": math.inf}
+    with pytest.raises(StackError, match="found the number Infinity"):
+        read_json(path, "a gate record", FIX)
