@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from stack.cli import build_parser
+from stack.pipeline.migrations import SCHEMA_VERSION
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -28,7 +29,7 @@ def assert_bad_input(result, *needles):
 def test_config_prints_the_resolved_pipeline():
     result = stack("config", "-c", "configs/pipeline.yaml", "-c", "configs/presets/tiny.yaml", "train.max_epochs=3")
     assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith("# pipeline tiny (schema 2, sha256 ")
+    assert result.stdout.startswith(f"# pipeline tiny (schema {SCHEMA_VERSION}, sha256 ")
     resolved = yaml.safe_load(result.stdout)
     assert resolved["train"]["max_epochs"] == 3
     assert resolved["data"]["rig"]["image_width"] == 256
