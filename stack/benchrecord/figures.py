@@ -18,6 +18,12 @@ import math
 import statistics
 from typing import Iterable
 
+MAX_SAMPLES = 10_000
+"""Most samples a figure keeps, and a record may hold on read. The benches write at most a few hundred: the ops
+bench keeps every run of half a second of timing (~330 for a 1.5 ms op on two cores), the CUDA benches 50 events, the
+others 1 to 6 rounds; a microsecond-scale op on a fast CPU could time more, and `FigureLog.add` keeps evenly spaced
+ones. Each sample costs the bootstrap `significance.BOOTSTRAP_RESAMPLES` draws."""
+
 
 @dataclasses.dataclass(frozen=True)
 class Figure:
@@ -62,10 +68,14 @@ class FigureLog:
 
     def add(self, name: str, samples: Iterable[float], unit: str, *, lower_is_better: bool = True,
             floor: float | None = None) -> None:
-        """Add a figure; a name used twice is a bench bug (the second would hide the first in every record)."""
+        """Add a figure; a name used twice is a bench bug (the second would hide the first in every record). A
+        time-bounded bench on a fast CPU may time more runs than a record holds: evenly spaced ones are kept."""
         if name in self._figures:
             raise ValueError(f"figure {name!r} was added twice in one bench run")
-        self._figures[name] = Figure(name, tuple(float(s) for s in samples), unit, lower_is_better,
+        values = [float(s) for s in samples]
+        if len(values) > MAX_SAMPLES:
+            values = [values[i * len(values) // MAX_SAMPLES] for i in range(MAX_SAMPLES)]
+        self._figures[name] = Figure(name, tuple(values), unit, lower_is_better,
                                      None if floor is None else float(floor))
 
     @property

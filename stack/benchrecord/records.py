@@ -29,7 +29,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from stack.benchrecord.figures import Figure, FigureLog
+from stack.benchrecord.figures import MAX_SAMPLES, Figure, FigureLog
 from stack.benchrecord.load import LOADED_OTHER_CPU
 from stack.errors import StackError, missing_file_message
 from stack.failpoints import fail_point
@@ -42,11 +42,6 @@ DEFAULT_HISTORY = Path("runs") / "bench-history"
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES")
 """Environment variables that change what a bench measures; a record keeps those that were set."""
 RECORD_AGAIN = "Give a record that `stack bench NAME --record` wrote, or record it again."
-MAX_SAMPLES = 10_000
-"""Most samples a figure may hold on read. The stack writes at most a few hundred: the ops bench keeps every run of
-half a second of timing (~330 for a 1.5 ms op on two cores), the CUDA benches 50 events, the others 1 to 6 rounds;
-a microsecond-scale op on a fast CPU could reach a few thousand. Each sample costs the bootstrap
-`significance.BOOTSTRAP_RESAMPLES` draws."""
 MAX_FIGURES = 1_000
 """Most figures a record may hold on read (each is a test and a trend PNG); the ops bench writes the most, about a
 hundred (11 variants x 3 thread settings x its cases)."""

@@ -33,7 +33,7 @@ MIN_EFFECT = 0.03
 """A change of the median under this fraction is "same"."""
 BOOTSTRAP_RESAMPLES = 2000
 BOOTSTRAP_CHUNK = 1_000_000
-"""Values drawn at once by the bootstrap (8 MB): a figure holds up to `records.MAX_SAMPLES` samples."""
+"""Values drawn at once by the bootstrap (8 MB): a figure holds up to `figures.MAX_SAMPLES` samples."""
 TIME_UNITS = ("s", "ms", "us", "ns")
 
 
