@@ -1,10 +1,11 @@
 """Training benchmarks: `stack bench train-step` and `stack bench train-memory`.
 
 - train-step: one training step of the pipeline's network (synthetic batches from
-  `stack.synthetic_batch.random_batch`, so data loading is out of the picture) at fp32
-  vs bf16-mixed, with and without activation checkpointing, and at fp32 with the images
-  entering the backbone NCHW instead of channels-last (`ImageEncoder`). The five configurations
-  run in one process, interleaved step by step (round robin), so they share whatever
+  `stack.synthetic_batch.random_batch`, so data loading is out of the picture) as `stack train`
+  runs it, at fp32 and bf16-mixed, and each of its speed choices turned back one at a time
+  (`STEP_CASES`: activation checkpointing on, images entering the backbone NCHW instead of
+  channels-last, GroupNorm through ATen's channels-last kernel, foreach instead of fused
+  AdamW). The configurations run in one process, interleaved step by step (round robin), so they share whatever
   else the machine is doing; the median of each is reported with its floor (FLOPs of
   the step from `torch.utils.flop_counter` with `stack.train.callbacks.step_flop_counter`'s
   convolution-backward formula / the matmul peak at that dtype, measured
@@ -32,6 +33,8 @@ import statistics
 import subprocess
 import sys
 import time
+import types
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -39,29 +42,63 @@ import torch
 from stack.benchrecord import figures_of
 from stack.pipeline import Pipeline
 
-STEP_CASES = [("32-true", [], True), ("bf16-mixed", [], True), ("32-true", ["image_encoder", "bev_encoder"], True),
-              ("bf16-mixed", ["image_encoder", "bev_encoder"], True), ("32-true", [], False)]
-"""(precision, activation-checkpointed components, images channels-last): the network's own layout is True."""
+@dataclass(frozen=True)
+class StepCase:
+    """One configuration of `stack bench train-step`; the defaults are how `stack train` steps the network."""
+
+    precision: str
+    checkpointed: tuple[str, ...] = ()
+    channels_last: bool = True
+    """Images enter the backbone channels-last (`ImageEncoder.channels_last`)."""
+    aten_group_norm: bool = False
+    """GroupNorm through ATen's channels-last CPU kernel instead of `stack.models.layers.GroupNorm`'s layout."""
+    optimizer: str = "fused"
+    """AdamW's kernel: "fused" (`stack.train.module.build_adamw`) or "foreach"."""
+
+    @property
+    def label(self) -> str:
+        """The figure's name in a record: the first five keep the names their history has."""
+        parts = [f"step: {self.precision}, checkpointing {', '.join(self.checkpointed) or 'none'}"]
+        parts += [] if self.channels_last else ["NCHW images"]
+        parts += ["ATen channels-last GroupNorm"] if self.aten_group_norm else []
+        parts += [] if self.optimizer == "fused" else [f"{self.optimizer} AdamW"]
+        return ", ".join(parts)
 
 
-def _case_step(pipeline: Pipeline, precision: str, checkpointed: list[str], channels_last: bool, batch):
+CHECKPOINTED = ("image_encoder", "bev_encoder")
+STEP_CASES = [StepCase("32-true"), StepCase("bf16-mixed"), StepCase("32-true", CHECKPOINTED),
+              StepCase("bf16-mixed", CHECKPOINTED), StepCase("32-true", channels_last=False),
+              StepCase("32-true", aten_group_norm=True), StepCase("bf16-mixed", aten_group_norm=True),
+              StepCase("32-true", optimizer="foreach"), StepCase("bf16-mixed", optimizer="foreach")]
+"""The network as `stack train` steps it in fp32 and bf16, then each choice it makes turned back one at a time:
+activation checkpointing on, NCHW images, ATen's channels-last GroupNorm, the foreach AdamW."""
+
+
+def _case_step(pipeline: Pipeline, case: StepCase, batch):
     """A closure running one training step of a fresh network in this configuration."""
     from stack.models import build_model
+    from stack.models.layers import GroupNorm
     from stack.train.callbacks import PRECISION_DTYPES
+    from stack.train.module import build_adamw
     from stack.train.parallel import apply_activation_checkpointing
 
     torch.manual_seed(0)
     model = build_model(pipeline).train()
-    model.image_encoder.channels_last = channels_last
-    if checkpointed:
-        apply_activation_checkpointing(model, checkpointed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    dtype = PRECISION_DTYPES[precision]
+    model.image_encoder.channels_last = case.channels_last
+    if case.aten_group_norm:
+        for module in model.modules():
+            if isinstance(module, GroupNorm):
+                module.forward = types.MethodType(torch.nn.GroupNorm.forward, module)
+    if case.checkpointed:
+        apply_activation_checkpointing(model, list(case.checkpointed))
+    optimizer = (build_adamw(model.parameters(), lr=1e-4) if case.optimizer == "fused"
+                 else torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True))
+    dtype = PRECISION_DTYPES[case.precision]
 
     def step(saved: list | None = None) -> None:
         hooks = (torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.nbytes) or t, lambda t: t)
                  if saved is not None else contextlib.nullcontext())
-        with torch.autocast("cpu", dtype=dtype, enabled=precision != "32-true"), hooks:
+        with torch.autocast("cpu", dtype=dtype, enabled=case.precision != "32-true"), hooks:
             loss = model.loss(model.forward_batch(batch), batch)["total"]
         loss.backward()
         optimizer.step()
@@ -75,16 +112,18 @@ def step_cases(pipeline: Pipeline, rounds: int = 6) -> list[dict]:
     from stack.train.callbacks import PRECISION_DTYPES, measure_peak_tflops, step_flop_counter
 
     batch = random_batch(pipeline, pipeline.data.batch_size, seed=0)
-    steps = [_case_step(pipeline, *case, batch) for case in STEP_CASES]
+    steps = [_case_step(pipeline, case, batch) for case in STEP_CASES]
     rows = []
-    for (precision, checkpointed, channels_last), step in zip(STEP_CASES, steps):
+    for case, step in zip(STEP_CASES, steps):
         step()  # warm-up (allocator, oneDNN primitives)
         saved: list = []
         step(saved)
         with step_flop_counter() as counter:  # grouped convolutions' weight gradients counted once
             step()
-        rows.append({"precision": precision, "checkpointing": checkpointed,
-                     "images": "channels-last" if channels_last else "NCHW", "gflop": counter.get_total_flops() / 1e9,
+        rows.append({"case": case, "precision": case.precision, "checkpointing": list(case.checkpointed),
+                     "images": "channels-last" if case.channels_last else "NCHW",
+                     "group_norm": "ATen channels-last" if case.aten_group_norm else "contiguous",
+                     "optimizer": case.optimizer, "gflop": counter.get_total_flops() / 1e9,
                      "saved_for_backward_mb": sum(saved) / 2**20, "times": [], "peaks": []})
     for _ in range(rounds):
         for row, step in zip(rows, steps):
@@ -130,27 +169,39 @@ def record_step_figures(figures, rows: list[dict]) -> None:
     (`floor_cell`)."""
     for row in rows:
         floor = row["floor_ms"] / 1e3 if row["floor_ms"] <= row["step_ms"] else None
-        images = ", NCHW images" if row["images"] == "NCHW" else ""  # the network's own layout keeps its old name
-        figures.add(f"step: {row['precision']}, checkpointing {', '.join(row['checkpointing']) or 'none'}{images}",
-                    row["times"], "s", floor=floor)
+        figures.add(row["case"].label, row["times"], "s", floor=floor)
+
+
+def _row(rows: list[dict], case: StepCase) -> dict:
+    return next(row for row in rows if row["case"] == case)
 
 
 def run_step(pipeline: Pipeline, args) -> int:
-    """`stack bench train-step`: fp32 vs bf16, with and without activation checkpointing, channels-last vs NCHW
-    images, interleaved."""
+    """`stack bench train-step`: the step as `stack train` runs it in fp32 and bf16 against its FLOP floor, and
+    each of its choices (activation checkpointing, channels-last images, GroupNorm's layout, fused AdamW) side by
+    side with its alternative, interleaved."""
     rows = step_cases(pipeline)
     record_step_figures(figures_of(args), rows)
-    base, plain_bf16, nchw = rows[0], rows[1], rows[4]
-    print("| precision | activation checkpointing | images | step ms (median) | speed vs fp32 | "
-          "floor ms (GFLOP / peak) | saved for backward MiB |\n|---|---|---|---|---|---|---|")
+    fp32, bf16 = _row(rows, StepCase("32-true")), _row(rows, StepCase("bf16-mixed"))
+    print("| precision | activation checkpointing | images | GroupNorm | AdamW | step ms (median) | speed vs fp32 | "
+          "step / floor | floor ms (GFLOP / peak) | saved for backward MiB |\n|---|---|---|---|---|---|---|---|---|---|")
     for row in rows:
+        ratio = f"{row['step_ms'] / row['floor_ms']:.1f}x" if row["floor_ms"] <= row["step_ms"] else "-"
         print(f"| {row['precision']} | {', '.join(row['checkpointing']) or 'none'} | {row['images']} | "
-              f"{row['step_ms']:.0f} | "
-              f"{base['step_ms'] / row['step_ms']:.2f}x | {floor_cell(row)} | {row['saved_for_backward_mb']:.0f} |")
-    print(f"bf16 vs fp32: {base['step_ms'] / plain_bf16['step_ms']:.2f}x; activation checkpointing costs "
-          f"{rows[2]['step_ms'] / base['step_ms']:.2f}x (fp32) / {rows[3]['step_ms'] / plain_bf16['step_ms']:.2f}x "
-          f"(bf16) step time for {rows[2]['saved_for_backward_mb'] / base['saved_for_backward_mb']:.2f}x the "
-          f"saved activations; channels-last images vs NCHW (fp32): {nchw['step_ms'] / base['step_ms']:.2f}x")
+              f"{row['group_norm']} | {row['optimizer']} | {row['step_ms']:.0f} | "
+              f"{fp32['step_ms'] / row['step_ms']:.2f}x | {ratio} | {floor_cell(row)} | "
+              f"{row['saved_for_backward_mb']:.0f} |")
+    print(f"bf16 vs fp32: {fp32['step_ms'] / bf16['step_ms']:.2f}x; activation checkpointing costs "
+          + " / ".join(f"{_row(rows, StepCase(base['precision'], CHECKPOINTED))['step_ms'] / base['step_ms']:.2f}x "
+                       f"({'fp32' if base is fp32 else 'bf16'})" for base in (fp32, bf16))
+          + f" step time for {_row(rows, StepCase('32-true', CHECKPOINTED))['saved_for_backward_mb'] / fp32['saved_for_backward_mb']:.2f}x "
+          f"the saved activations; channels-last images vs NCHW (fp32): "
+          f"{_row(rows, StepCase('32-true', channels_last=False))['step_ms'] / fp32['step_ms']:.2f}x")
+    for name, changed in (("GroupNorm in the contiguous layout vs ATen's channels-last kernel", {"aten_group_norm": True}),
+                          ("fused vs foreach AdamW", {"optimizer": "foreach"})):
+        gains = [f"{_row(rows, StepCase(base['precision'], **changed))['step_ms'] / base['step_ms']:.2f}x "
+                 f"({'fp32' if base is fp32 else 'bf16'})" for base in (fp32, bf16)]
+        print(f"{name}: {' / '.join(gains)}")
     return 0
 
 

@@ -32,6 +32,13 @@ class TrainingDiverged(StackError):
     exit_code = 3
 
 
+def build_adamw(params, lr: float, sharded: bool = False) -> torch.optim.AdamW:
+    """AdamW as `stack train` steps it: the fused kernel (one pass over each tensor's parameter, gradient and
+    moments) for plain tensors; the multi-tensor (`foreach`) kernel for FSDP2's sharded DTensors. On 2 CPU cores
+    the fused step takes a third of the foreach one (`stack bench train-step`; docs/results/training.md)."""
+    return torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.999), **({"foreach": True} if sharded else {"fused": True}))
+
+
 class TrainModule(pl.LightningModule):
     """Wraps `model` (built from the pipeline when not given) for Lightning."""
 
@@ -71,9 +78,9 @@ class TrainModule(pl.LightningModule):
         for name, param in self.model.named_parameters():
             if param.requires_grad:
                 (no_decay if param.ndim <= 1 else decay).append(param)
-        optimizer = torch.optim.AdamW(
+        optimizer = build_adamw(
             [{"params": decay, "weight_decay": train.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-            lr=train.lr, betas=(0.9, 0.999), foreach=True)
+            lr=train.lr, sharded=getattr(self, "_device_mesh", None) is not None)
         total = self._total_steps()
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(train.warmup_steps, total))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}

@@ -52,6 +52,7 @@ def annotate_parts(model: nn.Module, totals: dict) -> list[str]:
 def profile_steps(pipeline: Pipeline, out_dir: Path, model: nn.Module | None = None,
                   batches: Iterable | None = None, warmup: int = 2) -> dict:
     """Run warm-up + `train.profile_steps` steps; write trace.json and phases.png; return the figures."""
+    from stack.train.module import build_adamw
     from stack.train.parallel import accelerator_name
     from stack.train.precision import for_this_hardware
 
@@ -67,7 +68,7 @@ def profile_steps(pipeline: Pipeline, out_dir: Path, model: nn.Module | None = N
         from stack.data import build_loader
 
         batches = build_loader(pipeline, "train", rank=0, world_size=1, pin_memory=device.type == "cuda")
-    optimizer = torch.optim.AdamW(model.parameters(), lr=pipeline.train.lr)
+    optimizer = build_adamw(model.parameters(), lr=pipeline.train.lr)
     step = _step_function(pipeline, model, optimizer, device)
     iterator = iter(batches)
     for _ in range(warmup):

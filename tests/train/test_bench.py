@@ -107,3 +107,15 @@ def test_the_checkpoint_bench_loop_writes_synchronously_asynchronously_or_not_at
     # step starts 1..4: the checkpoint after step 2 is on disk when step 3 starts, only when synchronous
     assert seen["none"] == [False, False, False, False]
     assert seen["sync"] == [False, False, True, True]
+
+
+def test_step_cases_keep_the_figure_names_their_history_has():
+    """Records written before the GroupNorm and AdamW cases existed compare figure by figure with new ones."""
+    from stack.train.bench import STEP_CASES
+
+    labels = [case.label for case in STEP_CASES]
+    assert labels[:5] == ["step: 32-true, checkpointing none", "step: bf16-mixed, checkpointing none",
+                          "step: 32-true, checkpointing image_encoder, bev_encoder",
+                          "step: bf16-mixed, checkpointing image_encoder, bev_encoder",
+                          "step: 32-true, checkpointing none, NCHW images"]
+    assert len(set(labels)) == len(labels)
