@@ -88,7 +88,26 @@ def profile_steps(pipeline: Pipeline, out_dir: Path, model: nn.Module | None = N
     sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
     return {"trace": trace, "wall_s": wall, "steps": pipeline.train.profile_steps, "phases": dict(totals),
             "data_wait_share": totals["data"] / wall, "top_ops": profiler.key_averages().table(sort_by=sort, row_limit=15),
-            "png": _plot_phases(dict(totals), wall, out_dir / "phases.png")}
+            "png": _plot_phases(dict(totals), wall, out_dir / "phases.png"),
+            **_roofline(pipeline, model, optimizer, next(iterator).to(device), device, out_dir)}
+
+
+def _roofline(pipeline: Pipeline, model: nn.Module, optimizer, batch, device: torch.device, out_dir: Path) -> dict:
+    """One more step, every operator charged to its part against the measured ceilings (`stack.train.roofline`):
+    roofline.json, roofline.png and the table."""
+    import json
+
+    from stack.train.roofline import PeakRates, roofline_rows, roofline_table, step_roofline
+
+    precision = pipeline.train.precision
+    dtype = PRECISION_DTYPES[precision]
+    rates = PeakRates.measure(device, (torch.float32,) if dtype == torch.float32 else (torch.float32, dtype))
+    autocast = (lambda: torch.autocast(device.type, dtype=dtype)) if precision != "32-true" else contextlib.nullcontext
+    rows = roofline_rows(step_roofline(model, batch, optimizer, rates, autocast, device))
+    (out_dir / "roofline.json").write_text(json.dumps(
+        {"precision": precision, "bandwidth_gbs": rates.bandwidth_gbs,
+         "matmul_tflops": {str(k).removeprefix("torch."): v for k, v in rates.tflops.items()}, "rows": rows}, indent=1))
+    return {"roofline": roofline_table(rows, rates), "roofline_png": _plot_roofline(rows, out_dir / "roofline.png")}
 
 
 def _step_function(pipeline: Pipeline, model: nn.Module, optimizer, device: torch.device) -> Callable:
@@ -126,6 +145,31 @@ def _plot_phases(phases: dict, wall: float, path: Path) -> Path:
     axis.invert_yaxis()
     axis.set_xlabel("% of profiled wall time (forward parts are nested in the step)")
     axis.set_title("stack profile: time per phase")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return path
+
+
+def _plot_roofline(rows: list[dict], path: Path) -> Path:
+    """Per part and phase: the operators' measured time beside their floor (log scale)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    parts = [row for row in rows if row["part"] != "step"]
+    names = [f"{row['part']} ({row['phase']})" for row in parts]
+    figure, axis = plt.subplots(figsize=(9, 0.35 * len(names) + 1.4))
+    positions = range(len(names))
+    axis.barh([p + 0.2 for p in positions], [max(row["ms"], 1e-3) for row in parts], 0.4, label="measured")
+    axis.barh([p - 0.2 for p in positions], [max(row["floor_ms"], 1e-3) for row in parts], 0.4, label="floor")
+    axis.set_yticks(list(positions), names)
+    axis.invert_yaxis()
+    axis.set_xscale("log")
+    axis.set_xlabel("ms per step (log): operators' time against max(FLOPs / peak, bytes / bandwidth)")
+    axis.legend(loc="lower right")
+    axis.set_title("stack profile: where a training step's time goes")
     figure.tight_layout()
     figure.savefig(path, dpi=100)
     plt.close(figure)

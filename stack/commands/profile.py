@@ -3,7 +3,9 @@
     stack profile -c configs/pipeline.yaml -c configs/presets/tiny.yaml train.profile_steps=6
 
 Writes train.out_dir/profile/trace.json (open in ui.perfetto.dev or chrome://tracing;
-under Nsight Systems the same ranges appear as NVTX) and phases.png.
+under Nsight Systems the same ranges appear as NVTX) and phases.png; then times one more step operator by
+operator against the measured matmul peak and memory bandwidth (`stack.train.roofline`): the table per part,
+roofline.json and roofline.png.
 """
 
 from __future__ import annotations
@@ -29,5 +31,8 @@ def run(args: argparse.Namespace) -> int:
     for name, seconds in result["phases"].items():
         print(f"  {name:<32} {1000 * seconds / result['steps']:8.1f} ms/step  {100 * seconds / wall:5.1f}%")
     print(f"data-wait share: {100 * result['data_wait_share']:.1f}% of wall time")
-    print(f"trace: {result['trace']} (ui.perfetto.dev or chrome://tracing)\nplot: {result['png']}")
+    print(f"\none more step, every operator timed and charged to its part (dispatch overhead not included):\n"
+          f"{result['roofline']}")
+    print(f"trace: {result['trace']} (ui.perfetto.dev or chrome://tracing)\nplots: {result['png']}, "
+          f"{result['roofline_png']}")
     return 0
