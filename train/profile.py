@@ -93,11 +93,11 @@ def profile_steps(pipeline: Pipeline, out_dir: Path, model: nn.Module | None = N
 
 
 def _roofline(pipeline: Pipeline, model: nn.Module, optimizer, batch, device: torch.device, out_dir: Path) -> dict:
-    """One more step, every operator charged to its part against the measured ceilings (`stack.train.roofline`):
+    """One more step, every operator charged to its part against the measured ceilings (`stack.train.operator_costs`):
     roofline.json, roofline.png and the table."""
     import json
 
-    from stack.train.roofline import PeakRates, roofline_rows, roofline_table, step_roofline
+    from stack.train.operator_costs import PeakRates, roofline_rows, roofline_table, step_roofline
 
     precision = pipeline.train.precision
     dtype = PRECISION_DTYPES[precision]

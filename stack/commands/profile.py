@@ -4,7 +4,7 @@
 
 Writes train.out_dir/profile/trace.json (open in ui.perfetto.dev or chrome://tracing;
 under Nsight Systems the same ranges appear as NVTX) and phases.png; then times one more step operator by
-operator against the measured matmul peak and memory bandwidth (`stack.train.roofline`): the table per part,
+operator against the measured matmul peak and memory bandwidth (`stack.train.operator_costs`): the table per part,
 roofline.json and roofline.png.
 """
 

@@ -1,11 +1,11 @@
-"""`stack.train.roofline`: one step's operators, charged to the parts that ran them, against given ceilings."""
+"""`stack.train.operator_costs`: one step's operators, charged to the parts that ran them, against given ceilings."""
 
 import contextlib
 
 import torch
 from torch import nn
 
-from stack.train.roofline import PeakRates, roofline_rows, roofline_table, step_roofline
+from stack.train.operator_costs import PeakRates, roofline_rows, roofline_table, step_roofline
 
 
 class TwoParts(nn.Module):
