@@ -9,11 +9,12 @@ with it, and a mismatch is a `BadSample` naming the shard, the sample key and th
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from stack.data.format import CHECKSUM, member_hash
 from stack.data.samples import BadSample
+from stack.errors import StackError
+from stack.safe_values import escaped
 
 
 def sums_path(shard: str | Path) -> Path:
@@ -22,14 +23,17 @@ def sums_path(shard: str | Path) -> Path:
 
 def load_sums(shard: str | Path) -> dict:
     """{key: {member: hash}} of a shard; a missing or unreadable `.sums` file is a BadSample naming it."""
+    from stack.user_json import read_json
+
     path = sums_path(shard)
+    fix = "Every shard of this schema has one: re-create the dataset with `stack data make`."
     try:
-        table = json.loads(path.read_text())
-        if table.get("algorithm") != CHECKSUM or not isinstance(table.get("samples"), dict):
-            raise ValueError(f"expected algorithm {CHECKSUM!r} and a 'samples' table, found {sorted(table)}")
-    except (OSError, ValueError, AttributeError) as exc:
-        raise BadSample(f"shard {shard}: its checksum file {path} is missing or unreadable ({exc}); every shard of "
-                        "this schema has one: re-create the dataset with `stack data make`") from exc
+        table = read_json(path, f"the checksum file of shard {escaped(str(shard))}", fix)
+    except StackError as exc:
+        raise BadSample(str(exc)) from None
+    if table.get("algorithm") != CHECKSUM or not isinstance(table.get("samples"), dict):
+        raise BadSample(f"{escaped(str(path))}: expected the checksum file of shard {escaped(str(shard))} (algorithm "
+                        f"{CHECKSUM!r} and a 'samples' table); found the keys {escaped(str(sorted(table))[:200])}. {fix}")
     return table["samples"]
 
 
@@ -67,6 +71,11 @@ class ShardSums:
             self._tables[shard] = load_sums(shard)
         table = self._tables[shard].get(key)
         if table is None:
-            raise BadSample(f"shard {shard}: sample {key} is not listed in {sums_path(shard)}; the shard and its "
-                            "checksum file do not belong together: re-create them with `stack data make`")
+            raise BadSample(f"shard {shard}: sample {escaped(str(key))} is not listed in {sums_path(shard)}; the shard "
+                            "and its checksum file do not belong together: re-create them with `stack data make`")
+        if not isinstance(table, dict) or not all(isinstance(value, int) and not isinstance(value, bool)
+                                                  for value in table.values()):
+            raise BadSample(f"{sums_path(shard)}: sample {escaped(str(key))} should map each member to its {CHECKSUM} "
+                            f"(an integer); found {escaped(str(table)[:120])}. Re-create the dataset with "
+                            "`stack data make`.")
         return table

@@ -91,17 +91,11 @@ FIX = "re-create the shard with `stack data make`"
 def clip_meta(sample: dict, shard: str, frames: int | None = None) -> dict:
     """The clip's meta.json, checked: a JSON object of this schema whose `frames` is the clip's frame count
     (`frames`, the manifest's frames_per_clip, where known); a BadSample naming shard and clip otherwise."""
-    from stack.data.samples import BadSample
+    from stack.data.samples import BadSample, read_meta
+    from stack.safe_values import escaped
 
-    where = f"shard {shard}, clip {sample.get('__key__')}: meta.json"
-    try:
-        meta = json.loads(sample["meta.json"])
-        found = f"a JSON {type(meta).__name__}"
-    except (ValueError, TypeError) as exc:  # not UTF-8 is a ValueError too
-        meta, found = None, str(exc)[:120]
-    if not isinstance(meta, dict):
-        raise BadSample(f"{where} is not a JSON object ({found}); expected {{\"schema\": {SCHEMA_VERSION}, \"frames\": "
-                        f"T, ...}}; {FIX}")
+    where = f"shard {shard}, clip {escaped(str(sample.get('__key__')))}: meta.json"
+    meta = read_meta(sample["meta.json"], where, f"{{\"schema\": {SCHEMA_VERSION}, \"frames\": T, ...}}")
     if meta.get("schema") != SCHEMA_VERSION:
         raise BadSample(f"{where}: schema version {meta.get('schema')!r:.40}, this stack reads version "
                         f"{SCHEMA_VERSION}; re-create the shards with `stack data make`")

@@ -25,7 +25,6 @@ Scenes go to train/val by the devkit's official splits for the version, or by
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -40,12 +39,16 @@ from stack.sim.world.traffic import CLASSES
 from stack.errors import StackError
 from stack.pipeline import Pipeline
 from stack.rig import scale_intrinsics
+from stack.user_json import read_json
 
 CATEGORY_PREFIXES = (("vehicle.car", "car"), ("vehicle.truck", "truck"), ("vehicle.bus", "truck"),
                      ("vehicle.trailer", "truck"), ("vehicle.construction", "truck"),
                      ("human.pedestrian", "pedestrian"), ("vehicle.bicycle", "cyclist"), ("vehicle.motorcycle", "cyclist"))
 VISIBILITY = {"1": 0.2, "2": 0.5, "3": 0.7, "4": 0.9}
 """nuScenes visibility level -> fraction visible (the middle of its bin)."""
+NUSCENES_TABLE_BYTES = 16 * 1024 ** 3
+"""Largest nuScenes table read: the full release's sample_data.json and ego_pose.json run to the order of a GB,
+past the bounded reader's default, which is sized for the stack's own files."""
 TABLES = ("category", "attribute", "visibility", "instance", "sensor", "calibrated_sensor", "ego_pose", "log",
           "scene", "sample", "sample_data", "sample_annotation", "map")
 """The tables of a nuScenes version folder that nuscenes-devkit loads (one `<name>.json` each)."""
@@ -109,10 +112,8 @@ def _read_table(folder: Path, name: str) -> list:
     if not path.is_file():
         raise StackError(f"nuScenes table {path} is missing; a version folder holds {', '.join(TABLES)} "
                          "(as .json). Re-extract the dataset, or pass the right --source / --version.")
-    try:
-        rows = json.loads(path.read_bytes())
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise StackError(f"nuScenes table {path} is not valid JSON ({exc}); re-extract the dataset.") from None
+    rows = read_json(path, "a nuScenes table", "Re-extract the dataset.", expect=list,
+                     max_bytes=NUSCENES_TABLE_BYTES)
     if not isinstance(rows, list) or not all(isinstance(r, dict) and isinstance(r.get("token"), str) for r in rows):
         raise StackError(f"nuScenes table {path}: expected a JSON list of records, each with a 'token' string, "
                          f"found {type(rows).__name__ if not isinstance(rows, list) else 'records without tokens'}; "

@@ -12,7 +12,6 @@ a `Batch`.
 from __future__ import annotations
 
 import io
-import json
 from dataclasses import dataclass, fields
 
 import numpy as np
@@ -21,6 +20,7 @@ import torch
 from stack.batch import IGNORE_INDEX, Batch
 from stack.data.format import ARRAY_MEMBERS, SCHEMA_VERSION
 from stack.errors import StackError
+from stack.safe_values import escaped
 from stack.pipeline import Pipeline
 
 
@@ -34,19 +34,33 @@ LOADER_MEMBERS = tuple(name for name in ARRAY_MEMBERS if name != "instance")
 
 def check_members(sample: dict, cameras: list, shard: str) -> None:
     """Raise BadSample unless every member the schema requires is present and the schema version matches."""
-    key = sample.get("__key__", "?")
+    key = escaped(str(sample.get("__key__", "?")))
     required = [f"{c}.jpg" for c in cameras] + [f"{n}.npy" for n in ARRAY_MEMBERS] + ["meta.json"]
     missing = [name for name in required if name not in sample]
     if missing:
         raise BadSample(f"shard {shard}, sample {key}: missing member(s) {', '.join(missing)}; expected every member "
                         f"of schema {SCHEMA_VERSION} (see stack.data.format); re-create the shard with `stack data make`")
-    try:
-        version = json.loads(sample["meta.json"]).get("schema")
-    except (ValueError, AttributeError) as exc:
-        raise BadSample(f"shard {shard}, sample {key}: meta.json is not a JSON object ({exc})") from exc
+    version = read_meta(sample["meta.json"], f"shard {shard}, sample {key}: meta.json",
+                        f"{{\"schema\": {SCHEMA_VERSION}, ...}}").get("schema")
     if version != SCHEMA_VERSION:
         raise BadSample(f"shard {shard}, sample {key}: schema version {version!r}, this stack reads version "
                         f"{SCHEMA_VERSION}; re-create the shards with this version's `stack data make`")
+
+
+MAX_META_BYTES = 1024 * 1024
+"""Largest meta.json member read: the stack writes a few hundred bytes (a clip's, a few kB per 100 frames)."""
+
+
+def read_meta(data, where: str, expected: str) -> dict:
+    """A sample's or clip's meta.json member as a dict, read through the bounded JSON reader
+    (`stack.user_json`: size, nesting and numbers checked); a BadSample naming `where` otherwise."""
+    from stack.user_json import parse_json
+
+    try:
+        return parse_json(data, where, f"a JSON object {expected}", f"Re-create the shard with `stack data make`.",
+                          max_bytes=MAX_META_BYTES)
+    except StackError as exc:
+        raise BadSample(str(exc)) from None
 
 
 NPY_HEADERS: dict = {}

@@ -57,6 +57,8 @@ from stack.durable import FULL, disk_full, exchange, fsync_dir, fsync_tree, writ
 from stack.errors import StackError
 from stack.failpoints import fail_point
 from stack.locks import exchanged as exchanged_locks, hold_folder, release_folder
+from stack.safe_values import escaped
+from stack.user_json import parse_json, read_json
 
 STAGING = ".staging"
 PLAN = "swap.json"
@@ -148,14 +150,8 @@ def _commit(root: Path, log) -> dict:
 
 def _parse_staged(staging: Path, manifest_bytes: bytes) -> dict:
     """The staging manifest as a dict; a torn or foreign one stops the run before anything changes."""
-    try:
-        manifest = json.loads(manifest_bytes)
-    except ValueError as exc:
-        manifest = exc
-    if not isinstance(manifest, dict):
-        raise StackError(f"{str(staging / MANIFEST)!r} is not a manifest `stack data make` wrote ({manifest}); "
-                         f"nothing was changed. Remove {str(staging)!r} and run again")
-    return manifest
+    return parse_json(manifest_bytes, escaped(str(staging / MANIFEST)), "a manifest `stack data make` wrote",
+                      f"Nothing was changed. Remove {escaped(str(staging))} and run again.")
 
 
 def swap_folder(root: Path) -> Path:
@@ -431,10 +427,10 @@ def _write_record(path: Path, body: dict) -> None:
 def _read_record(path: Path, keys: set) -> dict:
     """The body of a plan `_write_record` wrote with exactly `keys`; a StackError (nothing changed) otherwise."""
     try:
-        record = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        _refuse_plan(path, f"unreadable: {exc}")
-    if not isinstance(record, dict) or set(record) != keys | {"sha256"}:
+        record = read_json(path, "a swap plan", "")
+    except StackError as exc:
+        _refuse_plan(path, f"unreadable: {str(exc).removeprefix(escaped(str(path)) + ': ').strip()}")
+    if set(record) != keys | {"sha256"}:
         _refuse_plan(path, f"not a swap plan of this version (expected the keys {', '.join(sorted(keys))}, sha256)")
     body = {key: record[key] for key in keys}
     if record["sha256"] != _digest(body):

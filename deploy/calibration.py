@@ -50,6 +50,8 @@ BUNDLE_FILE = "calibration.yaml"
 """The calibration's file in a deploy bundle (and beside `stack export`'s model.onnx)."""
 FORMAT = "stack-calibration/1"
 """`format` key of calibration files this module reads and writes."""
+MAX_CALIBRATION_BYTES = 1024 * 1024
+"""Largest calibration file read: the stack writes ~2 kB for six cameras."""
 HASH_DECIMALS = 6
 """The hash rounds every value to 1e-6 (metres, pixels, rotation-matrix entries ~ 1e-6 rad)."""
 ATOL_M, ATOL_PX, ATOL_DEG = 1e-3, 1e-2, 1e-2
@@ -150,22 +152,29 @@ class Calibration:
     def load(cls, path: str | Path) -> "Calibration":
         """Read a YAML or JSON calibration file (safe loaders only: never a pickle; no alias bombs)."""
         from stack.config import YAML_ERRORS, YamlTooLargeError, parse_yaml_value
+        from stack.safe_values import escaped
+        from stack.user_json import parse_json
 
         path = Path(path)
         if not path.is_file():
             raise StackError(missing_file_message("calibration file", path,
                                                   "Write one with `stack data calibration DATA_ROOT --out FILE`."))
+        again = "Write it again with `stack data calibration DATA_ROOT --out FILE`."
         try:
+            size = path.stat().st_size
+            if size > MAX_CALIBRATION_BYTES:
+                raise StackError(f"calibration file {escaped(str(path))} holds {size:,} bytes; one is a few dozen "
+                                 f"numbers (at most {MAX_CALIBRATION_BYTES:,} bytes are read). {again}")
             text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise StackError(f"calibration file {path} cannot be read as UTF-8 text ({exc}); expected the YAML or JSON "
                              f"that `stack data calibration --out FILE` writes.") from None
         try:
-            data = json.loads(text) if path.suffix == ".json" else parse_yaml_value(text)
+            data = parse_json(text, f"calibration file {escaped(str(path))}", "a calibration (a JSON object)", again,
+                              max_bytes=MAX_CALIBRATION_BYTES) if path.suffix == ".json" else parse_yaml_value(text)
         except YamlTooLargeError as exc:
-            raise StackError(f"calibration file {path} {exc}; one is a few dozen numbers. Write it again with "
-                             f"`stack data calibration DATA_ROOT --out FILE`.") from None
-        except (json.JSONDecodeError, *YAML_ERRORS) as exc:
+            raise StackError(f"calibration file {path} {exc}; one is a few dozen numbers. {again}") from None
+        except YAML_ERRORS as exc:
             raise StackError(f"calibration file {path} is not valid {'JSON' if path.suffix == '.json' else 'YAML'}: "
                              f"{str(exc).splitlines()[0]}") from None
         return cls.from_dict(data, f"calibration file {path}")

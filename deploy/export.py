@@ -115,12 +115,16 @@ def set_metadata(model: onnx.ModelProto, metadata: dict) -> None:
 
 
 def read_metadata(path: str | Path) -> dict:
-    """The `metadata_props` of an ONNX file, JSON values decoded."""
+    """The `metadata_props` of an ONNX file, JSON values decoded (by the bounded reader: the file may be a
+    user's); a value that is not such JSON stays text."""
+    from stack.errors import StackError
+    from stack.user_json import parse_json
+
     decoded = {}
     for entry in onnx.load(str(path), load_external_data=False).metadata_props:
         try:
-            decoded[entry.key] = json.loads(entry.value)
-        except json.JSONDecodeError:
+            decoded[entry.key] = parse_json(entry.value, str(path), "", "", expect=object, infinity=True)
+        except StackError:
             decoded[entry.key] = entry.value
     return decoded
 

@@ -27,7 +27,8 @@ import numpy as np
 
 from stack.deploy.bundle import sha256_file
 from stack.errors import StackError
-from stack.user_json import read_json
+from stack.safe_values import escaped
+from stack.user_json import parse_json, read_json
 
 REFERENCE_DIR = Path("models/reference/tiny-drive")
 """Where the pinned reference network lives, relative to the repository root."""
@@ -193,19 +194,37 @@ def read_replay(path: Path) -> tuple[list[dict], list[dict], dict]:
     """(frames, pinned outputs, header) of a replay file, or a StackError saying what is wrong with it."""
     from safetensors import safe_open
 
+    again = "Pin the reference network again (`make pin-reference`)."
     try:
         with safe_open(str(path), framework="np") as handle:
-            header = json.loads((handle.metadata() or {})["stack"])
-            arrays = {key: handle.get_tensor(key) for key in handle.keys()}
+            header = parse_json((handle.metadata() or {}).get("stack", ""), escaped(str(path)),
+                                "a replay file `stack reference pin` wrote", again)
+            names = list(handle.keys())
+            count = header.get("frames")
+            if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= len(names):
+                raise StackError(f"{escaped(str(path))}: its header names {escaped(repr(count)[:40])} frames; a replay "
+                                 f"file holds 1 to its {len(names)} arrays' worth. {again}")
+            arrays = {key: handle.get_tensor(key) for key in names}
+    except StackError:
+        raise
     except Exception as exc:  # noqa: BLE001 - any failure to read means the same: no replay here
-        raise StackError(f"{path}: not a replay file `stack reference pin` wrote ({type(exc).__name__}: "
-                         f"{str(exc)[:160]}); pin the reference network again") from None
-    frames = [{} for _ in range(int(header["frames"]))]
-    outputs = [{} for _ in range(int(header["frames"]))]
+        raise StackError(f"{escaped(str(path))}: not a replay file `stack reference pin` wrote ({type(exc).__name__}: "
+                         f"{escaped(str(exc)[:160])}). {again}") from None
+    frames, outputs = [{} for _ in range(count)], [{} for _ in range(count)]
     for key, value in arrays.items():
-        index, kind, name = key.split(".", 2)
-        (frames if kind == "input" else outputs)[int(index.removeprefix("frame"))][name] = value
+        index, kind, name = _replay_key(key, count, path, again)
+        (frames if kind == "input" else outputs)[index][name] = value
     return frames, outputs, header
+
+
+def _replay_key(key: str, frames: int, path: Path, again: str) -> tuple[int, str, str]:
+    """(frame index, "input"/"output", name) of a replay array's key `frame{i}.{kind}.{name}`."""
+    parts = key.split(".", 2)
+    index = parts[0].removeprefix("frame")
+    if len(parts) != 3 or parts[1] not in ("input", "output") or not index.isdigit() or int(index) >= frames:
+        raise StackError(f"{escaped(str(path))}: array {escaped(key[:80])} is not frame{{0..{frames - 1}}}.input.NAME "
+                         f"or .output.NAME. {again}")
+    return int(index), parts[1], parts[2]
 
 
 # --------------------------------------------------------------- replay

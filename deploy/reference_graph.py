@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -59,18 +60,74 @@ def thaw(path: str | Path) -> bytes:
     from onnx import numpy_helper
 
     from stack.errors import StackError
+    from stack.safe_values import escaped
+    from stack.user_json import parse_json
 
-    data = Path(path).read_bytes()
-    model = onnx.load_from_string(gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data)
+    again = "Write one with `stack bench fps-bar`, which freezes the pipeline's network."
+    model = onnx.load_from_string(_graph_bytes(Path(path), again))
     entries = {entry.key: entry.value for entry in model.metadata_props}
     if FLOAT_STATS_KEY not in entries:
-        raise StackError(f"{path} is not a frozen reference graph (no {FLOAT_STATS_KEY} metadata): write one with "
-                         f"`stack bench fps-bar`, which freezes the pipeline's network")
+        raise StackError(f"{path} is not a frozen reference graph (no {FLOAT_STATS_KEY} metadata): {again}")
+    stats = parse_json(entries[FLOAT_STATS_KEY], escaped(str(path)), "a frozen reference graph's float statistics",
+                       again, expect=list)
     rng = np.random.default_rng(FREEZE_SEED)
-    for name, dtype, shape, mean, std in json.loads(entries[FLOAT_STATS_KEY]):
+    elements = 0
+    for entry in stats:
+        name, dtype, shape, mean, std = _float_stat(entry, path, again)
+        elements += math.prod(shape)
+        if elements > MAX_THAWED_ELEMENTS:
+            raise StackError(f"{escaped(str(path))}: its float tensors hold more than {MAX_THAWED_ELEMENTS:,} values "
+                             f"(a network of {MAX_THAWED_ELEMENTS * 4 / 1024 ** 3:.0f} GiB in fp32). {again}")
         values = rng.normal(mean, std, size=shape).astype(dtype)
         model.graph.initializer.append(numpy_helper.from_array(values, name))
     return model.SerializeToString()
+
+
+MAX_GRAPH_BYTES = 2 * 1024 ** 3
+"""Largest frozen graph read, gzipped or decompressed: ONNX's protobuf limit; the tiny network's is 0.89 MB."""
+MAX_THAWED_ELEMENTS = 2 ** 31
+"""Most float values a thawed graph may hold (8 GiB in fp32): a frozen file's statistics say how many are drawn."""
+FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+
+
+def _graph_bytes(path: Path, again: str) -> bytes:
+    """The serialized ONNX of a frozen file, gunzipped when it is gzip, at most MAX_GRAPH_BYTES either way (a
+    small gzip can expand without bound)."""
+    from stack.errors import StackError
+    from stack.safe_values import escaped
+
+    if not path.is_file() or path.stat().st_size > MAX_GRAPH_BYTES:
+        raise StackError(f"{escaped(str(path))}: expected a frozen reference graph of at most "
+                         f"{MAX_GRAPH_BYTES // 1024 ** 2:,} MiB; found {'no file' if not path.is_file() else 'more'}. "
+                         f"{again}")
+    with path.open("rb") as handle:
+        if handle.read(2) != b"\x1f\x8b":
+            return path.read_bytes()
+    try:
+        with gzip.open(path, "rb") as handle:
+            data = handle.read(MAX_GRAPH_BYTES + 1)
+    except (OSError, EOFError) as exc:
+        raise StackError(f"{escaped(str(path))}: a gzip file that cannot be decompressed ({exc}). {again}") from None
+    if len(data) > MAX_GRAPH_BYTES:
+        raise StackError(f"{escaped(str(path))}: decompresses to more than {MAX_GRAPH_BYTES // 1024 ** 2:,} MiB; a "
+                         f"frozen reference graph is a few MB. {again}")
+    return data
+
+
+def _float_stat(entry, path, again: str) -> tuple:
+    """(name, dtype, shape, mean, std) of one float-statistics entry, each checked."""
+    from stack.errors import StackError
+    from stack.safe_values import escaped
+
+    ok = (isinstance(entry, list) and len(entry) == 5 and isinstance(entry[0], str) and entry[1] in FLOAT_DTYPES
+          and isinstance(entry[2], list) and len(entry[2]) <= 8
+          and all(isinstance(n, int) and not isinstance(n, bool) and 0 <= n <= MAX_THAWED_ELEMENTS for n in entry[2])
+          and all(isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v) for v in entry[3:])
+          and entry[4] >= 0)
+    if not ok:
+        raise StackError(f"{escaped(str(path))}: a float-statistics entry is {escaped(str(entry)[:120])}; expected "
+                         f"[name, float dtype, shape (at most 8 sizes), mean, std >= 0]. {again}")
+    return tuple(entry)
 
 
 def example_feeds(model_bytes: bytes) -> dict:

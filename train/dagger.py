@@ -33,6 +33,7 @@ import numpy as np
 from stack.durable import write_atomic
 from stack.errors import StackError
 from stack.pipeline import Pipeline
+from stack.safe_values import escaped
 
 SUMMARY = "dagger.json"
 
@@ -101,14 +102,8 @@ def prepare_out_dir(pipeline: Pipeline, inputs: tuple = ()) -> Path:
     """The DAgger folder, created when missing. One that holds an earlier run is refused unless
     dagger.overwrite=true, which deletes only that run's outputs (`run_outputs`), never the user's other files;
     and refused even then when one of `inputs` (the checkpoint, data.root, data.aggregate) lies among them."""
-    from stack.config import check_folder
-
-    out = Path(pipeline.dagger.out_dir)
-    check_folder("dagger.out_dir", str(out))
-    if out.is_symlink() and not out.exists():
-        raise StackError(f"dagger.out_dir {out} is a symbolic link to {os.readlink(out)}, which does not exist; "
-                         f"create that folder, or point dagger.out_dir at a folder (nothing was written)")
-    if out.is_dir() and any(out.iterdir()):
+    out = create_out_dir(pipeline)
+    if any(out.iterdir()):
         if not (out / SUMMARY).is_file() and not any(ITERATION.fullmatch(p.name) for p in out.iterdir()):
             raise StackError(f"dagger.out_dir {out} holds files that are not a DAgger run's; choose an empty or new "
                              f"folder (nothing was written)")
@@ -124,6 +119,18 @@ def prepare_out_dir(pipeline: Pipeline, inputs: tuple = ()) -> Path:
                                  f"(nothing was deleted)")
         for path in outputs:
             shutil.rmtree(path) if path.is_dir() else path.unlink()
+    return out
+
+
+def create_out_dir(pipeline: Pipeline) -> Path:
+    """dagger.out_dir as a writable folder (created when missing; nothing in it is touched), or a StackError."""
+    from stack.config import check_folder
+
+    out = Path(pipeline.dagger.out_dir)
+    check_folder("dagger.out_dir", str(out))
+    if out.is_symlink() and not out.exists():
+        raise StackError(f"dagger.out_dir {out} is a symbolic link to {os.readlink(out)}, which does not exist; "
+                         f"create that folder, or point dagger.out_dir at a folder (nothing was written)")
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -226,10 +233,22 @@ def log_iteration(pipeline: Pipeline, weights: Path, figures: dict, log=print) -
 def run_dagger(pipeline: Pipeline, weights: str | Path, student_builder: type, log=print) -> dict:
     """`dagger.iterations` rounds from `weights` (a model.pt); the student is driven by `student_builder`
     (a `stack.sim.policies.Policy` class that loads a model.pt, e.g. stack.deploy.network_policies.CheckpointPolicy).
-    Returns the summary written to dagger.json."""
-    from stack.sim.policies import PolicySpec
+    Returns the summary written to dagger.json. The folder's writer lock (`stack.locks`) is held from before an
+    earlier run is cleared to the end, so a second `stack dagger` into it is refused before it deletes anything."""
+    from stack.locks import folder_lock
 
     check_inputs(pipeline, weights)
+    out = create_out_dir(pipeline)
+    busy = (f"another `stack dagger` is writing dagger.out_dir={escaped(str(out))}; two runs there would delete and "
+            f"mix each other's iterations. Wait for it to finish, or choose another dagger.out_dir (nothing was written)")
+    with folder_lock(out, busy):
+        return _run_locked(pipeline, weights, student_builder, log)
+
+
+def _run_locked(pipeline: Pipeline, weights: str | Path, student_builder: type, log) -> dict:
+    """`run_dagger` once dagger.out_dir's writer lock is held: from clearing an earlier run to the summary."""
+    from stack.sim.policies import PolicySpec
+
     out = prepare_out_dir(pipeline, (weights, pipeline.data.root, *pipeline.data.aggregate))
     weights = Path(weights)
     aggregate, history = list(pipeline.data.aggregate), []

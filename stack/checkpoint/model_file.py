@@ -109,9 +109,10 @@ def save_safetensors_checkpoint(path: str | Path, pipeline_yaml: str, pipeline_h
 
 def _read_safetensors(path: Path) -> dict:
     """The plain format's dict from a `save_safetensors_checkpoint` file, or a CheckpointError saying what it is."""
-    import json
-
     from safetensors import safe_open
+
+    from stack.errors import StackError
+    from stack.user_json import parse_json
 
     try:
         with safe_open(str(path), framework="pt", device="cpu") as handle:
@@ -121,8 +122,8 @@ def _read_safetensors(path: Path) -> dict:
         raise CheckpointError(f"{str(path)!r} is not a safetensors file that can be read ({type(exc).__name__}: "
                               f"{str(exc)[:200]}). Give the file `stack reference pin` or `stack train` wrote.") from None
     try:
-        raw = json.loads(header) if isinstance(header, str) else None
-    except (json.JSONDecodeError, RecursionError):
+        raw = parse_json(header, str(path), "", "") if isinstance(header, str) else None
+    except StackError:  # the message below says what a stack network holds
         raw = None
     if not isinstance(raw, dict):
         raise CheckpointError(f"{str(path)!r} holds weights but no stack pipeline (its safetensors metadata has no "

@@ -56,8 +56,8 @@ def _verdict(verdict: bl.Verdict, path, check: bool) -> int:
         for line in verdict.regressions:
             print(f"  {line}")
         return 1 if check else 0
-    print(f"\npass: no stage's instructions or kernel function above +{bl.THRESHOLD:.0%}, no miss count above "
-          f"+{bl.MISS_THRESHOLD:.0%} of {path}")
+    print(f"\npass: no stage's instructions or kernel function above +{bl.THRESHOLD:.0%}, no D1 / LL miss count "
+          f"above +{bl.MISS_THRESHOLD:.0%} / +{bl.LL_MISS_THRESHOLD:.0%} of {path}")
     return 0
 
 

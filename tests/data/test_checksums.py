@@ -82,7 +82,8 @@ def test_a_shard_without_its_checksum_file_is_named(dataset, tmp_path, small_pip
     root = tmp_path / "copy"
     shutil.copytree(pipeline.data.root, root)
     (root / manifest["splits"]["train"][0]["path"].replace(".tar", ".sums")).unlink()
-    with pytest.raises(BadSample, match=r"frames-000000\.tar: its checksum file .*frames-000000\.sums is missing"):
+    with pytest.raises(BadSample, match=r"frames-000000\.sums: expected the checksum file of shard .*frames-000000\.tar "
+                                        r"\(a JSON file\); found nothing"):
         list(build_loader(small_pipeline(root), "train", 0, 1, shuffle=False, augment=False))
 
 

@@ -132,8 +132,11 @@ def _break_table(source: Path, table: str, change) -> None:
 
 @pytest.mark.parametrize("table, change, needle", [
     ("sample_data", None, "sample_data.json is missing"),
-    ("ego_pose", lambda rows: json.dumps(rows)[:-40], "ego_pose.json is not valid JSON"),
-    ("scene", lambda rows: {"scenes": rows}, "scene.json: expected a JSON list of records"),
+    ("ego_pose", lambda rows: json.dumps(rows)[:-40], "ego_pose.json: expected a nuScenes table; found invalid JSON"),
+    ("scene", lambda rows: {"scenes": rows}, "scene.json: expected a nuScenes table (a JSON array); found a JSON object"),
+    ("log", lambda rows: "[" * 200_000 + "]" * 200_000, "log.json: expected a nuScenes table; found JSON nested more"),
+    ("ego_pose", lambda rows: json.dumps(rows).replace("]", ", 1e999]", 1), "ego_pose.json: expected a nuScenes table; "
+                                                                            "found the number 1e999"),
     ("sample", lambda rows: [{**r, "scene_token": "nowhere"} if i == 1 else r for i, r in enumerate(rows)],
      "sample.json: record 'scene-0061-1' has scene_token='nowhere', which is no token of scene.json"),
     ("sample_data", lambda rows: [{**r, "calibrated_sensor_token": "gone"} for r in rows],
@@ -291,3 +294,45 @@ def torch_isfinite(tensor) -> bool:
     import torch
 
     return bool(torch.isfinite(tensor).all())
+
+
+# ------------------------------------------------------------------------ JSON inside shards: meta.json and .sums
+
+@pytest.mark.parametrize("meta, needle", [
+    (b"[" * 200_000 + b"]" * 200_000, "nested more than 64 levels deep"),
+    (b'{"schema": 1e999}', "the number 1e999"),
+    (b'{"schema": ' + b"9" * 5000 + b"}", "(5000 digits)"),
+    (b'{"schema": 3, "pad": "' + b"x" * (2 * 1024 * 1024) + b'"}', "of at most 1,048,576 bytes"),
+    (b"\xff\xfe binary", "binary data"),
+])
+def test_a_hostile_meta_json_is_a_bad_sample_naming_shard_and_key(dataset, tmp_path, small_pipeline, meta, needle):
+    """A sample's meta.json goes through the bounded reader: deep nesting, huge numbers, a member of megabytes
+    are one BadSample naming shard and key (skippable with data.skip_bad_samples), not a RecursionError."""
+    pipeline, manifest, root = _copy(dataset, tmp_path, small_pipeline=small_pipeline)
+    shard = _first_train_shard(root, manifest)
+    _rewrite(shard, lambda name, data: meta if name.endswith("f0001.meta.json") else data)
+    with pytest.raises(BadSample, match=rf"frames-000000.tar, sample s\d+f0001: meta.json: expected a JSON object.*"
+                                        rf"{_escape(needle)}"):
+        _iterate(pipeline)
+    code, _, err = run_cli("data", "inspect", str(shard), "--sample", "1", "--out", str(tmp_path / "x.png"))
+    assert code == 2 and "meta.json" in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("sums, needle", [
+    ("[" * 200_000 + "]" * 200_000, "nested more than 64 levels deep"),
+    ('{"algorithm": "xxh3_64", "samples": {}, "n": 1e999}', "the number 1e999"),
+    ('{"algorithm": "xxh3_64", "samples": []}', "found the keys ['algorithm', 'samples']"),
+    (None, "should map each member to its xxh3_64 (an integer); found {'back.jpg': 'ff'"),
+])
+def test_a_hostile_checksum_file_is_a_bad_sample_naming_it(dataset, tmp_path, small_pipeline, sums, needle):
+    """A shard's .sums file is JSON a user's folder holds: read bounded, its hashes checked to be integers before
+    any is compared or printed as hex."""
+    pipeline, manifest, root = _copy(dataset, tmp_path, small_pipeline=small_pipeline)
+    path = _first_train_shard(root, manifest).with_suffix(".sums")
+    if sums is None:
+        table = json.loads(path.read_text())
+        table["samples"] = {key: {member: "ff" for member in members} for key, members in table["samples"].items()}
+        sums = json.dumps(table)
+    path.write_text(sums)
+    with pytest.raises(BadSample, match=rf"frames-000000.sums.*{_escape(needle)}"):
+        _iterate(pipeline)

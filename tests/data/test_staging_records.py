@@ -70,8 +70,8 @@ def test_a_planted_swap_plan_deletes_nothing_and_is_refused(victims, planted):
     assert stage.is_dir()
 
 
-@pytest.mark.parametrize("plan", ["unsigned", "edited", "foreign manifest", "garbage", "suffix a path",
-                                  "suffix negative"])
+@pytest.mark.parametrize("plan", ["unsigned", "edited", "foreign manifest", "garbage", "deep", "huge number",
+                                  "suffix a path", "suffix negative"])
 def test_a_swap_plan_the_project_did_not_write_is_refused(tmp_path, plan):
     root = tmp_path / "data"
     dataset(root)
@@ -85,6 +85,10 @@ def test_a_swap_plan_the_project_did_not_write_is_refused(tmp_path, plan):
         (stage / "manifest.json").write_text(json.dumps({"splits": {"train": []}}))
     elif plan == "garbage":
         (stage / "swap.json").write_text("{not json")
+    elif plan == "deep":  # json.loads would recurse past the interpreter's stack
+        (stage / "swap.json").write_text("[" * 200_000 + "]" * 200_000)
+    elif plan == "huge number":
+        (stage / "swap.json").write_text(json.dumps(record)[:-1] + ', "n": 1e999}')
     refused_unchanged(root, r"is not a swap plan `stack data make` wrote .*nothing was changed", tmp_path)
 
 

@@ -145,6 +145,28 @@ def test_unreadable_calibration_files_are_refused(tmp_path, content):
         Calibration.load(path)
 
 
+@pytest.mark.parametrize("content, needle", [
+    ("[" * 200_000 + "]" * 200_000, "nested more than 64 levels deep"),
+    ('{"format": "stack-calibration/1", "image_width": 1e999}', "the number 1e999"),
+    ('{"format": "stack-calibration/1", "image_width": Infinity}', "the number Infinity"),
+    ("[1, 2]", "found a JSON array"),
+    (None, "holds 2,097,152 bytes"),
+])
+def test_a_hostile_json_calibration_is_refused_before_it_is_used(tmp_path, content, needle):
+    """A .json calibration goes through the bounded reader: too deep, too large a number, too large a file are
+    one StackError naming the file and how to write a good one."""
+    path = tmp_path / "vehicle.json"
+    if content is None:
+        with path.open("wb") as handle:
+            handle.truncate(2 * 1024 * 1024)
+    else:
+        path.write_text(content)
+    with pytest.raises(StackError) as caught:
+        Calibration.load(path)
+    message = str(caught.value)
+    assert needle in message and "stack data calibration" in message and "\n" not in message, message
+
+
 def test_an_alias_bomb_calibration_is_refused_before_it_expands(tmp_path):
     """Nine anchors of nine aliases each are 387 million numbers once expanded: refused unread, in well under
     a second, instead of filling memory in np.array."""
@@ -188,7 +210,7 @@ def test_deploy_refuses_an_infinite_image_width_in_one_line(micro, tmp_path, cap
     code = main(["deploy", "--target", "cpu", str(checkpoint), "--calibration", str(path),
                  f"export.out_dir={tmp_path / 'bundles'}"])
     err = capsys.readouterr().err
-    assert code == 2 and len(err.strip().splitlines()) == 1 and "image_width is inf" in err, err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "found the number Infinity" in err, err
     assert not (tmp_path / "bundles").exists()
 
 

@@ -111,6 +111,41 @@ def test_the_reference_workload_costs_what_the_network_it_froze_costs(tiny_onnx,
         thaw(path)
 
 
+def test_a_hostile_frozen_graph_is_refused_before_it_fills_memory(tiny_onnx, tmp_path):
+    """target.reference_graph names a file in the user's folder: a gzip bomb, a statistics entry that would
+    draw 2^40 values, or a malformed entry is one StackError, decompression and drawing bounded."""
+    import gzip
+
+    import onnx
+
+    from stack.deploy import reference_graph
+    from stack.deploy.reference_graph import FLOAT_STATS_KEY, freeze, thaw
+    from stack.errors import StackError
+
+    bomb = tmp_path / "bomb.onnx.gz"
+    with gzip.open(bomb, "wb", compresslevel=1) as handle:
+        for _ in range(3):
+            handle.write(bytes(1024 ** 2))
+    original_limit = reference_graph.MAX_GRAPH_BYTES
+    reference_graph.MAX_GRAPH_BYTES = 2 * 1024 ** 2  # the limit scaled down: the real one is 2 GiB
+    try:
+        with pytest.raises(StackError, match="decompresses to more than 2 MiB"):
+            thaw(bomb)
+    finally:
+        reference_graph.MAX_GRAPH_BYTES = original_limit
+    frozen = freeze(tiny_onnx[0], tmp_path / "reference.onnx")
+    for stats, needle in ((json.dumps([["w", "float32", [2 ** 20, 2 ** 20], 0.0, 1.0]]), "more than 2,147,483,648"),
+                          (json.dumps([["w", "object", [2], 0.0, 1.0]]), "expected [name, float dtype"),
+                          ("[" * 1000 + "]" * 1000, "nested more than 64 levels deep")):
+        model = onnx.load(str(frozen))
+        next(e for e in model.metadata_props if e.key == FLOAT_STATS_KEY).value = stats
+        path = tmp_path / "edited.onnx"
+        path.write_bytes(model.SerializeToString())
+        with pytest.raises(StackError) as caught:
+            thaw(path)
+        assert needle in str(caught.value) and "stack bench fps-bar" in str(caught.value), caught.value
+
+
 def test_a_normalised_target_without_its_reference_graph_is_refused():
     """reference_workload_ms > 0 needs the frozen graph it was measured with: a missing file is a config error
     naming the key, not a traceback in the middle of a deploy."""

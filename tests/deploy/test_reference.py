@@ -51,6 +51,27 @@ def _copy(tmp_path) -> Path:
     return folder
 
 
+@pytest.mark.parametrize("header, arrays, needle", [
+    ("[" * 200_000 + "]" * 200_000, None, "nested more than 64 levels deep"),
+    ('{"frames": 1000000000000}', None, "its header names 1000000000000 frames"),
+    ('{"frames": "3"}', None, "its header names '3' frames"),
+    ('{"frames": 1}', {"frame7.input.ego": np.zeros(3, np.float32)}, "array frame7.input.ego is not frame{0..0}"),
+    ('{"frames": 1}', {"frame0.sideways.ego": np.zeros(3, np.float32)}, "array frame0.sideways.ego is not"),
+])
+def test_a_hostile_replay_file_is_refused_in_one_line(tmp_path, header, arrays, needle):
+    """The replay's header is JSON and its keys name frames: a deep header, a frame count that would allocate
+    a trillion dicts, keys outside the frames are one StackError, not a RecursionError, MemoryError or IndexError."""
+    from safetensors.numpy import save_file
+
+    from stack.errors import StackError
+
+    path = tmp_path / reference.REPLAY_FILE
+    save_file(arrays or {"frame0.input.ego": np.zeros(3, np.float32)}, str(path), metadata={"stack": header})
+    with pytest.raises(StackError) as caught:
+        reference.read_replay(path)
+    assert needle in str(caught.value) and "\n" not in str(caught.value), caught.value
+
+
 def test_a_changed_weight_fails_the_replay(tmp_path):
     from stack.checkpoint.model_file import load_model_checkpoint, save_safetensors_checkpoint
     from stack.config import pipeline_hash, pipeline_to_yaml

@@ -143,3 +143,16 @@ def test_crafted_but_loadable_checkpoints_are_bad_input(tmp_path, tiny, payload,
     code, err = run_cli("eval", str(path))
     assert code == 2 and needle in err and "Traceback" not in err, err
     assert not (tmp_path / "eval").exists()
+
+
+@pytest.mark.parametrize("header", ["[" * 200_000 + "]" * 200_000, '{"schema_version": 1e999}', "[1, 2]"])
+def test_a_safetensors_network_with_a_hostile_header_is_refused_with_exit_2(tmp_path, header):
+    """The pipeline of a .safetensors network is JSON in its metadata: read bounded, so a deep or out-of-range
+    header is the same one-line refusal as a missing one, not a RecursionError."""
+    from safetensors.torch import save_file
+
+    path = tmp_path / "network.safetensors"
+    save_file({"w": torch.zeros(2)}, str(path), metadata={"stack": header})
+    code, err = run_cli("eval", str(path))
+    assert code == 2 and "no stack pipeline" in err and len(err.strip().splitlines()) == 1, err
+    assert "Traceback" not in err and not (tmp_path / "eval").exists()

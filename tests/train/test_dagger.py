@@ -256,6 +256,30 @@ def test_a_source_checkpoint_inside_the_folder_overwrite_would_empty_is_refused(
     assert all(p.read_text() == t for p, t in mine.items())
 
 
+def test_a_second_dagger_into_a_folder_being_written_is_refused_before_it_deletes(prepared, tmp_path, monkeypatch,
+                                                                                 capsys):
+    """Two `stack dagger` runs into one out_dir would clear and mix each other's iterations: while one holds the
+    folder's writer lock, another (even with dagger.overwrite=true) exits 2 with nothing deleted or driven."""
+    import fcntl
+    import os
+
+    tmp, pipeline, weights = prepared
+    never_drive(monkeypatch)
+    out = tmp_path / "dagger"
+    mine = earlier_run(out)
+    handle = os.open(out, os.O_RDONLY)  # what the running `stack dagger` holds (stack.locks)
+    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    try:
+        assert main(["dagger", str(weights), *FILES, *MICRO, f"data.root={pipeline.data.root}",
+                     f"dagger.out_dir={out}", "dagger.overwrite=true"]) == 2
+    finally:
+        os.close(handle)
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "another `stack dagger` is writing" in err, err
+    assert dagger_outputs(out) == ["dagger.json", "dagger.png", "iteration-1", "iteration-2", "model.pt"]
+    assert all(p.read_text() == t for p, t in mine.items())
+
+
 @pytest.mark.parametrize("case", ["under-a-file", "no-dataset", "clips-dataset", "no-train-split", "aggregate-missing",
                                   "garbage-checkpoint", "other-rig"])
 def test_every_input_is_checked_before_the_first_episode(prepared, tmp_path, monkeypatch, capsys, case):

@@ -49,11 +49,12 @@ totals: 2400
 """
 
 
-def profile(kernel: int = 2_000_000, free: int = 500_000, python: int = 7_500_000, misses: int = 50_000) -> Profile:
+def profile(kernel: int = 2_000_000, free: int = 500_000, python: int = 7_500_000, misses: int = 50_000,
+            ll_misses: int = 0) -> Profile:
     """One stage of 10 M instructions: a project kernel, libc's free and the interpreter."""
-    def costs(ir, d1):
-        return [ir, d1, 0, 0, 0]
-    return Profile(dict(LEVEL), {"bev_pool.forward": {KERNEL: costs(kernel, misses), FREE: costs(free, 0),
+    def costs(ir, d1, ll=0):
+        return [ir, d1, 0, ll, 0]
+    return Profile(dict(LEVEL), {"bev_pool.forward": {KERNEL: costs(kernel, misses, ll_misses), FREE: costs(free, 0),
                                                       PYTHON: costs(python, 0)}})
 
 
@@ -116,6 +117,15 @@ def test_misses_have_their_own_limit_and_small_counts_are_not_judged():
     assert len(found) == 1 and found[0].startswith("bev_pool.forward: D1 misses 50,000 -> 61,000 (+22.0%, limit +20%)")
     few = baseline_of(profile(misses=5_000))
     assert bl.judge(profile(misses=9_000), few, VERSIONS).regressions == []
+
+
+def test_last_level_misses_fail_only_past_what_another_working_folder_moves_them():
+    """LL misses moved +21.8% between two clones of one commit on one machine (where allocations land): that
+    passes; a layout that stops fitting the cache (+60%) fails."""
+    base = baseline_of(profile(ll_misses=40_000))
+    assert bl.judge(profile(ll_misses=48_800), base, VERSIONS).regressions == []  # +22%
+    found = bl.judge(profile(ll_misses=64_000), base, VERSIONS).regressions  # +60%
+    assert len(found) == 1 and found[0].startswith("bev_pool.forward: LL misses 40,000 -> 64,000 (+60.0%, limit +50%)")
 
 
 def test_a_software_difference_is_named_and_still_judged():
