@@ -49,12 +49,20 @@ def boxes_from_regression(regression: torch.Tensor, cell_x: torch.Tensor, cell_y
                           pipeline: Pipeline) -> torch.Tensor:
     """Box fields (n, 9) from regression vectors (n, 10) found at cells (cell_x, cell_y)."""
     bev = pipeline.model.bev
-    x = bev.x_range[0] + (cell_x + regression[:, 0]) * bev.cell_size
-    y = bev.y_range[0] + (cell_y + regression[:, 1]) * bev.cell_size
-    size = regression[:, 3:6].clamp(max=10.0).exp()
-    yaw = torch.atan2(regression[:, 6], regression[:, 7])
-    return torch.stack([x, y, regression[:, 2], size[:, 0], size[:, 1], size[:, 2], yaw,
-                        regression[:, 8], regression[:, 9]], dim=-1)
+    return regression_boxes(regression, cell_x, cell_y, bev.x_range[0], bev.y_range[0], bev.cell_size)
+
+
+def regression_boxes(regression: torch.Tensor, cell_x: torch.Tensor, cell_y: torch.Tensor, x_min: float,
+                     y_min: float, cell_size: float) -> torch.Tensor:
+    """Box fields (..., 9) from regression vectors (..., 10) at cells (...) of a BEV grid starting at (x_min,
+    y_min): CenterPoint's offsets, height, log size, (sin, cos) yaw and velocity. Plain tensor ops, so the
+    exported planner decodes its object tokens in the graph (`stack.models.object_planner`)."""
+    x = x_min + (cell_x + regression[..., 0]) * cell_size
+    y = y_min + (cell_y + regression[..., 1]) * cell_size
+    size = regression[..., 3:6].clamp(max=10.0).exp()
+    yaw = torch.atan2(regression[..., 6], regression[..., 7])
+    return torch.stack([x, y, regression[..., 2], size[..., 0], size[..., 1], size[..., 2], yaw,
+                        regression[..., 8], regression[..., 9]], dim=-1)
 
 
 def bev_footprint_xyxy(boxes: torch.Tensor) -> torch.Tensor:

@@ -43,6 +43,7 @@ from torch import nn
 
 from stack.kinematics import WAYPOINT_STEP_S, along_path, speed_profile_arcs
 from stack.models.bev_heads import PlanningTrunk, rotate_trajectories
+from stack.models.object_planner import ObjectPlanner
 
 SAMPLES_PER_STEP = 2
 """Points per waypoint interval at which each candidate reads the BEV (every 0.25 s: at 11 m/s, 2.75 m apart,
@@ -70,12 +71,13 @@ class PathSpeedPlanningHead(PlanningTrunk):
     speed and acceleration, and the ego query. Shared weights see K examples per frame, and "does this
     candidate run into something" becomes a question about K short rows of cells."""
 
-    keep_fp32 = ("path", "drivable", "sample_projection", "scorer")
+    keep_fp32 = ("path", "drivable", "sample_projection", "scorer", "objects")
     """Children that run in fp32 under mixed precision (as `PlanningHead.keep_fp32`)."""
 
     def __init__(self, bev_channels: int, heatmap_channels: int, grid: tuple[int, int], bev_ranges: tuple,
                  accelerations: list[float], steps: int, commands: int, path_points: int, path_spacing_m: float,
-                 layers: int = 2, width: int = 0, collision_weight: float = 1.0, sample_velocity: bool = False):
+                 layers: int = 2, width: int = 0, collision_weight: float = 1.0, sample_velocity: bool = False,
+                 objects: int = 0, cell_size: float = 1.0):
         super().__init__(bev_channels, grid, modes=1, commands=commands, layers=layers, width=width)
         self.steps, self.spacing = steps, path_spacing_m
         self.collision_weight = collision_weight
@@ -94,12 +96,14 @@ class PathSpeedPlanningHead(PlanningTrunk):
                                     nn.ReLU(inplace=True), nn.Linear(SCORER_HIDDEN, 2 + steps))
         nn.init.zeros_(self.scorer[-1].weight[2:])  # the refinement starts at zero: each candidate is its anchor
         nn.init.zeros_(self.scorer[-1].bias[2:])
+        self.objects = ObjectPlanner(heatmap_channels, objects, steps, bev_ranges, cell_size) if objects else None
 
     def forward(self, bev: torch.Tensor, heatmap: torch.Tensor, ego_status: torch.Tensor, command: torch.Tensor,
                 bev_rotation: torch.Tensor | None = None,
                 box_regression: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-        """`box_regression` (B, 10, X, Y): the detection head's, read for its velocity when `sample_velocity`."""
-        if self.sample_velocity and box_regression is None:
+        """`box_regression` (B, 10, X, Y): the detection head's, read for its velocity when `sample_velocity` and for
+        the object tokens' boxes when `objects`."""
+        if (self.sample_velocity or self.objects is not None) and box_regression is None:
             raise ValueError("this planner samples the detection head's velocity (model.planning_velocity): pass "
                              "box_regression")
         query = self.queries(bev, ego_status, command, bev_rotation)[:, 0]  # (B, C)
@@ -125,12 +129,21 @@ class PathSpeedPlanningHead(PlanningTrunk):
                                (ego_status[:, 1].float() / 5.0)[:, None].expand(-1, k)], dim=-1)
             logits = self.scorer(torch.cat([sampled, own, query[:, None].expand(-1, k, -1)], dim=-1))
             imitation, collision = logits[..., 0], logits[..., 1]
+            if self.objects is not None:
+                corrections = self.objects(heatmap, box_regression, *self._waypoints(path.detach(), anchors), own)
+                imitation, collision = imitation + corrections[..., 0], collision + corrections[..., 1]
             refinement = MAX_REFINEMENT_M * torch.tanh(logits[..., 2:])  # (B, K, T) metres along the path
             candidates = along_path(path, self.spacing, (anchors + refinement).clamp(min=0.0))  # (B, K, T, 2)
             scores = imitation.log_softmax(dim=1) + self.collision_weight * F.logsigmoid(-collision)
         return {"plan_trajectories": candidates, "plan_scores": scores, "plan_path": path,
                 "plan_speed_logits": imitation, "plan_collision_logits": collision,
                 "plan_arc_refinement": refinement, "plan_drivable_logits": drivable[:, 0]}
+
+    def _waypoints(self, path: torch.Tensor, anchors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, K, T, 2) each anchor's waypoints on the path and (B, K, T, 2) the path's unit direction there."""
+        points = along_path(path, self.spacing, anchors)
+        tangent = along_path(path, self.spacing, anchors + PATH_TANGENT_M) - points
+        return points, tangent / tangent.norm(dim=-1, keepdim=True).clamp(min=1e-6)
 
     def _path(self, query: torch.Tensor, bev_rotation: torch.Tensor | None) -> torch.Tensor:
         """(B, P, 2): points every `spacing` metres, from heading increments (body frame, then turned by θ)."""

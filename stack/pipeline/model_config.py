@@ -123,6 +123,7 @@ MODEL_BOUNDS = (
     ("planning_steps", 100, "waypoints (50 s at 0.5 s steps; planners look 3-8 s ahead); e.g. 6"),
     ("planning_layers", 64, "attention layers; e.g. 2"),
     ("planning_accelerations", 256, "accelerations (the path-speed planner scores each one); e.g. 15"),
+    ("planning_objects", 512, "object tokens (a junction holds tens of road users); e.g. 32"),
     ("path_points", 1024, "path points; e.g. 16"),
     ("detection_classes", 256, "classes; e.g. the 4 of the rendered world"),
     ("segmentation_classes", 255, "classes (semantic ids are stored as uint8, 255 marks no label)"),
@@ -174,6 +175,10 @@ class ModelConfig:
     """The path-speed planner's scorer also reads the detection head's velocity of whatever lies on each candidate's
     path, resolved along and across it (`stack.models.path_speed_head`). Needs temporal_frames >= 1: one frame holds
     no motion, so its velocity regression is a guess."""
+    planning_objects: int = 0
+    """Detections the path-speed planner attends as object tokens (`stack.models.object_planner`): the top peaks of
+    the detection heatmap, decoded in the graph, each read by every speed candidate through where it will stand
+    along and across the candidate's path; 0: none (the scorer reads the sampled BEV only)."""
     temporal_frames: int = 0
     """Previous key frames fused into the BEV (BEVDet4D, Huang & Huang 2022): 0, one frame (today's network), or
     k = 1 ... 4: the k key frames 0.5, 1.0 ... s earlier are lifted by the same network (no gradient, as BEVDet4D
@@ -242,6 +247,10 @@ class ModelConfig:
             found.append(("planning_velocity", "got true; the path-speed planner reads velocities that a temporal "
                                                "network regresses: set planning_accelerations and temporal_frames: 1, "
                                                "or planning_velocity: false"))
+        if self.planning_objects < 0 or (self.planning_objects and not self.planning_accelerations):
+            found.append(("planning_objects", f"got {self.planning_objects}; object tokens feed the path-speed "
+                                              f"planner's candidates: set planning_accelerations, or planning_objects: "
+                                              f"0"))
         if self.planning_width < 0 or self.planning_width % 4:
             found.append(("planning_width", f"got {self.planning_width}; use 0 (bev_channels) or a positive multiple "
                                             f"of 4 (the planner's attention heads)"))
