@@ -57,7 +57,7 @@ def read_meta(data, where: str, expected: str) -> dict:
     from stack.user_json import parse_json
 
     try:
-        return parse_json(data, where, f"a JSON object {expected}", f"Re-create the shard with `stack data make`.",
+        return parse_json(data, where, expected, "Re-create the shard with `stack data make`.",
                           max_bytes=MAX_META_BYTES)
     except StackError as exc:
         raise BadSample(str(exc)) from None

@@ -115,16 +115,22 @@ def set_metadata(model: onnx.ModelProto, metadata: dict) -> None:
 
 
 def read_metadata(path: str | Path) -> dict:
-    """The `metadata_props` of an ONNX file, JSON values decoded (by the bounded reader: the file may be a
-    user's); a value that is not such JSON stays text."""
+    """The `metadata_props` of an ONNX file, JSON values decoded by the bounded reader (the file may be a user's):
+    an object or array it refuses (too deep, a number out of range) is a StackError naming the key; any other
+    value that is not JSON stays text."""
     from stack.errors import StackError
+    from stack.safe_values import escaped
     from stack.user_json import parse_json
 
     decoded = {}
     for entry in onnx.load(str(path), load_external_data=False).metadata_props:
+        structured = entry.value.lstrip()[:1] in ("{", "[")
         try:
-            decoded[entry.key] = parse_json(entry.value, str(path), "", "", expect=object, infinity=True)
+            decoded[entry.key] = parse_json(entry.value, f"{escaped(str(path))} metadata {escaped(repr(entry.key))}", "a JSON value",
+                                            "Export the network again (`stack export`).", expect=object, infinity=True)
         except StackError:
+            if structured:
+                raise
             decoded[entry.key] = entry.value
     return decoded
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -197,8 +198,12 @@ def read_replay(path: Path) -> tuple[list[dict], list[dict], dict]:
     again = "Pin the reference network again (`make pin-reference`)."
     try:
         with safe_open(str(path), framework="np") as handle:
-            header = parse_json((handle.metadata() or {}).get("stack", ""), escaped(str(path)),
-                                "a replay file `stack reference pin` wrote", again)
+            metadata = handle.metadata() or {}
+            if "stack" not in metadata:
+                raise StackError(f"{escaped(str(path))}: a safetensors file without the `stack` header a replay "
+                                 f"file carries. {again}")
+            header = parse_json(metadata["stack"], escaped(str(path)), "a replay file `stack reference pin` wrote",
+                                again)
             names = list(handle.keys())
             count = header.get("frames")
             if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= len(names):
@@ -221,7 +226,8 @@ def _replay_key(key: str, frames: int, path: Path, again: str) -> tuple[int, str
     """(frame index, "input"/"output", name) of a replay array's key `frame{i}.{kind}.{name}`."""
     parts = key.split(".", 2)
     index = parts[0].removeprefix("frame")
-    if len(parts) != 3 or parts[1] not in ("input", "output") or not index.isdigit() or int(index) >= frames:
+    if len(parts) != 3 or parts[1] not in ("input", "output") or not re.fullmatch(r"[0-9]{1,9}", index) \
+            or int(index) >= frames:
         raise StackError(f"{escaped(str(path))}: array {escaped(key[:80])} is not frame{{0..{frames - 1}}}.input.NAME "
                          f"or .output.NAME. {again}")
     return int(index), parts[1], parts[2]

@@ -20,6 +20,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -57,6 +58,7 @@ def thaw(path: str | Path) -> bytes:
     """The serialized ONNX model of a frozen graph with its float tensors drawn again (normal, the stored mean
     and standard deviation, seed FREEZE_SEED): what an ONNX Runtime session loads."""
     import onnx
+    from google.protobuf.message import DecodeError
     from onnx import numpy_helper
 
     from stack.errors import StackError
@@ -64,7 +66,10 @@ def thaw(path: str | Path) -> bytes:
     from stack.user_json import parse_json
 
     again = "Write one with `stack bench fps-bar`, which freezes the pipeline's network."
-    model = onnx.load_from_string(_graph_bytes(Path(path), again))
+    try:
+        model = onnx.load_from_string(_graph_bytes(Path(path), again))
+    except DecodeError as exc:
+        raise StackError(f"{escaped(str(path))}: not an ONNX graph ({exc}). {again}") from None
     entries = {entry.key: entry.value for entry in model.metadata_props}
     if FLOAT_STATS_KEY not in entries:
         raise StackError(f"{path} is not a frozen reference graph (no {FLOAT_STATS_KEY} metadata): {again}")
@@ -85,8 +90,9 @@ def thaw(path: str | Path) -> bytes:
 
 MAX_GRAPH_BYTES = 2 * 1024 ** 3
 """Largest frozen graph read, gzipped or decompressed: ONNX's protobuf limit; the tiny network's is 0.89 MB."""
-MAX_THAWED_ELEMENTS = 2 ** 31
-"""Most float values a thawed graph may hold (8 GiB in fp32): a frozen file's statistics say how many are drawn."""
+MAX_THAWED_ELEMENTS = 2 ** 28
+"""Most float values a thawed graph may hold (1 GiB in fp32, drawn in float64: 2 GiB at the peak; the tiny network
+has 2 M): a frozen file's statistics say how many are drawn."""
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
 
@@ -106,7 +112,7 @@ def _graph_bytes(path: Path, again: str) -> bytes:
     try:
         with gzip.open(path, "rb") as handle:
             data = handle.read(MAX_GRAPH_BYTES + 1)
-    except (OSError, EOFError) as exc:
+    except (OSError, EOFError, zlib.error) as exc:
         raise StackError(f"{escaped(str(path))}: a gzip file that cannot be decompressed ({exc}). {again}") from None
     if len(data) > MAX_GRAPH_BYTES:
         raise StackError(f"{escaped(str(path))}: decompresses to more than {MAX_GRAPH_BYTES // 1024 ** 2:,} MiB; a "
@@ -122,7 +128,7 @@ def _float_stat(entry, path, again: str) -> tuple:
     ok = (isinstance(entry, list) and len(entry) == 5 and isinstance(entry[0], str) and entry[1] in FLOAT_DTYPES
           and isinstance(entry[2], list) and len(entry[2]) <= 8
           and all(isinstance(n, int) and not isinstance(n, bool) and 0 <= n <= MAX_THAWED_ELEMENTS for n in entry[2])
-          and all(isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v) for v in entry[3:])
+          and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v)) for v in entry[3:])
           and entry[4] >= 0)
     if not ok:
         raise StackError(f"{escaped(str(path))}: a float-statistics entry is {escaped(str(entry)[:120])}; expected "

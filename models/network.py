@@ -91,7 +91,7 @@ class BevNet(nn.Module):
                 model.bev_channels, len(model.detection_classes), self.grid, (tuple(bev.x_range), tuple(bev.y_range)),
                 list(model.planning_accelerations), model.planning_steps, len(COMMANDS), model.path_points,
                 model.path_spacing_m, model.planning_layers, model.planning_width, model.planning_collision_weight,
-                model.planning_velocity, model.planning_objects, bev.cell_size)
+                model.planning_velocity, model.planning_objects, bev.cell_size, model.score_threshold)
         else:
             self.planning_head = PlanningHead(model.bev_channels, self.grid, model.planning_modes,
                                               model.planning_steps, len(COMMANDS), model.planning_layers,

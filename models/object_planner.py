@@ -11,7 +11,7 @@ with a validity mask), so the exported ONNX computes the plan end to end and the
 Each candidate reads the objects through its own geometry: for every waypoint, where each object (moved at its
 detected velocity) stands relative to the candidate's waypoint, along and across the path there. A per-pair MLP
 scores "this candidate runs into this object", and the candidate's collision term takes their soft maximum
-(logsumexp: the most dangerous object decides, as the guard's any-detection rule does, but learned and graded by
+beside a zero for "nothing there" (logsumexp: the most dangerous object decides, as the guard's any-detection rule does, but learned and graded by
 score); the candidate also attends the pairs (`scaled_dot_product_attention`, a learned null token so that an empty
 road is attended too) for a correction of its imitation term. Both start at zero (a zero gain, a zero last layer),
 so a network with this branch starts as the planner without it. The detections enter without a gradient: the
@@ -27,8 +27,6 @@ from torch import nn
 from stack.kinematics import WAYPOINT_STEP_S
 from stack.models.decoders import regression_boxes
 
-OBJECT_MIN_SCORE = 0.02
-"""Peaks scoring below this are masked out (the tiny preset's detection score threshold: mAP's low tail)."""
 POSITION_SCALE_M = 32.0
 """Positions and ranges enter divided by this (the tiny BEV's half extent)."""
 VELOCITY_SCALE_MPS = 10.0
@@ -52,13 +50,14 @@ class ObjectPlanner(nn.Module):
     logits. `steps`: waypoints per candidate; `own` features per candidate (acceleration, ego speed and
     acceleration, as the scorer reads them)."""
 
-    def __init__(self, classes: int, tokens: int, steps: int, bev_ranges: tuple, cell_size: float, width: int = 64,
-                 own_features: int = 3):
+    def __init__(self, classes: int, tokens: int, steps: int, bev_ranges: tuple, cell_size: float,
+                 min_score: float, width: int = 64, own_features: int = 3):
         super().__init__()
         self.tokens, self.steps, self.classes = tokens, steps, classes
-        (self.x_min, _), (self.y_min, self.y_max) = bev_ranges
+        (self.x_min, _), (self.y_min, _) = bev_ranges
         self.cell_size = cell_size
-        self.grid_y = round((self.y_max - self.y_min) / cell_size)
+        self.min_score = min_score
+        """Peaks scoring below this are masked out: the host decoder's `model.score_threshold`."""
         self.token = nn.Sequential(nn.Linear(classes + 12, width), nn.ReLU(inplace=True), nn.Linear(width, width))
         self.pair = nn.Sequential(nn.Linear(2 * steps + 2, width), nn.ReLU(inplace=True), nn.Linear(width, width))
         self.pair_collision = nn.Sequential(nn.ReLU(), nn.Linear(width, 1))
@@ -82,22 +81,23 @@ class ObjectPlanner(nn.Module):
               directions: torch.Tensor, own: torch.Tensor) -> torch.Tensor:
         """`forward` from detections (B, N, 9) boxes, (B, N) scores, (B, N) labels: decoded in the graph, or
         object-level states that need no rendering (true objects with a detector's errors)."""
-        valid = scores >= OBJECT_MIN_SCORE  # (B, N)
+        valid = scores >= self.min_score  # (B, N)
         tokens = self.token(self._token_features(boxes, scores, labels))  # (B, N, W)
         pairs = self.pair(self._pair_features(boxes, points, directions))  # (B, K, N, W)
         keys = tokens[:, None] + pairs
-        collision = self.pair_collision(keys)[..., 0].masked_fill(~valid[:, None], -30.0)  # (B, K, N)
-        soft_any = self.collision_gain * torch.logsumexp(collision, dim=-1)  # the most dangerous object decides
+        collision = self.pair_collision(keys)[..., 0].masked_fill(~valid[:, None], float("-inf"))  # (B, K, N)
+        nothing = torch.zeros_like(collision[..., :1])  # an empty road corrects nothing, whatever N
+        soft_any = self.collision_gain * torch.logsumexp(torch.cat([nothing, collision], dim=-1), dim=-1)
         imitation = self._attend(self.query(own), keys, valid)
         return torch.stack([imitation, soft_any], dim=-1)
 
     def detections(self, heatmap: torch.Tensor, box_regression: torch.Tensor):
         """(B, N, 9) boxes, (B, N) scores, (B, N) labels of the top `tokens` peaks."""
         scores, labels, cells = top_peaks(heatmap, self.tokens)
-        channels = box_regression.shape[1]
+        channels, grid_y = box_regression.shape[1], heatmap.shape[-1]
         regression = box_regression.float().flatten(2).gather(2, cells[:, None].expand(-1, channels, -1))
-        boxes = regression_boxes(regression.transpose(1, 2), torch.div(cells, self.grid_y, rounding_mode="floor"),
-                                 cells % self.grid_y, self.x_min, self.y_min, self.cell_size)
+        boxes = regression_boxes(regression.transpose(1, 2), torch.div(cells, grid_y, rounding_mode="floor"),
+                                 cells % grid_y, self.x_min, self.y_min, self.cell_size)
         return boxes, scores, labels
 
     def _token_features(self, boxes: torch.Tensor, scores: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -77,7 +77,7 @@ class PathSpeedPlanningHead(PlanningTrunk):
     def __init__(self, bev_channels: int, heatmap_channels: int, grid: tuple[int, int], bev_ranges: tuple,
                  accelerations: list[float], steps: int, commands: int, path_points: int, path_spacing_m: float,
                  layers: int = 2, width: int = 0, collision_weight: float = 1.0, sample_velocity: bool = False,
-                 objects: int = 0, cell_size: float = 1.0):
+                 objects: int = 0, cell_size: float = 1.0, object_min_score: float = 0.1):
         super().__init__(bev_channels, grid, modes=1, commands=commands, layers=layers, width=width)
         self.steps, self.spacing = steps, path_spacing_m
         self.collision_weight = collision_weight
@@ -96,7 +96,8 @@ class PathSpeedPlanningHead(PlanningTrunk):
                                     nn.ReLU(inplace=True), nn.Linear(SCORER_HIDDEN, 2 + steps))
         nn.init.zeros_(self.scorer[-1].weight[2:])  # the refinement starts at zero: each candidate is its anchor
         nn.init.zeros_(self.scorer[-1].bias[2:])
-        self.objects = ObjectPlanner(heatmap_channels, objects, steps, bev_ranges, cell_size) if objects else None
+        self.objects = ObjectPlanner(heatmap_channels, objects, steps, bev_ranges, cell_size, object_min_score) \
+            if objects else None
 
     def forward(self, bev: torch.Tensor, heatmap: torch.Tensor, ego_status: torch.Tensor, command: torch.Tensor,
                 bev_rotation: torch.Tensor | None = None,
@@ -104,8 +105,8 @@ class PathSpeedPlanningHead(PlanningTrunk):
         """`box_regression` (B, 10, X, Y): the detection head's, read for its velocity when `sample_velocity` and for
         the object tokens' boxes when `objects`."""
         if (self.sample_velocity or self.objects is not None) and box_regression is None:
-            raise ValueError("this planner samples the detection head's velocity (model.planning_velocity): pass "
-                             "box_regression")
+            raise ValueError("this planner reads the detection head's box regression (model.planning_velocity or "
+                             "model.planning_objects): pass box_regression")
         query = self.queries(bev, ego_status, command, bev_rotation)[:, 0]  # (B, C)
         device_type = "cpu" if query.device.type == "meta" else query.device.type
         with torch.autocast(device_type=device_type, enabled=False):  # metres: fp32 (see PlanningHead)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import math
 import re
-from itertools import accumulate
 from pathlib import Path
 
 from stack.errors import StackError
@@ -51,22 +50,22 @@ def read_json(path: str | Path, what: str, fix: str, expect: type = dict, max_by
     except OSError as exc:
         raise StackError(f"{escaped(str(path))}: expected {what}; it cannot be read ({exc.strerror or exc}). "
                          f"{fix}") from None
-    return parse_json(text, f"{escaped(str(path))}", what, fix, expect, infinity)
+    return parse_json(text, f"{escaped(str(path))}", what, fix, expect, infinity, max_bytes)
 
 
 def parse_json(text: str | bytes, source: str, what: str, fix: str, expect: type = dict, infinity: bool = False,
                max_bytes: int = MAX_BYTES):
     """`text` (or UTF-8 bytes: a shard member, a file's metadata entry) parsed under the limits above; `source`
     names where it came from in the error."""
+    if not isinstance(text, (str, bytes, bytearray, memoryview)):
+        raise StackError(f"{source}: expected {what} (JSON text); found {type(text).__name__}. {fix}")
     if len(text) > max_bytes:
         raise StackError(f"{source}: expected {what} of at most {max_bytes:,} bytes; found {len(text):,}. {fix}")
-    if isinstance(text, (bytes, bytearray, memoryview)):
+    if not isinstance(text, str):
         try:
             text = bytes(text).decode("utf-8")
         except UnicodeDecodeError:
             raise StackError(f"{source}: expected {what} (JSON text); found binary data. {fix}") from None
-    if not isinstance(text, str):
-        raise StackError(f"{source}: expected {what} (JSON text); found {type(text).__name__}. {fix}")
     depth = nesting_depth(text)
     if depth > MAX_DEPTH:
         raise StackError(f"{source}: expected {what}; found JSON nested more than {MAX_DEPTH} levels deep (at most "
@@ -86,7 +85,9 @@ def parse_json(text: str | bytes, source: str, what: str, fix: str, expect: type
     return value
 
 
-_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*(?:"|\\?\Z)', re.DOTALL)
+"""A JSON string, or an unclosed one to the end of the text (which json refuses anyway): matching those too keeps
+the scan linear (a pattern that must close would retry from every later quote)."""
 _NOT_BRACKET = re.compile(r"[^\[\]{}]+")
 _INNERMOST = re.compile(r"\[\]|\{\}")
 

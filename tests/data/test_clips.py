@@ -153,7 +153,7 @@ def _meta(change):
 @pytest.mark.parametrize("member, change, needle", [
     ("depth.npy", _shorter, r"depth.npy holds 2 frames, expected 3 \(meta.json's frames\)"),
     ("future.npy", _shorter, r"future.npy holds 2 frames, expected 3"),
-    ("meta.json", lambda _: b"{\"frames\": 3,", r"meta.json: expected a JSON object .*found invalid JSON"),
+    ("meta.json", lambda _: b"{\"frames\": 3,", r"meta.json: expected \{\"schema\".*found invalid JSON"),
     ("meta.json", _meta(lambda m: {k: v for k, v in m.items() if k != "frames"}), r"meta.json has no 'frames'"),
     ("meta.json", _meta(lambda m: {**m, "frames": "3"}), r"meta.json 'frames' is '3', expected 3"),
     ("meta.json", _meta(lambda m: {**m, "frames": 30}), r"meta.json 'frames' is 30, expected 3 \(the manifest's "
@@ -200,7 +200,7 @@ def test_inspect_names_a_clip_whose_meta_is_not_json(clips, tmp_path, small_pipe
     shard = _first_train_shard(root, manifest)
     _rewrite(shard, lambda name, data: b"\xff not json" if name.endswith("meta.json") else data)
     code, _, err = run_cli("data", "inspect", str(shard), "--out", str(tmp_path / "x.png"))
-    assert code == 2 and len(err.strip().splitlines()) == 1 and "meta.json: expected a JSON object" in err, err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "meta.json: expected {\"schema\"" in err, err
     # cameras of two sizes (inspect has no manifest to hold them to): the second camera is named
     pipeline, manifest, root = _copy(clips, tmp_path / "sizes", "data.layout=clips", small_pipeline=small_pipeline)
     shard = _first_train_shard(root, manifest)

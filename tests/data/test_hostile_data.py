@@ -311,7 +311,7 @@ def test_a_hostile_meta_json_is_a_bad_sample_naming_shard_and_key(dataset, tmp_p
     pipeline, manifest, root = _copy(dataset, tmp_path, small_pipeline=small_pipeline)
     shard = _first_train_shard(root, manifest)
     _rewrite(shard, lambda name, data: meta if name.endswith("f0001.meta.json") else data)
-    with pytest.raises(BadSample, match=rf"frames-000000.tar, sample s\d+f0001: meta.json: expected a JSON object.*"
+    with pytest.raises(BadSample, match=rf"frames-000000.tar, sample s\d+f0001: meta.json: expected \{{\"schema\".*"
                                         rf"{_escape(needle)}"):
         _iterate(pipeline)
     code, _, err = run_cli("data", "inspect", str(shard), "--sample", "1", "--out", str(tmp_path / "x.png"))

@@ -10,6 +10,26 @@ from stack.deploy.trt_ops import SUPPORTED, tensorrt_problems
 from deploy_fixture_net import make_samples
 
 
+def test_hostile_metadata_is_refused_and_plain_text_stays_text(fixture_onnx, tmp_path):
+    """ONNX metadata is read with the bounded JSON reader: a structure nested past its limit is a StackError
+    naming the key, not a RecursionError; a value that is plain text stays text."""
+    import pytest
+
+    from stack.deploy.export import set_metadata
+    from stack.errors import StackError
+
+    path, _ = fixture_onnx
+    model = onnx.load(str(path))
+    set_metadata(model, {"note": "trained on rendered scenes", "deep": "[" * 50_000 + "]" * 50_000})
+    edited = tmp_path / "edited.onnx"
+    onnx.save(model, str(edited))
+    with pytest.raises(StackError, match="metadata 'deep': expected a JSON value; found JSON nested more than 64"):
+        read_metadata(edited)
+    set_metadata(model, {"note": "trained on rendered scenes", "count": 3})
+    onnx.save(model, str(edited))
+    assert read_metadata(edited) == {"note": "trained on rendered scenes", "count": 3}
+
+
 def test_export_names_outputs_and_carries_metadata(fixture_onnx):
     path, _ = fixture_onnx
     model = onnx.load(str(path))

@@ -113,7 +113,8 @@ def test_the_reference_workload_costs_what_the_network_it_froze_costs(tiny_onnx,
 
 def test_a_hostile_frozen_graph_is_refused_before_it_fills_memory(tiny_onnx, tmp_path):
     """target.reference_graph names a file in the user's folder: a gzip bomb, a statistics entry that would
-    draw 2^40 values, or a malformed entry is one StackError, decompression and drawing bounded."""
+    draw 2^40 values, a malformed entry, a corrupt gzip or bytes that are no ONNX graph is one StackError,
+    decompression and drawing bounded."""
     import gzip
 
     import onnx
@@ -133,9 +134,17 @@ def test_a_hostile_frozen_graph_is_refused_before_it_fills_memory(tiny_onnx, tmp
             thaw(bomb)
     finally:
         reference_graph.MAX_GRAPH_BYTES = original_limit
+    corrupt = tmp_path / "corrupt.onnx.gz"
+    corrupt.write_bytes(gzip.compress(b"x" * 1000)[:12] + b"\x00" * 50)
+    for path, needle in ((corrupt, "cannot be decompressed"), (tmp_path / "notes.onnx", "not an ONNX graph")):
+        if path.suffix == ".onnx":
+            path.write_bytes(b"\xff" * 64)
+        with pytest.raises(StackError, match=needle):
+            thaw(path)
     frozen = freeze(tiny_onnx[0], tmp_path / "reference.onnx")
-    for stats, needle in ((json.dumps([["w", "float32", [2 ** 20, 2 ** 20], 0.0, 1.0]]), "more than 2,147,483,648"),
+    for stats, needle in ((json.dumps([["w", "float32", [2 ** 20, 2 ** 20], 0.0, 1.0]]), "more than 268,435,456"),
                           (json.dumps([["w", "object", [2], 0.0, 1.0]]), "expected [name, float dtype"),
+                          (json.dumps([["w", "float32", [2], 0.0, -1.0]]), "expected [name, float dtype"),
                           ("[" * 1000 + "]" * 1000, "nested more than 64 levels deep")):
         model = onnx.load(str(frozen))
         next(e for e in model.metadata_props if e.key == FLOAT_STATS_KEY).value = stats

@@ -57,6 +57,8 @@ def _copy(tmp_path) -> Path:
     ('{"frames": "3"}', None, "its header names '3' frames"),
     ('{"frames": 1}', {"frame7.input.ego": np.zeros(3, np.float32)}, "array frame7.input.ego is not frame{0..0}"),
     ('{"frames": 1}', {"frame0.sideways.ego": np.zeros(3, np.float32)}, "array frame0.sideways.ego is not"),
+    ('{"frames": 1}', {"frame\u00b2.input.ego": np.zeros(3, np.float32)}, "is not frame{0..0}.input.NAME"),
+    (None, None, "without the `stack` header"),
 ])
 def test_a_hostile_replay_file_is_refused_in_one_line(tmp_path, header, arrays, needle):
     """The replay's header is JSON and its keys name frames: a deep header, a frame count that would allocate
@@ -66,7 +68,8 @@ def test_a_hostile_replay_file_is_refused_in_one_line(tmp_path, header, arrays, 
     from stack.errors import StackError
 
     path = tmp_path / reference.REPLAY_FILE
-    save_file(arrays or {"frame0.input.ego": np.zeros(3, np.float32)}, str(path), metadata={"stack": header})
+    save_file(arrays or {"frame0.input.ego": np.zeros(3, np.float32)}, str(path),
+              metadata=None if header is None else {"stack": header})
     with pytest.raises(StackError) as caught:
         reference.read_replay(path)
     assert needle in str(caught.value) and "\n" not in str(caught.value), caught.value
