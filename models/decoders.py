@@ -112,21 +112,28 @@ def _suppress(boxes: torch.Tensor, score: torch.Tensor, label: torch.Tensor, mod
 
 
 @torch.no_grad()
+def top_peaks(heatmap: torch.Tensor, count: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(B, N) scores, (B, N) class labels and (B, N) flat cell indices of the `count` highest heatmap peaks (a cell
+    that is the maximum of its 3x3 neighbourhood in its class): a fixed count, so the exported planner's object
+    tokens (`stack.models.object_planner`) have static shapes; `decode_detections` starts from the same peaks."""
+    heat = heatmap.float().sigmoid()
+    batch, classes, grid_x, grid_y = heat.shape
+    peaks = heat * (F.max_pool2d(heat, 3, stride=1, padding=1) == heat).to(heat.dtype)
+    scores, flat = peaks.flatten(1).topk(min(count, classes * grid_x * grid_y), dim=1)
+    return scores, torch.div(flat, grid_x * grid_y, rounding_mode="floor"), flat % (grid_x * grid_y)
+
+
 def decode_detections(outputs: dict[str, torch.Tensor], pipeline: Pipeline) -> list[Detections]:
     """Boxes, scores, labels and (with an `attribute_logits` output) attributes per sample (at most
     model.max_boxes, scores descending)."""
     model = pipeline.model
-    heat = torch.sigmoid(outputs["heatmap"].float())
-    batch, classes, grid_x, grid_y = heat.shape
-    peaks = heat * (F.max_pool2d(heat, 3, stride=1, padding=1) == heat)
-    k = min(4 * model.max_boxes, classes * grid_x * grid_y)
-    scores, flat = peaks.flatten(1).topk(k, dim=1)
+    batch, _, _, grid_y = outputs["heatmap"].shape
+    scores, labels, cells = top_peaks(outputs["heatmap"], 4 * model.max_boxes)
     regression = outputs["box_regression"].float().flatten(2)  # (B, 10, X*Y)
     results = []
     for sample in range(batch):
         keep = scores[sample] >= max(model.score_threshold, 1e-6)
-        score, index = scores[sample][keep], flat[sample][keep]
-        label, cell = index // (grid_x * grid_y), index % (grid_x * grid_y)
+        score, label, cell = scores[sample][keep], labels[sample][keep], cells[sample][keep]
         boxes = boxes_from_regression(regression[sample][:, cell].T, (cell // grid_y).float(),
                                       (cell % grid_y).float(), pipeline)
         kept = _suppress(boxes, score, label, model)[: model.max_boxes]

@@ -25,24 +25,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from stack.kinematics import WAYPOINT_STEP_S
-from stack.models.decoders import regression_boxes
+from stack.models.decoders import regression_boxes, top_peaks
 
 POSITION_SCALE_M = 32.0
 """Positions and ranges enter divided by this (the tiny BEV's half extent)."""
 VELOCITY_SCALE_MPS = 10.0
 """Velocities enter divided by this (the world's speeds are 0-15 m/s)."""
 OBJECT_HEADS = 4
-
-
-def top_peaks(heatmap: torch.Tensor, count: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(B, N) scores, (B, N) class labels and (B, N) flat cell indices of the `count` highest heatmap peaks (a cell
-    that is the maximum of its 3x3 neighbourhood in its class, as `stack.models.decoders.decode_detections` finds
-    them): a fixed count, so the graph has static shapes."""
-    heat = heatmap.float().sigmoid()
-    batch, classes, grid_x, grid_y = heat.shape
-    peaks = heat * (F.max_pool2d(heat, 3, stride=1, padding=1) == heat).to(heat.dtype)
-    scores, flat = peaks.flatten(1).topk(min(count, classes * grid_x * grid_y), dim=1)
-    return scores, torch.div(flat, grid_x * grid_y, rounding_mode="floor"), flat % (grid_x * grid_y)
 
 
 class ObjectPlanner(nn.Module):
@@ -56,8 +45,7 @@ class ObjectPlanner(nn.Module):
         self.tokens, self.steps, self.classes = tokens, steps, classes
         (self.x_min, _), (self.y_min, _) = bev_ranges
         self.cell_size = cell_size
-        self.min_score = min_score
-        """Peaks scoring below this are masked out: the host decoder's `model.score_threshold`."""
+        self.min_score = min_score  # peaks below it are masked out: the host decoder's model.score_threshold
         self.token = nn.Sequential(nn.Linear(classes + 12, width), nn.ReLU(inplace=True), nn.Linear(width, width))
         self.pair = nn.Sequential(nn.Linear(2 * steps + 2, width), nn.ReLU(inplace=True), nn.Linear(width, width))
         self.pair_collision = nn.Sequential(nn.ReLU(), nn.Linear(width, 1))
