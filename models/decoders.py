@@ -120,7 +120,16 @@ def top_peaks(heatmap: torch.Tensor, count: int) -> tuple[torch.Tensor, torch.Te
     batch, classes, grid_x, grid_y = heat.shape
     peaks = heat * (F.max_pool2d(heat, 3, stride=1, padding=1) == heat).to(heat.dtype)
     scores, flat = peaks.flatten(1).topk(min(count, classes * grid_x * grid_y), dim=1)
-    return scores, torch.div(flat, grid_x * grid_y, rounding_mode="floor"), flat % (grid_x * grid_y)
+    return (scores, *divmod_index(flat, grid_x * grid_y))
+
+
+def divmod_index(index: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(index // size, index % size) of a non-negative integer tensor, written with Div, Mul and Sub: ONNX's Mod is
+    not among TensorRT's native operators (`stack.deploy.trt_ops`), and these peaks run inside the exported graph.
+    Truncating division (one Div) equals floor division here; the exporter writes floor division of integers with
+    a Mod to correct negative quotients."""
+    quotient = torch.div(index, size, rounding_mode="trunc")
+    return quotient, index - quotient * size
 
 
 def decode_detections(outputs: dict[str, torch.Tensor], pipeline: Pipeline) -> list[Detections]:

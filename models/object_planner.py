@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from stack.kinematics import WAYPOINT_STEP_S
-from stack.models.decoders import regression_boxes, top_peaks
+from stack.models.decoders import divmod_index, regression_boxes, top_peaks
 
 POSITION_SCALE_M = 32.0
 """Positions and ranges enter divided by this (the tiny BEV's half extent)."""
@@ -43,6 +43,7 @@ class ObjectPlanner(nn.Module):
                  min_score: float, width: int = 64, own_features: int = 3):
         super().__init__()
         self.tokens, self.steps, self.classes = tokens, steps, classes
+        self.register_buffer("class_ids", torch.arange(classes), persistent=False)  # the one-hot's columns
         (self.x_min, _), (self.y_min, _) = bev_ranges
         self.cell_size = cell_size
         self.min_score = min_score  # peaks below it are masked out: the host decoder's model.score_threshold
@@ -84,8 +85,8 @@ class ObjectPlanner(nn.Module):
         scores, labels, cells = top_peaks(heatmap, self.tokens)
         channels, grid_y = box_regression.shape[1], heatmap.shape[-1]
         regression = box_regression.float().flatten(2).gather(2, cells[:, None].expand(-1, channels, -1))
-        boxes = regression_boxes(regression.transpose(1, 2), torch.div(cells, grid_y, rounding_mode="floor"),
-                                 cells % grid_y, self.x_min, self.y_min, self.cell_size)
+        boxes = regression_boxes(regression.transpose(1, 2), *divmod_index(cells, grid_y), self.x_min, self.y_min,
+                                 self.cell_size)
         return boxes, scores, labels
 
     def _token_features(self, boxes: torch.Tensor, scores: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -94,7 +95,8 @@ class ObjectPlanner(nn.Module):
         position = boxes[..., :2] / POSITION_SCALE_M
         distance = boxes[..., :2].norm(dim=-1, keepdim=True)
         bearing = boxes[..., :2] / distance.clamp(min=1e-3)
-        return torch.cat([F.one_hot(labels, self.classes).float(), scores[..., None], position,
+        one_hot = (labels[..., None] == self.class_ids).float()  # ONNX OneHot is not a native TensorRT operator
+        return torch.cat([one_hot, scores[..., None], position,
                           distance / POSITION_SCALE_M, bearing, boxes[..., 3:5].clamp(min=1e-2).log(),
                           torch.sin(boxes[..., 6:7]), torch.cos(boxes[..., 6:7]),
                           boxes[..., 7:9] / VELOCITY_SCALE_MPS], dim=-1)

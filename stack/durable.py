@@ -7,7 +7,9 @@ so a reader never sees half of one and half of the other:
   cannot replace a non-empty directory); False where the C library or the file system lacks it, so the
   caller can fall back to renames.
 - `write_atomic(path, data)`: a file written whole or not at all (a temp file beside it, then a rename), for
-  reports and records that a reader may open while they are written.
+  reports and records that a reader may open while they are written. The temp file's name carries the writer's
+  host and PID (`temporary_name`), so the next write of the same file removes what a killed writer on this host
+  left (`clear_dead_writers`) and never touches a live writer's, nor one from another host sharing the folder.
 - `fsync_tree` / `fsync_dir` / `write_durably`: a rename is durable only once the folder holding it is
   fsync'd, and the renamed files only once their own data is (POSIX; ext4's delayed allocation shows it).
 - `disk_full(folder, kept)`: a full disk (ENOSPC, EDQUOT) or a file-size limit (EFBIG, `ulimit -f`) while
@@ -20,7 +22,9 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import re
 import shutil
+import socket
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable
@@ -70,11 +74,63 @@ def fsync_tree(folder: Path) -> None:
         fsync_dir(Path(parent))
 
 
+def _host() -> str:
+    """This machine's name as a temp file carries it: letters, digits and '-' only (a '.' would split it)."""
+    return re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname()) or "host"
+
+
+def temporary_name(name: str) -> str:
+    """The temp file `write_atomic` writes `name` through: `.NAME.HOST.PID.tmp`."""
+    return f".{name}.{_host()}.{os.getpid()}.tmp"
+
+
+def leftover_pattern(names: str) -> re.Pattern:
+    """The temp files `write_atomic` writes the files matching the regex `names` through."""
+    return re.compile(rf"\.(?P<name>{names})\.(?P<host>[A-Za-z0-9-]+)\.(?P<pid>[0-9]+)\.tmp")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True  # another user's process (or a number no process has: kept, it is not ours to judge)
+    return True
+
+
+def clear_dead_writers(path: Path) -> list[Path]:
+    """Remove the temp files of `path` whose writer ran on this host and is gone (SIGKILL, power cut before the
+    rename); returns them. A live writer's, another host's (a shared file system) and a file that is not a plain
+    file are left."""
+    path, here, removed = Path(path), _host(), []
+    pattern = leftover_pattern(re.escape(path.name))
+    try:
+        candidates = list(path.parent.glob(f".{glob_escape(path.name)}.*.tmp"))
+    except OSError:
+        return removed
+    for candidate in candidates:
+        found = pattern.fullmatch(candidate.name)
+        if not found or found["host"] != here or _alive(int(found["pid"])) or candidate.is_symlink() \
+                or not candidate.is_file():
+            continue
+        candidate.unlink(missing_ok=True)
+        removed.append(candidate)
+    return removed
+
+
+def glob_escape(name: str) -> str:
+    """`name` matched literally by Path.glob: its '*', '?' and '[' bracketed."""
+    return re.sub(r"([*?\[])", r"[\1]", name)
+
+
 def write_atomic(path: Path, data: bytes | None = None, writer=None) -> Path:
     """Write `path` whole or not at all: into a temp file beside it (umask permissions, unlike mkstemp's 0600),
-    then os.replace. `writer(temp_path)` writes the temp file when `data` is None (matplotlib's savefig)."""
+    then os.replace. `writer(temp_path)` writes the temp file when `data` is None (matplotlib's savefig). What a
+    killed writer of the same file on this host left is removed first (`clear_dead_writers`)."""
     path = Path(path)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    clear_dead_writers(path)
+    temporary = path.with_name(temporary_name(path.name))
     try:
         if data is not None:
             temporary.write_bytes(data)

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from stack.durable import write_atomic
+from stack.durable import leftover_pattern, write_atomic
 from stack.errors import StackError
 from stack.pipeline import Pipeline
 from stack.safe_values import escaped
@@ -76,7 +76,7 @@ def check_inputs(pipeline: Pipeline, weights: str | Path) -> None:
 OUTPUT_FILES = (SUMMARY, "dagger.png", "model.pt")
 """The files a DAgger run writes at the top of dagger.out_dir (beside its iteration-N folders)."""
 ITERATION = re.compile(r"iteration-[0-9]+")
-LEFTOVER = re.compile(r"\.(dagger\.json|dagger\.png|model\.pt)\.[0-9]+\.tmp")
+LEFTOVER = leftover_pattern(r"dagger\.json|dagger\.png|model\.pt")
 """A temporary file `stack.durable.write_atomic` left behind when a SIGKILL hit before its rename."""
 
 

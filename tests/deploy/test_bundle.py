@@ -339,10 +339,10 @@ def test_post_processing_recorded_before_a_guard_rule_was_removed_verifies_while
     with one on is refused, saying why the rule went (it would drive without it)."""
     from stack.deploy.bundle import _check_post_processing
 
-    reference = REPO / "models" / "reference" / "tiny-drive"
-    recorded = json.loads((reference / "card.json").read_text())["post_processing"]
+    schema_2 = REPO / "tests" / "assets" / "schema2"  # a network pinned under schema 2: its pipeline and card's record
+    recorded = json.loads((schema_2 / "post_processing.json").read_text())
     assert recorded["guard"]["confirm_below"] == 0.0 and recorded["guard"]["defer_below"] == 0.0
-    (tmp_path / "pipeline.yaml").write_text((reference / "pipeline.yaml").read_text())  # schema 2, the keys at 0
+    (tmp_path / "pipeline.yaml").write_text((schema_2 / "pipeline.yaml").read_text())  # schema 2, the keys at 0
     _check_post_processing(tmp_path, {"post_processing": recorded, "closed_loop": {"guard": recorded["guard"]}})
     on = {**recorded, "guard": {**recorded["guard"], "confirm_below": 0.4}}
     with pytest.raises(BundleMismatch, match="guard.confirm_below: 0.4. It was removed in pipeline schema 3"):

@@ -44,7 +44,7 @@ def test_object_tokens_are_the_detections_the_host_decoder_finds():
 def test_a_network_with_the_branch_starts_as_the_planner_without_it():
     """The branch's last layers start at zero: adding it to a trained recipe changes no plan until it learns."""
     torch.manual_seed(0)
-    plain = build_model(load_pipeline(DRIVE))
+    plain = build_model(load_pipeline(DRIVE, ["model.planning_objects=0"]))
     with_objects_pipeline = load_pipeline(DRIVE, ["model.planning_objects=16"])
     with_objects = build_model(with_objects_pipeline)
     missing, unexpected = with_objects.load_state_dict(plain.state_dict(), strict=False)
@@ -79,11 +79,14 @@ def test_an_empty_road_corrects_nothing_whatever_the_token_count():
 
 
 def test_the_exported_graph_computes_the_object_branch():
-    """Top-k decoding, gathers and attention export with the legacy exporter at the pipeline's opset, and ONNX
-    Runtime computes what torch does."""
+    """Top-k decoding, gathers and attention export with the legacy exporter at the pipeline's opset, every node one
+    TensorRT imports natively (the orin target's import check), and ONNX Runtime computes what torch does."""
     import io
 
+    import onnx
     import onnxruntime as ort
+
+    from stack.deploy.trt_ops import tensorrt_problems
 
     torch.manual_seed(0)
     branch = ObjectPlanner(4, 16, 6, RANGES, 1.0, 0.1).eval()
@@ -95,6 +98,7 @@ def test_the_exported_graph_computes_the_object_branch():
         warnings.simplefilter("ignore")
         torch.onnx.export(branch, inputs, buffer, opset_version=load_pipeline(DRIVE).export.opset, dynamo=False,
                           input_names=["heatmap", "box_regression", "points", "directions", "own"])
+    assert tensorrt_problems(onnx.load_from_string(buffer.getvalue())) == []
     session = ort.InferenceSession(buffer.getvalue(), providers=["CPUExecutionProvider"])
     names = ["heatmap", "box_regression", "points", "directions", "own"]
     assert [i.name for i in session.get_inputs()] == names, "every input reaches the graph"

@@ -113,8 +113,10 @@ def test_an_artifact_of_schema_1_is_read_with_its_guard_moved_and_a_config_file_
         load_pipeline([DEFAULT, old])
 
 
-REFERENCE_PIPELINE = CONFIG_DIR.parent / "models" / "reference" / "tiny-drive" / "pipeline.yaml"
-"""A schema-2 artifact's pipeline (the pinned reference network's): it has the keys schema 3 removed, at 0."""
+SCHEMA_2 = CONFIG_DIR.parent / "tests" / "assets" / "schema2"
+SCHEMA_2_PIPELINE = SCHEMA_2 / "pipeline.yaml"
+"""A schema-2 artifact's pipeline (a tiny-drive network pinned under schema 2): it has the keys schema 3 removed,
+at 0; post_processing.json beside it is what that artifact's card recorded as shipped."""
 REMOVED = {"guard.confirm_below": ("confirm_below: 0.0", "confirm_below: 0.3", "guard-restart-confirmation"),
            "guard.defer_below": ("defer_below: 0.0", "defer_below: 0.3", "room-to-stop"),
            "model.planning_stop_deceleration": ("planning_stop_deceleration: 0.0", "planning_stop_deceleration: 3.5",
@@ -123,9 +125,9 @@ REMOVED = {"guard.confirm_below": ("confirm_below: 0.0", "confirm_below: 0.3", "
 
 
 def test_a_schema_2_artifact_with_the_removed_keys_off_reads_as_if_it_had_none():
-    text = REFERENCE_PIPELINE.read_text()
+    text = SCHEMA_2_PIPELINE.read_text()
     assert "schema_version: 2" in text and all(off in text for off, _, _ in REMOVED.values())
-    read = pipeline_from_yaml(text, "the reference network")
+    read = pipeline_from_yaml(text, "a schema-2 artifact")
     without = text.replace("schema_version: 2", TODAY)
     for off, _, _ in REMOVED.values():
         without = without.replace(f"  {off}\n", "")
@@ -142,7 +144,7 @@ def test_a_removed_key_is_refused_with_why_it_went_when_stored_set_and_when_a_us
     off, on, log = REMOVED[key]
     why = rf"{key}.*It was removed in pipeline schema 3: it .*measured worse \(.*docs/log/\S*{log}.*Drop the key"
     with pytest.raises(ConfigError, match=why):
-        pipeline_from_yaml(REFERENCE_PIPELINE.read_text().replace(off, on), "checkpoint x.safetensors")
+        pipeline_from_yaml(SCHEMA_2_PIPELINE.read_text().replace(off, on), "checkpoint x.safetensors")
     section, name = key.split(".")
     mine = tmp_path / "mine.yaml"
     mine.write_text(f"{section}:\n  {name}: 0.0\n")
@@ -157,16 +159,15 @@ def test_a_removed_key_is_refused_with_why_it_went_when_stored_set_and_when_a_us
 
 def test_recorded_guard_settings_with_a_removed_rule_off_read_as_todays_and_on_are_refused():
     """A bundle's gate.json records the guard settings it ships (`GuardConfig.settings`): one written before
-    schema 3 (the reference network's card) still reads; one that drove with a removed rule does not."""
+    schema 3 (a schema-2 card's) still reads; one that drove with a removed rule does not."""
     import json
 
     from stack.errors import StackError
     from stack.models.post_processing import guard_from_settings
 
-    card = json.loads((REFERENCE_PIPELINE.parent / "card.json").read_text())
-    recorded = card["post_processing"]["guard"]
+    recorded = json.loads((SCHEMA_2 / "post_processing.json").read_text())["guard"]
     assert recorded["confirm_below"] == 0.0 and recorded["defer_below"] == 0.0
-    stored = pipeline_from_yaml(REFERENCE_PIPELINE.read_text(), "the reference network")
+    stored = pipeline_from_yaml(SCHEMA_2_PIPELINE.read_text(), "a schema-2 artifact")
     assert guard_from_settings(recorded) == stored.guard
     assert schema.migrate_guard_settings(recorded) == stored.guard.settings()
     with pytest.raises(StackError, match="guard.confirm_below: 0.4. It was removed in pipeline schema 3"):
