@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import glob
 import os
 import re
 import shutil
@@ -95,7 +96,7 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     except (PermissionError, OverflowError):
-        return True  # another user's process (or a number no process has: kept, it is not ours to judge)
+        return True  # another user's process, or a PID out of range: not known dead, so kept
     return True
 
 
@@ -106,7 +107,7 @@ def clear_dead_writers(path: Path) -> list[Path]:
     path, here, removed = Path(path), _host(), []
     pattern = leftover_pattern(re.escape(path.name))
     try:
-        candidates = list(path.parent.glob(f".{glob_escape(path.name)}.*.tmp"))
+        candidates = list(path.parent.glob(f".{glob.escape(path.name)}.*.tmp"))
     except OSError:
         return removed
     for candidate in candidates:
@@ -114,14 +115,12 @@ def clear_dead_writers(path: Path) -> list[Path]:
         if not found or found["host"] != here or _alive(int(found["pid"])) or candidate.is_symlink() \
                 or not candidate.is_file():
             continue
-        candidate.unlink(missing_ok=True)
+        try:
+            candidate.unlink(missing_ok=True)
+        except OSError:  # not ours to remove (another user's folder): the write itself goes on
+            continue
         removed.append(candidate)
     return removed
-
-
-def glob_escape(name: str) -> str:
-    """`name` matched literally by Path.glob: its '*', '?' and '[' bracketed."""
-    return re.sub(r"([*?\[])", r"[\1]", name)
 
 
 def write_atomic(path: Path, data: bytes | None = None, writer=None) -> Path:
